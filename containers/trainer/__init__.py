@@ -1,0 +1,6 @@
+"""The training engine: one data-parallel training loop for torchvision image classifiers.
+
+It runs on the pool and never imports the orchestrator. `train.py` is the entry point; the other
+modules are the pieces it reads like a document: arguments, data, models, the distributed backend
+seam, the learning-rate schedule, checkpoints and metrics.
+"""

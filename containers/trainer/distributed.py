@@ -1,0 +1,131 @@
+"""The distributed backend seam: one small interface, three implementations.
+
+- `Single`: one process, no communication.
+- `DDP`: torch.distributed (gloo on CPU, NCCL on GPU), started by torchrun or any launcher that sets
+  RANK / WORLD_SIZE / MASTER_ADDR (Azure ML's PyTorchDistribution does).
+- `Horovod`: hvd.DistributedOptimizer, started by horovodrun or mpirun (Azure ML's MpiDistribution).
+
+The training loop only calls the methods of `Backend`; every framework-specific line lives here.
+"""
+
+import datetime
+import os
+
+import torch
+
+
+class Backend:
+    """One process, nothing to synchronise; the base of the other backends."""
+
+    name = "single"
+
+    def __init__(self):
+        self.rank, self.world_size, self.local_rank, self.local_world_size = 0, 1, 0, 1
+
+    def setup(self, device: torch.device) -> None:
+        """Join the process group."""
+
+    def wrap(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer):
+        """Make the model and optimizer average gradients across workers."""
+        return model, optimizer
+
+    def broadcast_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        """Make every worker start from rank 0's parameters and optimizer state."""
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum a tensor over all workers (returns the sum; CPU or device tensors)."""
+        return tensor
+
+    def shutdown(self) -> None:
+        """Leave the process group."""
+
+
+class DDP(Backend):
+    """torch.distributed DistributedDataParallel."""
+
+    name = "ddp"
+
+    def __init__(self):
+        super().__init__()
+        self.rank, self.world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        self.local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+
+    def setup(self, device):
+        # torch.distributed: NCCL between GPUs, gloo between CPU processes.
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        self.device = device
+        torch.distributed.init_process_group(backend, timeout=datetime.timedelta(minutes=10))
+
+    def wrap(self, model, optimizer):
+        # torch.distributed: DDP broadcasts rank 0's parameters and buffers when it wraps the model.
+        ids = [self.device.index] if self.device.type == "cuda" else None
+        return torch.nn.parallel.DistributedDataParallel(model, device_ids=ids), optimizer
+
+    def all_reduce_sum(self, tensor):
+        # NCCL reduces device tensors only; gloo reduces CPU tensors.
+        moved = tensor.to(self.device)
+        torch.distributed.all_reduce(moved)
+        return moved.to(tensor.device)
+
+    def shutdown(self):
+        torch.distributed.destroy_process_group()
+
+
+class Horovod(Backend):
+    """Horovod: ring-allreduce of gradients inside DistributedOptimizer."""
+
+    name = "horovod"
+
+    def __init__(self):
+        super().__init__()
+        import horovod.torch as hvd  # Horovod: imported only when asked for
+
+        self.hvd = hvd
+
+    def setup(self, device):
+        self.hvd.init()  # Horovod: join the ring
+        self.rank, self.world_size = self.hvd.rank(), self.hvd.size()
+        self.local_rank, self.local_world_size = self.hvd.local_rank(), self.hvd.local_size()
+
+    def wrap(self, model, optimizer):
+        # Horovod: average gradients across workers during backward.
+        optimizer = self.hvd.DistributedOptimizer(
+            optimizer, named_parameters=model.named_parameters(), op=self.hvd.Average
+        )
+        return model, optimizer
+
+    def broadcast_state(self, model, optimizer):
+        # Horovod: start every worker from rank 0's parameters and optimizer state.
+        self.hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        self.hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+
+    def all_reduce_sum(self, tensor):
+        return self.hvd.allreduce(tensor, op=self.hvd.Sum)
+
+    def shutdown(self):
+        self.hvd.shutdown()
+
+
+def detect_backend(env: dict[str, str]) -> str:
+    """The backend that the launcher in `env` expects: horovod, ddp or single."""
+    if "HOROVOD_RANK" in env or "OMPI_COMM_WORLD_RANK" in env or "PMI_RANK" in env:
+        return "horovod"
+    if "RANK" in env and "WORLD_SIZE" in env:
+        return "ddp"
+    return "single"
+
+
+def make_backend(name: str) -> Backend:
+    """Backend by name ("auto" looks at the launcher's environment variables)."""
+    name = detect_backend(dict(os.environ)) if name == "auto" else name
+    return {"single": Backend, "ddp": DDP, "horovod": Horovod}[name]()
+
+
+def pick_device(requested: str, local_rank: int) -> torch.device:
+    """cuda:<local rank> when a GPU is there (or asked for), else the CPU."""
+    if requested == "cpu" or (requested == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    device = torch.device("cuda", local_rank % max(torch.cuda.device_count(), 1))
+    torch.cuda.set_device(device)
+    return device

@@ -1,0 +1,40 @@
+"""Accuracy, throughput and the facts a run records about itself."""
+
+import hashlib
+import importlib.metadata
+import platform
+
+import torch
+import torchvision
+
+
+def topk_correct(logits: torch.Tensor, targets: torch.Tensor, ks: tuple[int, ...] = (1, 5)) -> list[int]:
+    """How many targets are among the top-k predictions, for each k (k capped at the class count)."""
+    top = logits.topk(min(max(ks), logits.shape[1]), dim=1).indices
+    hits = top == targets.unsqueeze(1)
+    return [int(hits[:, :k].any(dim=1).sum()) for k in ks]
+
+
+def parameter_digest(model: torch.nn.Module) -> str:
+    """SHA-256 of every parameter (not buffers: batch-norm statistics stay per worker)."""
+    h = hashlib.sha256()
+    for name, value in model.named_parameters():
+        h.update(name.encode())
+        h.update(value.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def digest_chunks(digest: str, n: int = 4) -> list[float]:
+    """The first n*20 bits of a hex digest as n floats, small enough to sum exactly in float64."""
+    return [float(int(digest[i * 5:(i + 1) * 5], 16)) for i in range(n)]
+
+
+def library_versions() -> dict[str, str]:
+    """Versions of what the run depends on."""
+    versions = {"python": platform.python_version(), "torch": torch.__version__,
+                "torchvision": torchvision.__version__, "cuda": torch.version.cuda or "none"}
+    try:
+        versions["horovod"] = importlib.metadata.version("horovod")
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    return versions

@@ -1,0 +1,79 @@
+"""Command-line options of the training engine, and the checks made on them before anything runs."""
+
+import argparse
+import os
+from pathlib import Path
+
+from trainer.errors import UsageError
+
+SYNTHETIC = "synthetic"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The training engine's arguments; defaults are the ResNet-50-on-ImageNet reference case."""
+    p = argparse.ArgumentParser(prog="train.py", description="Data-parallel training of a torchvision classifier.")
+    p.add_argument("--data", required=True, help="ImageNet-layout folder (train/<class>/..., val/<class>/...) or 'synthetic'")
+    p.add_argument("--out", required=True, type=Path, help="results folder: checkpoints, metrics.json, model.pt; resumed if it holds a checkpoint")
+    p.add_argument("--model", default="resnet50", help="torchvision model name")
+    p.add_argument("--epochs", type=int, default=90)
+    p.add_argument("--batch-size", type=int, default=32, help="images per worker per step")
+    p.add_argument("--lr", type=float, default=0.0125, help="one-worker learning rate; scaled by the number of workers")
+    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--weight-decay", type=float, default=1e-4)
+    p.add_argument("--warmup-epochs", type=float, default=5.0, help="linear ramp from the one-worker rate to the scaled rate")
+    p.add_argument("--schedule", choices=["cosine", "step"], default="cosine")
+    p.add_argument("--lr-decay-epochs", default="30,60,80", help="epochs at which the step schedule divides the rate by 10")
+    p.add_argument("--image-size", type=int, default=224)
+    p.add_argument("--min-crop-scale", type=float, default=0.08, help="smallest area fraction of the random-resized crop")
+    p.add_argument("--hflip", action=argparse.BooleanOptionalAction, default=True, help="random horizontal flips")
+    p.add_argument("--loader-workers", type=int, default=4, help="DataLoader worker processes per training process")
+    p.add_argument("--pin-memory", choices=["auto", "on", "off"], default="auto", help="auto: on when training on a GPU")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto", help="auto: bf16 autocast on GPU, fp32 on CPU")
+    p.add_argument("--channels-last", choices=["auto", "on", "off"], default="auto", help="auto: on for GPU")
+    p.add_argument("--backend", choices=["auto", "single", "ddp", "horovod"], default="auto", help="auto: from the launcher's environment")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads per worker; 0 shares the cores among the local workers")
+    p.add_argument("--checkpoint-every", type=int, default=500, help="steps between checkpoints (also one at each epoch end); 0: epoch ends only")
+    p.add_argument("--keep-checkpoints", type=int, default=3)
+    p.add_argument("--log-every", type=int, default=20, help="steps between progress lines")
+    p.add_argument("--steps-per-epoch", type=int, default=0, help="cap on steps per epoch; synthetic data needs it (default 100 there)")
+    p.add_argument("--num-classes", type=int, default=1000, help="classes of synthetic data (real data: the class folders)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--verify-images", action=argparse.BooleanOptionalAction, default=False, help="decode every image before training")
+    p.add_argument("--check", action="store_true", help="check the arguments, the data (decoding every image) and the output folder, then exit")
+    return p
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Reject values that cannot train, naming the option and a valid range."""
+    positive = ["epochs", "batch_size", "image_size", "keep_checkpoints", "log_every", "num_classes"]
+    for name in positive:
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(args, name)})")
+    for name in ["loader_workers", "threads", "checkpoint_every", "steps_per_epoch", "warmup_epochs", "weight_decay", "momentum"]:
+        if getattr(args, name) < 0:
+            raise UsageError(f"--{name.replace('_', '-')} must not be negative (got {getattr(args, name)})")
+    if args.lr <= 0:
+        raise UsageError(f"--lr must be positive (got {args.lr})")
+    if not 0 < args.min_crop_scale <= 1:
+        raise UsageError(f"--min-crop-scale must be in (0, 1] (got {args.min_crop_scale})")
+    decay_epochs(args.lr_decay_epochs)
+
+
+def decay_epochs(text: str) -> tuple[float, ...]:
+    """Parse --lr-decay-epochs ("30,60,80")."""
+    try:
+        return tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise UsageError(f"--lr-decay-epochs must be comma-separated numbers such as 30,60,80 (got {text!r})") from None
+
+
+def check_output_folder(out: Path) -> None:
+    """Create the results folder and prove it is writable."""
+    probe = out / f".write-test-{os.getpid()}"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise UsageError(f"output folder {out} is not writable ({exc.strerror}); pass a writable --out") from None

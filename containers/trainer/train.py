@@ -1,0 +1,352 @@
+"""Data-parallel training of a torchvision image classifier: one loop, any launcher.
+
+One process (CPU or one GPU):
+    python containers/trainer/train.py --data DATA --out OUT --model resnet18 --epochs 10
+
+N processes on one machine, torch.distributed (DDP; gloo on CPU, NCCL on GPU):
+    torchrun --standalone --nproc_per_node 2 containers/trainer/train.py --data DATA --out OUT
+
+N processes on one machine, Horovod:
+    horovodrun -np 2 -H localhost:2 python containers/trainer/train.py --data DATA --out OUT
+
+2 nodes with 4 GPUs each (run on both; OUT and DATA on storage both nodes mount):
+    torchrun --nnodes 2 --nproc_per_node 4 --node_rank {0,1} --rdzv-backend c10d \\
+        --rdzv-endpoint NODE0:29500 containers/trainer/train.py --data DATA --out OUT
+    horovodrun -np 8 -H node0:4,node1:4 python containers/trainer/train.py --data DATA --out OUT
+
+DATA is an ImageNet-layout folder (train/<class>/..., val/<class>/...) or the word "synthetic".
+Rank 0 alone writes OUT: checkpoints/ (every --checkpoint-every steps and at each epoch end),
+metrics.json (per epoch: loss, val top-1/top-5, images/s) and model.pt. A run started again with the
+same OUT resumes from its newest checkpoint, mid-epoch included. Bad input exits with status 2 and a
+one-line message. Run with --help for every option.
+"""
+
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make the `trainer` package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+
+from trainer import checkpoint, data, metrics
+from trainer.distributed import Backend, make_backend, pick_device
+from trainer.errors import UsageError
+from trainer.models import build_model, check_model_name
+from trainer.options import SYNTHETIC, build_parser, check_args, check_output_folder, decay_epochs
+from trainer.schedule import Schedule, lr_factor
+
+log = logging.getLogger("trainer")
+
+
+@dataclass
+class Run:
+    """Everything one worker's training loop touches."""
+
+    args: object
+    backend: Backend
+    device: torch.device
+    model: torch.nn.Module
+    raw_model: torch.nn.Module  # unwrapped: what checkpoints hold
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    train_batches: object
+    val_batches: object | None
+    classes: list[str]
+    amp: bool
+    channels_last: bool
+    step: int = 0
+    epoch: int = 0
+    history: list[dict] = field(default_factory=list)
+    resumed_from: list[int] = field(default_factory=list)
+
+    @property
+    def master(self) -> bool:
+        return self.backend.rank == 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse the arguments, train, and turn bad input into a one-line error with exit status 2."""
+    args = build_parser().parse_args(argv)
+    setup_logging(rank_from_env())
+    try:
+        check_args(args)
+        if args.check:
+            return check_only(args)
+        train(args)
+        return 0
+    except UsageError as exc:
+        log.error("error: %s", exc)
+        return 2
+
+
+def check_only(args) -> int:
+    """Validate the arguments, the model name, the data (decoding every image) and the output folder."""
+    check_model_name(args.model)
+    check_output_folder(args.out)
+    if args.data != SYNTHETIC:
+        train_split, val_split = data.index_folder(Path(args.data))
+        n = data.verify_images(train_split.samples + (val_split.samples if val_split else []))
+        log.info("data ok: %d images in %d classes", n, len(train_split.classes))
+    return 0
+
+
+def train(args) -> None:
+    """Set up this worker, resume if OUT holds a checkpoint, train every epoch, write the results."""
+    run = set_up(args)
+    started = time.perf_counter()
+    while run.epoch < args.epochs:
+        row = train_epoch(run)
+        row.update(evaluate(run))
+        run.history.append(row)
+        run.epoch += 1
+        log_epoch(run, row)
+        if run.master:
+            save_checkpoint(run, step_in_epoch=0)
+            write_metrics(run, time.perf_counter() - started, status="running")
+    finish(run, time.perf_counter() - started)
+
+
+def set_up(args) -> Run:
+    """Build the backend, device, data, model, optimizer and schedule; load the newest checkpoint."""
+    backend = make_backend(args.backend)
+    wants_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    backend.setup(torch.device("cuda" if wants_cuda else "cpu"))
+    setup_logging(backend.rank)
+    device = pick_device(args.device, backend.local_rank)
+    torch.set_num_threads(args.threads or max(1, len(os.sched_getaffinity(0)) // backend.local_world_size))
+    torch.manual_seed(args.seed)
+    if backend.rank == 0:
+        check_output_folder(args.out)
+    train_batches, val_batches, classes = make_batches(args, backend, device)
+    model = build_model(args.model, len(classes)).to(device)
+    channels_last = resolve(args.channels_last, device)
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
+    run = Run(args, backend, device, model, model, optimizer, None, train_batches, val_batches, classes,
+              amp=resolve_precision(args.precision, device) == "bf16", channels_last=channels_last)
+    resume(run)
+    return run
+
+
+def make_batches(args, backend: Backend, device: torch.device):
+    """This worker's training batches (a sharded loader or a fixed synthetic batch), val batches, classes."""
+    if args.data == SYNTHETIC:
+        steps = args.steps_per_epoch or 100
+        batches = data.SyntheticBatches(args.batch_size, args.image_size, args.num_classes, steps, args.seed + backend.rank)
+        return batches, None, [str(i) for i in range(args.num_classes)]
+    train_split, val_split = data.index_folder(Path(args.data))
+    if args.verify_images:
+        data.verify_images(train_split.samples, backend.rank, backend.world_size)
+    if args.batch_size * backend.world_size > len(train_split.samples):
+        raise UsageError(
+            f"--batch-size {args.batch_size} x {backend.world_size} workers is more than the "
+            f"{len(train_split.samples)} training images; lower --batch-size"
+        )
+    pin = resolve(args.pin_memory, device)
+    train_set = data.ImageFiles(train_split, data.train_transform(args.image_size, args.min_crop_scale, args.hflip))
+    sampler = data.ResumableSampler(train_set, backend.world_size, backend.rank, shuffle=True, seed=args.seed)
+    train_batches = data.make_loader(train_set, args.batch_size, sampler, args.loader_workers, pin, drop_last=True)
+    if val_split is None:
+        log.warning("no val/ folder in %s: training without validation", args.data)
+        return train_batches, None, train_split.classes
+    val_set = data.ImageFiles(val_split, data.val_transform(args.image_size))
+    val_sampler = data.ShardSampler(len(val_set), backend.rank, backend.world_size)
+    val_batches = data.make_loader(val_set, args.batch_size, val_sampler, args.loader_workers, pin, drop_last=False)
+    return train_batches, val_batches, train_split.classes
+
+
+def resume(run: Run) -> None:
+    """Load the newest checkpoint in OUT (if any), then wrap for the backend and sync rank 0's state."""
+    args, found = run.args, checkpoint.latest_checkpoint(args_checkpoints(run.args))
+    state = torch.load(found, map_location=run.device, weights_only=False) if found else None
+    if state is not None:
+        check_resumable(state, run)
+        run.raw_model.load_state_dict(state["model"])
+        run.optimizer.load_state_dict(state["optimizer"])
+    run.backend.broadcast_state(run.raw_model, run.optimizer)
+    run.model, run.optimizer = run.backend.wrap(run.raw_model, run.optimizer)
+    sched = Schedule(steps_per_epoch(run), args.epochs, run.backend.world_size, args.warmup_epochs,
+                     args.schedule, decay_epochs(args.lr_decay_epochs))
+    run.scheduler = torch.optim.lr_scheduler.LambdaLR(run.optimizer, lambda s: lr_factor(s, sched))
+    if state is None:
+        return
+    run.scheduler.load_state_dict(state["scheduler"])
+    run.step, run.epoch, run.history = state["step"], state["epoch"], state["history"]
+    run.resumed_from = state.get("resumed_from", []) + [run.step]
+    skip_done_samples(run, state["samples_in_epoch"])
+    log.info("resumed from %s: epoch %d, step %d", found.name, run.epoch + 1, run.step)
+
+
+def check_resumable(state: dict, run: Run) -> None:
+    """A checkpoint from another model or class list cannot be resumed."""
+    if state["arch"] != run.args.model or state["classes"] != run.classes:
+        raise UsageError(
+            f"{run.args.out} holds checkpoints of another run ({state['arch']}, {len(state['classes'])} classes); "
+            "pass a new --out or delete its checkpoints/"
+        )
+
+
+def skip_done_samples(run: Run, samples_in_epoch: int) -> None:
+    """Make a mid-epoch resume start after the samples the interrupted epoch already trained on."""
+    sampler = getattr(run.train_batches, "sampler", None)
+    if isinstance(sampler, data.ResumableSampler):
+        sampler.skip = samples_in_epoch // run.backend.world_size
+
+
+def steps_per_epoch(run: Run) -> int:
+    """Optimizer steps in one full epoch (the --steps-per-epoch cap applied)."""
+    if isinstance(run.train_batches, data.SyntheticBatches):
+        return len(run.train_batches)
+    sampler = run.train_batches.sampler
+    full = (len(sampler) + sampler.skip) // run.args.batch_size
+    return min(full, run.args.steps_per_epoch) if run.args.steps_per_epoch else full
+
+
+def train_epoch(run: Run) -> dict:
+    """One epoch of synchronous SGD; returns its loss (over all workers) and throughput."""
+    args, sampler = run.args, getattr(run.train_batches, "sampler", None)
+    if sampler is not None:
+        sampler.set_epoch(run.epoch)
+    run.model.train()
+    done = (sampler.skip // args.batch_size) if sampler is not None else 0
+    loss_sum, seen, started = torch.zeros((), dtype=torch.float64), 0, time.perf_counter()
+    for images, targets in run.train_batches:
+        if done >= steps_per_epoch(run):
+            break
+        loss = train_step(run, images, targets)
+        loss_sum += loss * len(targets)
+        seen, done, run.step = seen + len(targets), done + 1, run.step + 1
+        if run.master and run.step % args.log_every == 0:
+            log.info("epoch %d step %d (%d/%d) loss %.4f lr %.5f", run.epoch + 1, run.step, done,
+                     steps_per_epoch(run), loss, run.scheduler.get_last_lr()[0])
+        if run.master and args.checkpoint_every and run.step % args.checkpoint_every == 0:
+            save_checkpoint(run, step_in_epoch=done)
+    if sampler is not None:
+        sampler.skip = 0
+    seconds = time.perf_counter() - started
+    totals = run.backend.all_reduce_sum(torch.tensor([float(loss_sum), seen, seen / max(seconds, 1e-9)], dtype=torch.float64))
+    return {"epoch": run.epoch + 1, "step": run.step, "train_loss": totals[0].item() / max(totals[1].item(), 1),
+            "images_per_sec": totals[2].item(), "images_per_sec_per_worker": totals[2].item() / run.backend.world_size,
+            "epoch_seconds": seconds, "lr": run.scheduler.get_last_lr()[0]}
+
+
+def train_step(run: Run, images: torch.Tensor, targets: torch.Tensor) -> float:
+    """Forward, backward (gradients averaged across workers by the backend) and an optimizer step."""
+    images, targets = to_device(run, images, targets)
+    with torch.autocast(run.device.type, dtype=torch.bfloat16, enabled=run.amp):
+        loss = torch.nn.functional.cross_entropy(run.model(images), targets)
+    run.optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    run.optimizer.step()
+    run.scheduler.step()
+    return loss.item()
+
+
+@torch.no_grad()
+def evaluate(run: Run) -> dict:
+    """Validation loss and top-1/top-5 accuracy over the whole val split, summed across workers."""
+    if run.val_batches is None:
+        return {"val_loss": None, "val_top1": None, "val_top5": None}
+    run.raw_model.eval()  # unwrapped: DDP would sync buffers on each forward, and shards may differ in length
+    sums = torch.zeros(4, dtype=torch.float64)  # loss, top-1 hits, top-5 hits, images
+    for images, targets in run.val_batches:
+        images, targets = to_device(run, images, targets)
+        with torch.autocast(run.device.type, dtype=torch.bfloat16, enabled=run.amp):
+            logits = run.raw_model(images)
+        loss = torch.nn.functional.cross_entropy(logits.float(), targets, reduction="sum")
+        top1, top5 = metrics.topk_correct(logits, targets)
+        sums += torch.tensor([loss.item(), top1, top5, len(targets)], dtype=torch.float64)
+    loss, top1, top5, n = run.backend.all_reduce_sum(sums).tolist()
+    return {"val_loss": loss / n, "val_top1": top1 / n, "val_top5": top5 / n}
+
+
+def to_device(run: Run, images: torch.Tensor, targets: torch.Tensor):
+    """Move a batch to the device, in channels-last layout when that is on."""
+    fmt = torch.channels_last if run.channels_last else torch.contiguous_format
+    return images.to(run.device, non_blocking=True, memory_format=fmt), targets.to(run.device, non_blocking=True)
+
+
+def save_checkpoint(run: Run, step_in_epoch: int) -> None:
+    """Rank 0: model, optimizer, schedule and progress, enough to resume mid-epoch."""
+    state = {"arch": run.args.model, "classes": run.classes, "model": run.raw_model.state_dict(),
+             "optimizer": run.optimizer.state_dict(), "scheduler": run.scheduler.state_dict(),
+             "epoch": run.epoch, "step": run.step, "history": run.history, "resumed_from": run.resumed_from,
+             "samples_in_epoch": step_in_epoch * run.args.batch_size * run.backend.world_size}
+    checkpoint.save_checkpoint(args_checkpoints(run.args), state, run.step, run.args.keep_checkpoints)
+
+
+def args_checkpoints(args) -> Path:
+    """Where checkpoints live inside OUT."""
+    return Path(args.out) / "checkpoints"
+
+
+def finish(run: Run, seconds: float) -> None:
+    """Check that all workers hold the same parameters; rank 0 writes model.pt and metrics.json."""
+    digest = metrics.parameter_digest(run.raw_model)
+    chunks = torch.tensor(metrics.digest_chunks(digest), dtype=torch.float64)
+    sums = run.backend.all_reduce_sum(torch.stack([chunks, chunks**2]))
+    in_sync = bool(torch.equal(sums[1] * run.backend.world_size, sums[0] ** 2))
+    log.info("final parameter digest %s (all workers identical: %s)", digest[:16], in_sync)
+    if run.master:
+        checkpoint.save_torch(Path(run.args.out) / "model.pt", {"arch": run.args.model, "classes": run.classes,
+                              "image_size": run.args.image_size, "state_dict": run.raw_model.state_dict()})
+        write_metrics(run, seconds, status="complete", parameters_in_sync=in_sync, parameter_digest=digest)
+        log.info("results in %s", Path(run.args.out).resolve())
+    run.backend.shutdown()
+
+
+def write_metrics(run: Run, seconds: float, status: str, **extra) -> None:
+    """Rank 0: metrics.json, rewritten after every epoch; status says whether the run is complete."""
+    args, last = run.args, (run.history[-1] if run.history else {})
+    summary = {"status": status, "model": args.model, "data": str(args.data), "num_classes": len(run.classes),
+               "world_size": run.backend.world_size, "backend": run.backend.name, "device": str(run.device),
+               "precision": "bf16" if run.amp else "fp32", "batch_size_per_worker": args.batch_size,
+               "global_batch_size": args.batch_size * run.backend.world_size, "base_lr": args.lr,
+               "peak_lr": args.lr * run.backend.world_size, "global_step": run.step, "resumed_from_steps": run.resumed_from,
+               "wall_seconds": seconds, "final_val_top1": last.get("val_top1"), "final_val_top5": last.get("val_top5"),
+               "images_per_sec": last.get("images_per_sec"), "versions": metrics.library_versions(),
+               "epochs": run.history, **extra}
+    checkpoint.save_json(Path(args.out) / "metrics.json", summary)
+
+
+def log_epoch(run: Run, row: dict) -> None:
+    """One line per epoch on rank 0."""
+    if run.master:
+        top1 = "n/a" if row["val_top1"] is None else f"{row['val_top1']:.4f}"
+        log.info("epoch %d/%d done: train loss %.4f, val top-1 %s, %.1f images/s (%.1f per worker)",
+                 row["epoch"], run.args.epochs, row["train_loss"], top1, row["images_per_sec"],
+                 row["images_per_sec_per_worker"])
+
+
+def resolve(choice: str, device: torch.device) -> bool:
+    """auto means on for GPUs, off for the CPU."""
+    return device.type == "cuda" if choice == "auto" else choice == "on"
+
+
+def resolve_precision(choice: str, device: torch.device) -> str:
+    """auto means bf16 autocast on GPU, fp32 on the CPU."""
+    return ("bf16" if device.type == "cuda" else "fp32") if choice == "auto" else choice
+
+
+def rank_from_env() -> int:
+    """The global rank, as far as the launcher's environment tells before the backend starts."""
+    for name in ("RANK", "HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
+        if name in os.environ:
+            return int(os.environ[name])
+    return 0
+
+
+def setup_logging(rank: int) -> None:
+    """Every line starts with the worker's rank."""
+    logging.basicConfig(level=logging.INFO, force=True, stream=sys.stdout,
+                        format=f"[rank {rank}] %(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

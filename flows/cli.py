@@ -1,0 +1,117 @@
+"""The `trainflow` command line. Every command takes --config FILE, --data DIR and --workdir DIR."""
+
+import functools
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from flows.config import ConfigError, PipelineConfig, load_config
+from infra.launcher import LaunchError, train_locally
+from infra.sample_data import write_digits
+
+app = typer.Typer(help="Data-parallel training of image classifiers, end to end.", no_args_is_help=True,
+                  pretty_exceptions_enable=False, add_completion=False)
+data_app = typer.Typer(help="Small real data sets, written to disk.", no_args_is_help=True)
+bench_app = typer.Typer(help="Benchmarks that print numbers.", no_args_is_help=True)
+app.add_typer(data_app, name="data")
+app.add_typer(bench_app, name="bench")
+err = Console(stderr=True, highlight=False)
+
+ConfigOpt = Annotated[Optional[Path], typer.Option("--config", help="YAML config file (see flows/configs/).")]
+DataOpt = Annotated[Optional[str], typer.Option("--data", help="ImageNet-layout folder or 'synthetic'; default: the digits set.")]
+WorkdirOpt = Annotated[Optional[Path], typer.Option("--workdir", help="Root of all local state (default .trainflow).")]
+
+
+def friendly_errors(command):
+    """Bad input and failed runs end in one line on stderr and a non-zero exit, not a traceback."""
+
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except ConfigError as exc:
+            err.print(f"error: {exc}", markup=False)
+            raise typer.Exit(2) from None
+        except LaunchError as exc:
+            err.print(f"error: {exc}", markup=False)
+            raise typer.Exit(exc.exit_code) from None
+
+    return wrapper
+
+
+def configure(config: Path | None, data: str | None, workdir: Path | None, training: dict | None = None) -> PipelineConfig:
+    """The validated config: file, environment, then these command-line overrides."""
+    return load_config(config, {"data": data, "workdir": workdir, "training": training or {}})
+
+
+def data_folder(cfg: PipelineConfig) -> str:
+    """The data to train on: the configured folder, 'synthetic', or the digits set (written once)."""
+    if cfg.data:
+        return cfg.data if cfg.data == "synthetic" else str(Path(cfg.data).resolve())
+    return str(write_digits(cfg.workdir.resolve() / "data" / "digits"))
+
+
+def echo_line(line: str) -> None:
+    """Worker output, as it comes."""
+    print(line, flush=True)
+
+
+@app.command()
+@friendly_errors
+def train(
+    config: ConfigOpt = None, data: DataOpt = None, workdir: WorkdirOpt = None,
+    workers: Annotated[Optional[int], typer.Option(help="Training processes.")] = None,
+    launcher: Annotated[Optional[str], typer.Option(help="torchrun or horovodrun.")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Results folder; a folder with checkpoints is resumed.")] = None,
+    model: Annotated[Optional[str], typer.Option(help="torchvision model name.")] = None,
+    epochs: Annotated[Optional[int], typer.Option()] = None,
+    batch_size: Annotated[Optional[int], typer.Option(help="Images per worker per step.")] = None,
+) -> None:
+    """Train on this machine with N local workers and print the results folder."""
+    overrides = {"workers": workers, "launcher": launcher, "model": model, "epochs": epochs, "batch_size": batch_size}
+    cfg = configure(config, data, workdir, overrides)
+    out = (out or cfg.workdir / "results" / datetime.now().strftime("train-%Y%m%d-%H%M%S")).resolve()
+    metrics = train_locally(cfg.training, data_folder(cfg), out, echo_line)
+    print_summary(metrics, out)
+
+
+def print_summary(metrics: dict, out: Path) -> None:
+    """The few numbers a person wants after a run."""
+    top1 = metrics.get("final_val_top1")
+    accuracy = "n/a (no val/ split)" if top1 is None else f"{top1:.2%}"
+    Console(highlight=False).print(
+        f"\n[bold]{metrics['model']}[/] on {metrics['world_size']} workers ({metrics['backend']}): "
+        f"val top-1 {accuracy}, {metrics['images_per_sec']:.1f} images/s, {metrics['wall_seconds']:.0f} s\n"
+        f"results: {out}"
+    )
+
+
+@data_app.command("digits")
+@friendly_errors
+def digits(config: ConfigOpt = None, data: DataOpt = None, workdir: WorkdirOpt = None) -> None:
+    """Write scikit-learn's 8x8 digits as 32x32 PNGs in ImageNet layout (to --data, or under the workdir)."""
+    cfg = configure(config, data, workdir)
+    dest = Path(cfg.data) if cfg.data else cfg.workdir / "data" / "digits"
+    print(write_digits(dest.resolve()))
+
+
+@bench_app.command("train")
+@friendly_errors
+def bench_train(
+    config: ConfigOpt = None, data: DataOpt = None, workdir: WorkdirOpt = None,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the figures to this JSON file.")] = None,
+) -> None:
+    """Throughput with 1 and 2 workers under Horovod and DDP, and the scaling efficiency."""
+    from flows.benchmarks import bench_training
+
+    cfg = configure(config, data, workdir)
+    bench_training(cfg, json_out)
+
+
+def main() -> None:
+    """Entry point for `python -m flows.cli`."""
+    sys.exit(app())

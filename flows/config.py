@@ -1,0 +1,93 @@
+"""PipelineConfig: the one typed configuration, from a YAML file, the environment and the command line.
+
+Precedence, highest first: command-line options, TRAINFLOW_* environment variables
+(TRAINFLOW_TRAINING__EPOCHS=3 sets training.epochs), the --config file, the defaults.
+Each section lives next to the code that owns it.
+"""
+
+import os
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from infra.launcher import TrainingConfig
+
+ENV_PREFIX = "TRAINFLOW_"
+
+
+class ConfigError(Exception):
+    """A config file or option that cannot be used; the message names the setting and the fix."""
+
+
+class PipelineConfig(BaseModel):
+    """Everything one pipeline run needs."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    workdir: Path = Path(".trainflow")
+    """Root of all local state: data, file share, file server, storage emulator data, results."""
+    data: str | None = None
+    """ImageNet-layout folder, or "synthetic"; unset: the small digits set, written under workdir on first use."""
+    training: TrainingConfig = TrainingConfig()
+    """How the training engine runs."""
+
+
+def load_config(path: Path | None, overrides: dict, environ: dict[str, str] | None = None) -> PipelineConfig:
+    """Merge defaults, the YAML file, TRAINFLOW_* variables and `overrides` (nested dicts) and validate."""
+    values = deep_merge(read_yaml(path) if path else {}, env_values(os.environ if environ is None else environ))
+    values = deep_merge(values, overrides)
+    try:
+        return PipelineConfig.model_validate(values)
+    except ValidationError as exc:
+        raise ConfigError(describe(exc, path)) from None
+
+
+def read_yaml(path: Path) -> dict:
+    """A YAML mapping from `path`, or a ConfigError that says what is wrong with the file."""
+    try:
+        loaded = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path} ({exc.strerror}); check the --config path") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"config file {path} must hold a mapping such as `training: {{epochs: 3}}`")
+    return loaded
+
+
+def env_values(environ: dict[str, str]) -> dict:
+    """TRAINFLOW_SECTION__FIELD=value as nested dicts (values stay strings; pydantic converts them)."""
+    values: dict = {}
+    for key, value in environ.items():
+        if key.startswith(ENV_PREFIX):
+            *parents, leaf = key[len(ENV_PREFIX):].lower().split("__")
+            node = values
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[leaf] = value
+    return values
+
+
+def deep_merge(base: dict, top: dict) -> dict:
+    """`top` over `base`, merging nested mappings; None in `top` leaves `base` as it is."""
+    merged = dict(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        elif value is not None:
+            merged[key] = value
+    return merged
+
+
+def describe(exc: ValidationError, path: Path | None) -> str:
+    """One line per invalid setting: where it is, its value, what is allowed."""
+    source = f" (from {path}, TRAINFLOW_* variables or options)" if path else ""
+    lines = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"])
+        given = f" = {err['input']!r}" if err["type"] != "missing" else ""
+        lines.append(f"invalid setting {where}{given}: {err['msg']}")
+    return "; ".join(lines) + source

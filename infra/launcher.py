@@ -1,0 +1,171 @@
+"""Launch the training engine on this machine with torchrun or horovodrun, and route its output.
+
+The engine (containers/trainer/train.py) stands apart: this module only builds its command line,
+runs it, and sorts every output line by the rank that printed it.
+"""
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+REPO = Path(__file__).resolve().parents[1]
+RANK_LINE = re.compile(r"\[rank (\d+)\]")
+ERROR_LINE = re.compile(r"\[rank (\d+)\].* ERROR error: (.*)")
+
+
+class LaunchError(Exception):
+    """Training did not finish; the message says which rank and why."""
+
+    exit_code = 1
+
+
+class BadInput(LaunchError):
+    """The engine's checks refused the arguments, the data or the output folder before any worker started."""
+
+    exit_code = 2
+
+
+class TrainingConfig(BaseModel):
+    """How the training engine runs. Defaults are the reference case: ResNet-50 on ImageNet."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    launcher: Literal["torchrun", "horovodrun"] = "torchrun"
+    """torchrun (torch.distributed DDP) or horovodrun (Horovod over Gloo locally, MPI/NCCL on GPU nodes)."""
+    workers: int = Field(2, ge=1)
+    """Training processes (data-parallel replicas)."""
+    model: str = "resnet50"
+    """torchvision classifier name (resnet50, resnet18, ...)."""
+    epochs: int = Field(90, ge=1)
+    """Passes over the training split."""
+    batch_size: int = Field(32, ge=1)
+    """Images per worker per step; the global batch is batch_size x workers."""
+    lr: float = Field(0.0125, gt=0)
+    """One-worker learning rate; the engine scales it linearly with the workers (Goyal et al. 2017)."""
+    momentum: float = Field(0.9, ge=0)
+    """SGD momentum."""
+    weight_decay: float = Field(1e-4, ge=0)
+    """L2 penalty."""
+    warmup_epochs: float = Field(5.0, ge=0)
+    """Epochs of linear warmup from the one-worker rate to the scaled rate."""
+    schedule: Literal["cosine", "step"] = "cosine"
+    """Decay after warmup: cosine to zero, or /10 at lr_decay_epochs."""
+    lr_decay_epochs: str = "30,60,80"
+    """Epochs of the step schedule's decays, comma-separated."""
+    image_size: int = Field(224, ge=1)
+    """Side of the square crops the model sees."""
+    min_crop_scale: float = Field(0.08, gt=0, le=1)
+    """Smallest area fraction of the random-resized crop."""
+    hflip: bool = True
+    """Random horizontal flips (turn off for digits and text)."""
+    loader_workers: int = Field(4, ge=0)
+    """DataLoader processes per training process."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """auto: a GPU when there is one."""
+    precision: Literal["auto", "bf16", "fp32"] = "auto"
+    """auto: bf16 autocast on GPU, fp32 on CPU."""
+    threads: int = Field(0, ge=0)
+    """CPU threads per worker; 0 shares the machine's cores among the workers."""
+    checkpoint_every: int = Field(500, ge=0)
+    """Steps between checkpoints (one is also written at every epoch end)."""
+    log_every: int = Field(20, ge=1)
+    """Steps between progress lines."""
+    steps_per_epoch: int = Field(0, ge=0)
+    """Cap on steps per epoch (0: the whole split; synthetic data: 100)."""
+    num_classes: int = Field(1000, ge=1)
+    """Classes of synthetic data (real data takes them from its class folders)."""
+    seed: int = 0
+    """Seed of initialisation, shuffling and augmentation."""
+    verify_images: bool = True
+    """Decode every image once before the workers start, so a corrupt file fails fast, by name."""
+
+    def engine_args(self) -> list[str]:
+        """The engine's command-line options for these settings (launcher and workers excluded)."""
+        args = []
+        for name, value in self.model_dump(exclude={"launcher", "workers", "verify_images"}).items():
+            flag = "--" + name.replace("_", "-")
+            if isinstance(value, bool):
+                args.append(flag if value else f"--no-{flag[2:]}")
+            else:
+                args += [flag, str(value)]
+        return args
+
+
+def engine_script() -> Path:
+    """The training engine's entry point in this checkout."""
+    return REPO / "containers" / "trainer" / "train.py"
+
+
+def launch_command(cfg: TrainingConfig, data: str, out: Path, python: str = sys.executable) -> list[str]:
+    """The torchrun or horovodrun command line that starts cfg.workers local workers."""
+    engine = [str(engine_script()), "--data", data, "--out", str(out), *cfg.engine_args()]
+    n = str(cfg.workers)
+    if cfg.launcher == "torchrun":
+        return [python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", n, *engine]
+    horovodrun = str(Path(python).parent / "horovodrun")
+    return [horovodrun, "-np", n, "-H", f"localhost:{n}", "--gloo", "--network-interfaces", "lo", python, *engine]
+
+
+def check_command(cfg: TrainingConfig, data: str, out: Path, python: str = sys.executable) -> list[str]:
+    """One process that checks the arguments, data and output folder the way the workers would."""
+    return [python, str(engine_script()), "--data", data, "--out", str(out), *cfg.engine_args(), "--check"]
+
+
+def preflight(cfg: TrainingConfig, data: str, out: Path) -> None:
+    """Run the engine's own checks in one process; raise LaunchError with its one-line message."""
+    if not cfg.verify_images and data != "synthetic":
+        return
+    proc = subprocess.run(check_command(cfg, data, out), capture_output=True, text=True)
+    if proc.returncode != 0:
+        errors = [m.group(2) for m in map(ERROR_LINE.search, proc.stdout.splitlines()) if m]
+        raise BadInput(errors[-1] if errors else f"training check failed:\n{proc.stdout}{proc.stderr}")
+
+
+def run_workers(cmd: list[str], log_dir: Path, echo: Callable[[str], None]) -> int:
+    """Run the launcher; write each rank's lines to rank<N>.log and all lines to launcher.log.
+
+    Lines from the workers are passed to `echo`; the launcher's own lines only go to launcher.log.
+    Raises LaunchError naming the failing rank, with its error or its last lines.
+    """
+    log_dir.mkdir(parents=True, exist_ok=True)
+    logs: dict[int, list[str]] = {}
+    with open(log_dir / "launcher.log", "w") as all_lines:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+        for line in proc.stdout:
+            all_lines.write(line)
+            match = RANK_LINE.search(line)
+            if match:
+                logs.setdefault(int(match.group(1)), []).append(line)
+                echo(line[match.start():].rstrip("\n"))
+        code = proc.wait()
+    for rank, lines in logs.items():
+        (log_dir / f"rank{rank}.log").write_text("".join(lines))
+    if code != 0:
+        raise LaunchError(describe_failure(code, logs, log_dir))
+    return code
+
+
+def describe_failure(code: int, logs: dict[int, list[str]], log_dir: Path) -> str:
+    """One message for a failed run: the first rank that reported an error, else the last lines."""
+    for rank in sorted(logs):
+        for line in logs[rank]:
+            found = ERROR_LINE.search(line)
+            if found:
+                return f"rank {rank} failed: {found.group(2)}"
+    tail = "".join(line for lines in logs.values() for line in lines[-5:])
+    return f"training exited with status {code}; see {log_dir}/launcher.log. Last lines:\n{tail}"
+
+
+def train_locally(cfg: TrainingConfig, data: str, out: Path, echo: Callable[[str], None]) -> dict:
+    """Check, launch cfg.workers local workers, wait, and return the run's metrics.json."""
+    cmd = launch_command(cfg, data, out)
+    if not Path(cmd[0]).exists():
+        raise LaunchError(f"{cmd[0]} is missing; run `make setup` to install Horovod")
+    preflight(cfg, data, out)
+    run_workers(cmd, out / "logs", echo)
+    return json.loads((out / "metrics.json").read_text())

@@ -1,0 +1,37 @@
+"""A small real data set written to disk: scikit-learn's bundled 8x8 digits as ImageNet-layout PNGs."""
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+
+def write_digits(dest: Path, size: int = 32, val_fraction: float = 0.2, seed: int = 0) -> Path:
+    """Write dest/train/<digit>/*.png and dest/val/<digit>/*.png once; an existing copy is kept.
+
+    The folder appears whole or not at all: it is written under a temporary name, then renamed.
+    """
+    if (dest / "train").is_dir() and (dest / "val").is_dir():
+        return dest
+    from sklearn.datasets import load_digits  # ships its data: nothing is downloaded
+
+    digits = load_digits()
+    order = np.random.default_rng(seed).permutation(len(digits.target))
+    n_val = int(len(order) * val_fraction)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
+    try:
+        for position, index in enumerate(order):
+            split = "val" if position < n_val else "train"
+            pixels = (digits.images[index] * (255 / 16)).astype(np.uint8)
+            image = Image.fromarray(pixels, mode="L").resize((size, size), Image.Resampling.BILINEAR)
+            folder = tmp / split / str(digits.target[index])
+            folder.mkdir(parents=True, exist_ok=True)
+            image.save(folder / f"{index:04d}.png")
+        os.replace(tmp, dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
