@@ -34,10 +34,10 @@ def friendly_errors(command):
         try:
             return command(*args, **kwargs)
         except ConfigError as exc:
-            err.print(f"error: {exc}", markup=False)
+            err.print(f"error: {exc}", markup=False, soft_wrap=True)
             raise typer.Exit(2) from None
         except LaunchError as exc:
-            err.print(f"error: {exc}", markup=False)
+            err.print(f"error: {exc}", markup=False, soft_wrap=True)
             raise typer.Exit(exc.exit_code) from None
 
     return wrapper

@@ -241,7 +241,7 @@ def train_step(run: Run, images: torch.Tensor, targets: torch.Tensor) -> float:
     images, targets = to_device(run, images, targets)
     with torch.autocast(run.device.type, dtype=torch.bfloat16, enabled=run.amp):
         loss = torch.nn.functional.cross_entropy(run.model(images), targets)
-    run.optimizer.zero_grad(set_to_none=True)
+    run.optimizer.zero_grad()  # Horovod's optimizer takes no set_to_none; None is the default
     loss.backward()
     run.optimizer.step()
     run.scheduler.step()

@@ -1,0 +1,34 @@
+# The two commands: `make demo` (set up, then train the small data set with 2 workers) and
+# `make test` (set up, then run the test suite). Both are idempotent; a warm machine reuses the venv
+# and the cached Horovod wheel.
+PYTHON ?= python3
+VENV ?= .venv
+# Horovod is compiled once per torch version and kept outside the checkout, so fresh clones reuse it.
+WHEEL_CACHE ?= $(HOME)/.cache/trainflow/wheels
+WORKDIR ?= .trainflow
+PYTEST_ARGS ?=
+# torch and torchvision must be installed before Horovod is built against them: take their pins from pyproject.toml.
+TORCH_PINS := $(shell grep -oE '"torch(vision)?==[^"]+"' pyproject.toml | tr -d '"')
+BIN := $(VENV)/bin
+
+.PHONY: setup demo test bench clean
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml containers/build/horovod-wheel.sh
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q $(TORCH_PINS) setuptools wheel packaging psutil cloudpickle pyyaml
+	wheel=$$(containers/build/horovod-wheel.sh $(BIN)/python $(WHEEL_CACHE)) && \
+	  $(BIN)/pip install -q "$$wheel" -e '.[dev]'
+	touch $@
+
+demo: setup
+	$(BIN)/trainflow train --config flows/configs/demo.yaml --workdir $(WORKDIR)
+
+test: setup
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+bench: setup
+	$(BIN)/trainflow bench train --workdir $(WORKDIR) --json $(WORKDIR)/bench-train.json
+
+clean:
+	rm -rf $(VENV) $(WORKDIR)

@@ -1,0 +1,87 @@
+"""The trainflow command as a user runs it: help everywhere, and one clear line for bad input."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from flows.cli import app
+from tests.conftest import write_image
+
+TRAINFLOW = str(Path(sys.executable).parent / "trainflow")
+QUICK = ["--model", "resnet18", "--epochs", "1", "--workers", "2"]
+
+
+@pytest.mark.parametrize("command", [[], ["train"], ["data"], ["data", "digits"], ["bench"], ["bench", "train"]])
+def test_every_command_has_help(command):
+    result = CliRunner().invoke(app, [*command, "--help"])
+    assert result.exit_code == 0 and "Usage" in result.output
+    if command in (["train"], ["data", "digits"], ["bench", "train"]):
+        for option in ("--config", "--data", "--workdir"):
+            assert option in result.output
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([TRAINFLOW, *args], capture_output=True, text=True, timeout=300)
+
+
+def make_data(root: Path, kind: str) -> Path:
+    """A data folder with one kind of problem."""
+    write_image(root / "train" / "a" / "ok.png")
+    if kind == "empty class":
+        (root / "train" / "b").mkdir()
+    elif kind == "corrupt":
+        (root / "train" / "a" / "bad.png").write_bytes(b"\x89PNG\r\n\x1a\n not really")
+    elif kind == "not an image":
+        (root / "train" / "a" / "labels.csv").write_text("a,b\n")
+    return root
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("case, args, message", [
+    ("missing data", ["--data", "{tmp}/nowhere"], "data folder .*nowhere does not exist"),
+    ("empty data", ["--data", "{tmp}/empty"], "is empty or has no train/<class>/ folders"),
+    ("empty class", ["--data", "{data}"], "class folder .*train/b has no images"),
+    ("corrupt", ["--data", "{data}"], "cannot decode image .*bad.png"),
+    ("not an image", ["--data", "{data}"], "labels.csv is not an image file"),
+    ("batch size", ["--data", "{data}", "--batch-size", "0"], "training.batch_size = 0: Input should be greater"),
+    ("model", ["--data", "{data}", "--model", "resnet5000"], "unknown model 'resnet5000'"),
+    ("out not writable", ["--data", "{data}", "--out", "{tmp}/file/out"], "output folder .* is not writable"),
+])
+def test_bad_input_gives_one_clear_line(tmp_path, case, args, message):
+    data = make_data(tmp_path / "data", case)
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "file").write_text("")
+    args = [a.format(tmp=tmp_path, data=data) for a in args]
+    result = run_cli("train", *QUICK, "--workdir", str(tmp_path / "work"), *args)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ")
+    assert __import__("re").search(message, lines[0]), lines[0]
+    assert not list((tmp_path / "work").glob("results/*/metrics.json"))
+
+
+@pytest.mark.integration
+def test_a_corrupt_image_found_during_training_names_rank_and_file(tmp_path):
+    data = make_data(tmp_path / "data", "corrupt")
+    config = tmp_path / "c.yaml"
+    config.write_text("training: {verify_images: false, image_size: 16, batch_size: 1, loader_workers: 0}\n")
+    result = run_cli("train", "--config", str(config), *QUICK, "--data", str(data), "--workdir", str(tmp_path / "w"))
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert "failed: cannot decode image" in result.stderr and "bad.png" in result.stderr
+
+
+@pytest.mark.integration
+def test_digits_command_writes_the_layout_once(tmp_path):
+    first = run_cli("data", "digits", "--workdir", str(tmp_path))
+    assert first.returncode == 0, first.stderr
+    root = Path(first.stdout.strip())
+    assert sorted(p.name for p in (root / "train").iterdir()) == [str(d) for d in range(10)]
+    counts = [len(list((root / s).rglob("*.png"))) for s in ("train", "val")]
+    assert sum(counts) == 1797 and counts[1] == 359
+    again = run_cli("data", "digits", "--workdir", str(tmp_path))
+    assert again.stdout == first.stdout

@@ -1,0 +1,84 @@
+"""The real engine under the real launchers (torchrun, horovodrun) with 2 processes on the digits set."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+
+import pytest
+import torch
+
+from infra.launcher import TrainingConfig, launch_command, train_locally
+from trainer.models import build_model
+from trainer.train import main as engine_main
+
+pytestmark = pytest.mark.integration
+TINY = dict(workers=2, model="resnet18", image_size=32, epochs=3, steps_per_epoch=8, batch_size=16, lr=0.02,
+            warmup_epochs=0.5, loader_workers=0, log_every=4, checkpoint_every=0, min_crop_scale=0.5, hflip=False)
+
+
+def digests(log_dir):
+    """The final parameter digest each rank printed in its own log."""
+    found = {}
+    for rank in (0, 1):
+        text = (log_dir / f"rank{rank}.log").read_text()
+        found[rank] = re.search(r"final parameter digest (\w+)", text).group(1)
+    return found
+
+
+@pytest.mark.parametrize("launcher, backend", [("torchrun", "ddp"), ("horovodrun", "horovod")])
+def test_two_workers_train_and_end_identical(digits, tmp_path, launcher, backend):
+    lines = []
+    out = tmp_path / "out"
+    metrics = train_locally(TrainingConfig(launcher=launcher, **TINY), str(digits), out, lines.append)
+
+    assert metrics["status"] == "complete" and metrics["world_size"] == 2 and metrics["backend"] == backend
+    losses = [e["train_loss"] for e in metrics["epochs"]]
+    assert len(losses) == 3 and losses[-1] < losses[0]
+    assert 0 <= metrics["final_val_top1"] <= metrics["final_val_top5"] <= 1
+    assert metrics["images_per_sec"] == pytest.approx(2 * metrics["epochs"][-1]["images_per_sec_per_worker"])
+    assert metrics["global_step"] == 24 and metrics["parameters_in_sync"] is True
+
+    ranks = digests(out / "logs")
+    assert ranks[0] == ranks[1] == metrics["parameter_digest"][:16]
+    assert any(line.startswith("[rank 1]") for line in lines)
+
+    saved = torch.load(out / "model.pt", weights_only=False)
+    model = build_model(saved["arch"], len(saved["classes"]))
+    model.load_state_dict(saved["state_dict"])
+    assert saved["classes"] == [str(d) for d in range(10)]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir())[-1] == "step-000000024.pt"
+
+
+def test_killed_run_resumes_from_its_checkpoint(digits, tmp_path):
+    cfg = TrainingConfig(**{**TINY, "epochs": 2, "checkpoint_every": 5})
+    out = tmp_path / "out"
+    proc = subprocess.Popen(launch_command(cfg, str(digits), out), start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first = out / "checkpoints" / "step-000000005.pt"
+    deadline = time.monotonic() + 240
+    while not first.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert first.exists(), "the run never wrote its first checkpoint"
+    assert not (out / "metrics.json").exists() or json.loads((out / "metrics.json").read_text())["status"] != "complete"
+
+    metrics = train_locally(cfg, str(digits), out, lambda line: None)
+    assert metrics["status"] == "complete"
+    assert metrics["resumed_from_steps"] and metrics["resumed_from_steps"][0] >= 5
+    assert metrics["global_step"] == 16  # continued, not restarted: 2 epochs x 8 steps in all
+    assert [e["epoch"] for e in metrics["epochs"]] == [1, 2]
+    assert "resumed from step-" in (out / "logs" / "rank0.log").read_text()
+
+
+def test_awkward_images_train_in_one_process(image_tree, tmp_path):
+    out = tmp_path / "out"
+    code = engine_main(["--data", str(image_tree), "--out", str(out), "--model", "resnet18", "--image-size", "16",
+                        "--epochs", "1", "--batch-size", "2", "--loader-workers", "0", "--verify-images"])
+    assert code == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["status"] == "complete" and metrics["num_classes"] == 2 and metrics["backend"] == "single"
+    assert metrics["epochs"][0]["val_top1"] is not None

@@ -1,0 +1,65 @@
+"""PipelineConfig loading and the launcher's command lines."""
+
+import pytest
+
+from flows.config import ConfigError, load_config
+from infra.launcher import TrainingConfig, check_command, launch_command
+from trainer.options import build_parser
+
+
+def test_defaults_of_config_and_engine_agree():
+    """TrainingConfig documents the engine's defaults: they must be the engine's."""
+    engine = vars(build_parser().parse_args(["--data", "d", "--out", "o"]))
+    ours = TrainingConfig().model_dump(exclude={"launcher", "workers", "verify_images"})
+    assert {k: engine[k] for k in ours} == ours
+
+
+def test_engine_args_round_trip_through_the_engine_parser():
+    cfg = TrainingConfig(model="resnet18", epochs=3, hflip=False, lr=0.5, schedule="step")
+    parsed = vars(build_parser().parse_args(["--data", "d", "--out", "o", *cfg.engine_args()]))
+    assert {k: parsed[k] for k in ("model", "epochs", "hflip", "lr", "schedule")} == {
+        "model": "resnet18", "epochs": 3, "hflip": False, "lr": 0.5, "schedule": "step"}
+
+
+def test_torchrun_command_starts_n_local_workers(tmp_path):
+    cmd = launch_command(TrainingConfig(workers=3), "DATA", tmp_path, python="/venv/bin/python")
+    assert cmd[:6] == ["/venv/bin/python", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "3"]
+    assert cmd[6].endswith("containers/trainer/train.py")
+    assert cmd[cmd.index("--data") + 1] == "DATA" and cmd[cmd.index("--out") + 1] == str(tmp_path)
+
+
+def test_horovodrun_command_uses_gloo_on_localhost(tmp_path):
+    cmd = launch_command(TrainingConfig(launcher="horovodrun", workers=2), "DATA", tmp_path, python="/venv/bin/python")
+    assert cmd[:7] == ["/venv/bin/horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", "--network-interfaces"]
+    assert "/venv/bin/python" in cmd
+
+
+def test_check_command_runs_one_process():
+    assert check_command(TrainingConfig(), "D", "O", python="py")[-1] == "--check"
+
+
+def test_precedence_is_options_then_environment_then_file(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("training: {epochs: 3, model: resnet18, batch_size: 8}\nworkdir: /from/file\n")
+    env = {"TRAINFLOW_TRAINING__EPOCHS": "5", "TRAINFLOW_TRAINING__BATCH_SIZE": "16"}
+    cfg = load_config(path, {"training": {"epochs": 7, "batch_size": None}}, environ=env)
+    assert (cfg.training.epochs, cfg.training.batch_size, cfg.training.model) == (7, 16, "resnet18")
+    assert str(cfg.workdir) == "/from/file"
+
+
+@pytest.mark.parametrize("text, message", [
+    ("training: {batch_size: 0}", r"training.batch_size = 0: Input should be greater than or equal to 1"),
+    ("training: {epoch: 3}", r"training.epoch = 3: Extra inputs are not permitted"),
+    ("training: [1, 2", "is not valid YAML"),
+    ("- a list", "must hold a mapping"),
+])
+def test_bad_config_files_name_the_setting(tmp_path, text, message):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        load_config(path, {}, environ={})
+
+
+def test_missing_config_file(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_config(tmp_path / "nope.yaml", {}, environ={})

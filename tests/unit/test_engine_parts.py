@@ -1,0 +1,77 @@
+"""Options, models and metrics of the training engine."""
+
+import argparse
+
+import pytest
+import torch
+
+from trainer import metrics
+from trainer.distributed import detect_backend
+from trainer.errors import UsageError
+from trainer.models import build_model, check_model_name
+from trainer.options import build_parser, check_args, check_output_folder
+
+
+def parse(*extra: str) -> argparse.Namespace:
+    return build_parser().parse_args(["--data", "synthetic", "--out", "/tmp/x", *extra])
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--batch-size", "0", "--batch-size must be at least 1"),
+    ("--epochs", "0", "--epochs must be at least 1"),
+    ("--lr", "-1", "--lr must be positive"),
+    ("--min-crop-scale", "1.5", "--min-crop-scale must be in"),
+    ("--lr-decay-epochs", "30,x", "comma-separated numbers"),
+    ("--loader-workers", "-2", "must not be negative"),
+])
+def test_bad_options_are_named(flag, value, message):
+    with pytest.raises(UsageError, match=message):
+        check_args(parse(flag, value))
+
+
+def test_defaults_pass_the_checks():
+    check_args(parse())
+
+
+def test_output_folder_under_a_file_is_not_writable(tmp_path):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(UsageError, match="is not writable"):
+        check_output_folder(tmp_path / "file" / "out")
+
+
+def test_unknown_model_suggests_real_names():
+    with pytest.raises(UsageError, match="unknown model 'resnet51'.*resnet50"):
+        check_model_name("resnet51")
+
+
+def test_model_has_the_classes_of_the_data():
+    model = build_model("resnet18", num_classes=7)
+    assert model(torch.zeros(2, 3, 32, 32)).shape == (2, 7)
+
+
+def test_topk_correct_counts_hits():
+    logits = torch.tensor([[0.1, 0.9, 0.0], [0.8, 0.1, 0.05], [0.2, 0.3, 0.5]])
+    assert metrics.topk_correct(logits, torch.tensor([1, 1, 0]), ks=(1, 2)) == [1, 2]
+    assert metrics.topk_correct(logits, torch.tensor([1, 1, 0]), ks=(1, 5)) == [1, 3]  # k capped at 3 classes
+
+
+def test_parameter_digest_sees_any_change():
+    torch.manual_seed(0)
+    a = build_model("resnet18", 3)
+    torch.manual_seed(0)
+    b = build_model("resnet18", 3)
+    assert metrics.parameter_digest(a) == metrics.parameter_digest(b)
+    with torch.no_grad():
+        b.fc.bias[0] += 1e-6
+    assert metrics.parameter_digest(a) != metrics.parameter_digest(b)
+    assert all(0 <= c < 2**20 for c in metrics.digest_chunks(metrics.parameter_digest(a)))
+
+
+@pytest.mark.parametrize("env, backend", [
+    ({}, "single"),
+    ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0"}, "ddp"),
+    ({"HOROVOD_RANK": "1"}, "horovod"),
+    ({"OMPI_COMM_WORLD_RANK": "0"}, "horovod"),
+])
+def test_backend_follows_the_launcher(env, backend):
+    assert detect_backend(env) == backend
