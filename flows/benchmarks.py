@@ -5,13 +5,14 @@ import os
 from pathlib import Path
 
 from rich.console import Console
+from rich.progress import Progress, TimeElapsedColumn
 from rich.table import Table
 
 from flows.config import PipelineConfig
 from infra.launcher import TrainingConfig, train_locally
 
 # Small enough for 2 CPU cores; any of these can be set in the config file's training section.
-TRAIN_BENCH_DEFAULTS = dict(model="resnet18", image_size=64, batch_size=32, epochs=2, steps_per_epoch=10,
+TRAIN_BENCH_DEFAULTS = dict(model="resnet18", image_size=64, batch_size=32, epochs=2, steps_per_epoch=15,
                             warmup_epochs=0, checkpoint_every=0, log_every=5, loader_workers=0)
 
 
@@ -25,15 +26,20 @@ def bench_training(cfg: PipelineConfig, json_out: Path | None) -> dict:
     base = TrainingConfig(**{**TRAIN_BENCH_DEFAULTS, **cfg.training.model_dump(include=cfg.training.model_fields_set)})
     threads = base.threads or max(1, len(os.sched_getaffinity(0)) // 2)
     data, root = cfg.data or "synthetic", cfg.workdir.resolve() / "bench" / "train"
+    plan = [(launcher, workers) for launcher in ("horovodrun", "torchrun") for workers in (1, 2)]
     runs = []
-    for launcher in ("horovodrun", "torchrun"):
-        for workers in (1, 2):
+    with Progress(*Progress.get_default_columns(), TimeElapsedColumn()) as progress:
+        bar = progress.add_task("training benchmark", total=len(plan))
+        for launcher, workers in plan:
+            progress.update(bar, description=f"{launcher}, {workers} worker(s)")
             run_cfg = base.model_copy(update={"launcher": launcher, "workers": workers, "threads": threads})
             out = root / f"{launcher}-{workers}"
             clear_checkpoints(out)
             metrics = train_locally(run_cfg, data, out, echo=lambda line: None)
             runs.append({"launcher": launcher, "backend": metrics["backend"], "workers": workers,
                          "threads_per_worker": threads, "images_per_sec": metrics["images_per_sec"]})
+            progress.console.print(f"{launcher}, {workers} worker(s): {metrics['images_per_sec']:.1f} images/s")
+            progress.advance(bar)
     result = {"settings": base.model_dump(exclude={"launcher", "workers"}) | {"data": data}, "runs": runs,
               "scaling_efficiency": scaling_efficiency(runs)}
     print_training_bench(result)
