@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Build Horovod 0.28.1 (the last release) as a wheel against the torch already installed in PYTHON's
+# environment, and cache it so that it is built once per torch version.
+#
+# Why: the PyPI sdist does not build against current torch as released. Its CMake files ask for C++14
+# while torch 2.1+ headers need C++17 and torch 2.14's need C++20 (its headers #error otherwise), and
+# its bundled gloo's cmake_minimum_required is rejected by CMake 4. We raise the standards in the
+# sdist (C++17 for Horovod's core, as on Horovod's unreleased master; C++20 for its torch module).
+#
+# Usage: containers/build/horovod-wheel.sh PYTHON WHEEL_CACHE_DIR
+#   Prints the path of the wheel. Extra env: HOROVOD_GPU_OPERATIONS=NCCL etc. pass through
+#   (the GPU image builds with NCCL and MPI; the local default builds CPU-only with Gloo).
+set -euo pipefail
+PYTHON=${1:?usage: horovod-wheel.sh PYTHON WHEEL_CACHE_DIR}
+CACHE=${2:?usage: horovod-wheel.sh PYTHON WHEEL_CACHE_DIR}
+VERSION=0.28.1
+TORCH=$("$PYTHON" -c 'import torch; print(torch.__version__.split("+")[0])')
+FLAVOUR=${HOROVOD_GPU_OPERATIONS:+nccl}
+OUT="$CACHE/horovod-$VERSION-torch-$TORCH-${FLAVOUR:-cpu}"
+existing=$(ls "$OUT"/horovod-*.whl 2>/dev/null | head -n 1 || true)
+if [ -n "$existing" ]; then echo "$existing"; exit 0; fi
+
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+"$PYTHON" -m pip download --quiet --no-deps --no-binary :all: "horovod==$VERSION" -d "$WORK" >&2
+tar -xzf "$WORK/horovod-$VERSION.tar.gz" -C "$WORK"
+SRC="$WORK/horovod-$VERSION"
+sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' "$SRC/CMakeLists.txt"
+sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 20)/' "$SRC/horovod/torch/CMakeLists.txt"
+
+export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1
+if [ -z "${HOROVOD_GPU_OPERATIONS:-}" ]; then
+    # CPU flavour: torch here is a CUDA build and a CUDA compiler may be on PATH without a usable
+    # toolkit beside it; Horovod would then try to compile its CUDA kernels. Tell it torch has no CUDA.
+    export HOROVOD_WITHOUT_MPI=1
+    sed -i 's/print(True if ((torch.version.cuda is not None) and (CUDA_HOME is not None)) else False)/print(False)/' \
+        "$SRC/cmake/Modules/FindPytorch.cmake"
+fi
+export CMAKE_POLICY_VERSION_MINIMUM=3.5 MAKEFLAGS="-j$(nproc)"
+"$PYTHON" -m pip install --quiet setuptools wheel >&2
+echo "building Horovod $VERSION against torch $TORCH (8-10 minutes on 2 cores, once)" >&2
+mkdir -p "$WORK/dist"
+"$PYTHON" -m pip wheel --no-build-isolation --no-deps -w "$WORK/dist" "$SRC" >&2
+mkdir -p "$OUT"
+mv "$WORK"/dist/horovod-*.whl "$OUT/"
+ls "$OUT"/horovod-*.whl
