@@ -7,6 +7,8 @@ VENV ?= .venv
 WHEEL_CACHE ?= $(HOME)/.cache/trainflow/wheels
 WORKDIR ?= .trainflow
 PYTEST_ARGS ?=
+# `make demo LAUNCHER=horovodrun` trains with Horovod instead of torch.distributed.
+LAUNCHER ?= torchrun
 # torch and torchvision must be installed before Horovod is built against them: take their pins from pyproject.toml.
 TORCH_PINS := $(shell grep -oE '"torch(vision)?==[^"]+"' pyproject.toml | tr -d '"')
 BIN := $(VENV)/bin
@@ -22,7 +24,7 @@ $(VENV)/.installed: pyproject.toml containers/build/horovod-wheel.sh
 	touch $@
 
 demo: setup
-	$(BIN)/trainflow train --config flows/configs/demo.yaml --workdir $(WORKDIR)
+	$(BIN)/trainflow train --config flows/configs/demo.yaml --workdir $(WORKDIR) --launcher $(LAUNCHER)
 
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -52,7 +52,16 @@ def data_folder(cfg: PipelineConfig) -> str:
     """The data to train on: the configured folder, 'synthetic', or the digits set (written once)."""
     if cfg.data:
         return cfg.data if cfg.data == "synthetic" else str(Path(cfg.data).resolve())
-    return str(write_digits(cfg.workdir.resolve() / "data" / "digits"))
+    return str(digits_at(cfg.workdir / "data" / "digits"))
+
+
+def digits_at(dest: Path) -> Path:
+    """The digits set at `dest`, written there once."""
+    try:
+        return write_digits(dest.resolve())
+    except OSError as exc:
+        raise ConfigError(f"cannot write the digits set to {dest} ({exc.strerror}); "
+                          "pass a writable --workdir or --data") from None
 
 
 def echo_line(line: str) -> None:
@@ -95,8 +104,7 @@ def print_summary(metrics: dict, out: Path) -> None:
 def digits(config: ConfigOpt = None, data: DataOpt = None, workdir: WorkdirOpt = None) -> None:
     """Write scikit-learn's 8x8 digits as 32x32 PNGs in ImageNet layout (to --data, or under the workdir)."""
     cfg = configure(config, data, workdir)
-    dest = Path(cfg.data) if cfg.data else cfg.workdir / "data" / "digits"
-    print(write_digits(dest.resolve()))
+    print(digits_at(Path(cfg.data) if cfg.data else cfg.workdir / "data" / "digits"))
 
 
 @bench_app.command("train")

@@ -75,8 +75,8 @@ def deep_merge(base: dict, top: dict) -> dict:
     """`top` over `base`, merging nested mappings; None in `top` leaves `base` as it is."""
     merged = dict(base)
     for key, value in top.items():
-        if isinstance(value, dict) and isinstance(merged.get(key, {}), dict):
-            merged[key] = deep_merge(merged.get(key, {}), value)
+        if isinstance(value, dict) and isinstance(merged.get(key) or {}, dict):
+            merged[key] = deep_merge(merged.get(key) or {}, value)
         elif value is not None:
             merged[key] = value
     return merged

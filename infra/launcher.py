@@ -82,7 +82,8 @@ class TrainingConfig(BaseModel):
     seed: int = 0
     """Seed of initialisation, shuffling and augmentation."""
     verify_images: bool = True
-    """Decode every image once before the workers start, so a corrupt file fails fast, by name."""
+    """Decode every image once before the workers start, so a corrupt file fails fast, by name
+    (the other checks always run)."""
 
     def engine_args(self) -> list[str]:
         """The engine's command-line options for these settings (launcher and workers excluded)."""
@@ -101,9 +102,14 @@ def engine_script() -> Path:
     return REPO / "containers" / "trainer" / "train.py"
 
 
+def engine_argv(cfg: TrainingConfig, data: str, out: Path) -> list[str]:
+    """The engine script and its arguments."""
+    return [str(engine_script()), "--data", data, "--out", str(out), *cfg.engine_args()]
+
+
 def launch_command(cfg: TrainingConfig, data: str, out: Path, python: str = sys.executable) -> list[str]:
     """The torchrun or horovodrun command line that starts cfg.workers local workers."""
-    engine = [str(engine_script()), "--data", data, "--out", str(out), *cfg.engine_args()]
+    engine = engine_argv(cfg, data, out)
     n = str(cfg.workers)
     if cfg.launcher == "torchrun":
         return [python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", n, *engine]
@@ -112,14 +118,13 @@ def launch_command(cfg: TrainingConfig, data: str, out: Path, python: str = sys.
 
 
 def check_command(cfg: TrainingConfig, data: str, out: Path, python: str = sys.executable) -> list[str]:
-    """One process that checks the arguments, data and output folder the way the workers would."""
-    return [python, str(engine_script()), "--data", data, "--out", str(out), *cfg.engine_args(), "--check"]
+    """One process that checks the arguments, output folder, data and model before any worker starts."""
+    verify = ["--verify-images"] if cfg.verify_images else []
+    return [python, *engine_argv(cfg, data, out), "--check", "--check-workers", str(cfg.workers), *verify]
 
 
 def preflight(cfg: TrainingConfig, data: str, out: Path) -> None:
-    """Run the engine's own checks in one process; raise LaunchError with its one-line message."""
-    if not cfg.verify_images and data != "synthetic":
-        return
+    """Run the engine's own checks in one process; raise BadInput with its one-line message."""
     proc = subprocess.run(check_command(cfg, data, out), capture_output=True, text=True)
     if proc.returncode != 0:
         errors = [m.group(2) for m in map(ERROR_LINE.search, proc.stdout.splitlines()) if m]
@@ -140,7 +145,7 @@ def run_workers(cmd: list[str], log_dir: Path, echo: Callable[[str], None]) -> i
             all_lines.write(line)
             match = RANK_LINE.search(line)
             if match:
-                logs.setdefault(int(match.group(1)), []).append(line)
+                logs.setdefault(int(match.group(1)), []).append(line[match.start():])
                 echo(line[match.start():].rstrip("\n"))
         code = proc.wait()
     for rank, lines in logs.items():
@@ -151,12 +156,12 @@ def run_workers(cmd: list[str], log_dir: Path, echo: Callable[[str], None]) -> i
 
 
 def describe_failure(code: int, logs: dict[int, list[str]], log_dir: Path) -> str:
-    """One message for a failed run: the first rank that reported an error, else the last lines."""
-    for rank in sorted(logs):
-        for line in logs[rank]:
-            found = ERROR_LINE.search(line)
-            if found:
-                return f"rank {rank} failed: {found.group(2)}"
+    """One message for a failed run: the cause (an input error before a crash that it set off), else the tails."""
+    errors = [(rank, m.group(2)) for rank, lines in logs.items() for m in map(ERROR_LINE.search, lines) if m]
+    causes = [e for e in errors if not e[1].startswith("unexpected ")] or errors
+    if causes:
+        rank, message = causes[0]
+        return f"rank {rank} failed: {message}"
     tail = "".join(line for lines in logs.values() for line in lines[-5:])
     return f"training exited with status {code}; see {log_dir}/launcher.log. Last lines:\n{tail}"
 

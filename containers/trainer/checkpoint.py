@@ -15,6 +15,8 @@ def write_atomic(path: Path, write) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     write(tmp)
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())  # the data is on disk before the name points at it
     os.replace(tmp, path)
     return path
 
@@ -32,8 +34,9 @@ def save_torch(path: Path, obj) -> Path:
 def save_checkpoint(folder: Path, state: dict, step: int, keep: int = 3) -> Path:
     """Write checkpoints/step-<step>.pt and keep only the newest `keep` checkpoints."""
     path = save_torch(folder / f"step-{step:09d}.pt", state)
-    for old in list_checkpoints(folder)[:-keep]:
-        old.unlink(missing_ok=True)
+    for old in list_checkpoints(folder)[:-keep] + list(folder.glob(".step-*.pt.tmp-*")):
+        if old.name != path.name:
+            old.unlink(missing_ok=True)  # older checkpoints, and halves left by a killed writer
     return path
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 from torch.utils.data import DataLoader, Dataset, Sampler
@@ -51,8 +52,19 @@ def index_folder(data_dir: Path) -> tuple[Split, Split | None]:
         )
     train = index_split(train_dir, None)
     val_dir = data_dir / "val"
+    if val_dir.is_dir() and not _class_dirs(val_dir):
+        raise UsageError(f"{val_dir} has no class folders; add val/<class>/ images or remove val/")
     val = index_split(val_dir, train.classes) if val_dir.is_dir() else None
     return train, val
+
+
+def check_batch_fits(batch_size: int, workers: int, images: int) -> None:
+    """Every worker needs at least one full batch per epoch."""
+    if batch_size * workers > images:
+        raise UsageError(
+            f"--batch-size {batch_size} x {workers} workers is more than the {images} training images; "
+            "lower --batch-size"
+        )
 
 
 def index_split(split_dir: Path, classes: list[str] | None) -> Split:
@@ -99,9 +111,18 @@ def load_rgb(path: str) -> Image.Image:
         with Image.open(path) as img:
             if img.mode in ("RGBA", "LA", "PA") or (img.mode == "P" and "transparency" in img.info):
                 img = img.convert("RGBA")
+            elif img.mode.startswith("I") or img.mode == "F":
+                img = _to_8_bit(img)
             return img.convert("RGB")
     except (OSError, UnidentifiedImageError, ValueError, SyntaxError) as exc:
         raise UsageError(f"cannot decode image {path} ({exc}); replace or remove the file") from None
+
+
+def _to_8_bit(img: Image.Image) -> Image.Image:
+    """16-bit and float grayscale to 8 bits (PIL's own conversion clips everything above 255)."""
+    pixels = np.asarray(img, dtype=np.float32)
+    peak = 65535.0 if img.mode.startswith("I;16") or pixels.max() > 255 else 255.0
+    return Image.fromarray(np.clip(pixels * (255.0 / peak), 0, 255).astype(np.uint8), mode="L")
 
 
 def verify_images(samples: list[tuple[str, int]], rank: int = 0, world_size: int = 1) -> int:

@@ -40,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-classes", type=int, default=1000, help="classes of synthetic data (real data: the class folders)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--verify-images", action=argparse.BooleanOptionalAction, default=False, help="decode every image before training")
-    p.add_argument("--check", action="store_true", help="check the arguments, the data (decoding every image) and the output folder, then exit")
+    p.add_argument("--check", action="store_true", help="check the arguments, output folder, data and model in one process, then exit")
+    p.add_argument("--check-workers", type=int, default=1, help="with --check: the number of workers the run will have")
     return p
 
 

@@ -61,8 +61,15 @@ class Run:
     channels_last: bool
     step: int = 0
     epoch: int = 0
+    skip_steps: int = 0  # steps of the current epoch done before a resume
     history: list[dict] = field(default_factory=list)
     resumed_from: list[int] = field(default_factory=list)
+    wall_before: float = 0.0  # seconds spent by the attempts before a resume
+    started: float = field(default_factory=time.perf_counter)
+
+    def wall_seconds(self) -> float:
+        """Wall time of the whole run, over every resumed attempt."""
+        return self.wall_before + time.perf_counter() - self.started
 
     @property
     def master(self) -> bool:
@@ -80,35 +87,67 @@ def main(argv: list[str] | None = None) -> int:
         train(args)
         return 0
     except UsageError as exc:
-        log.error("error: %s", exc)
+        log.error("error: %s", one_line(exc))
         return 2
+    except Exception as exc:  # noqa: BLE001 - a worker's crash must reach the launcher's summary
+        log.exception("error: unexpected %s: %s", type(exc).__name__, exc)
+        return 1
+
+
+def one_line(exc: Exception) -> str:
+    """The message of a UsageError, also when a DataLoader worker re-raised it inside its own text."""
+    text = str(exc).strip().splitlines()[-1]
+    return text.split("UsageError: ", 1)[-1]
 
 
 def check_only(args) -> int:
-    """Validate the arguments, the model name, the data (decoding every image) and the output folder."""
+    """Validate the arguments, output folder, data (decoding every image with --verify-images) and model."""
     check_model_name(args.model)
     check_output_folder(args.out)
+    num_classes = args.num_classes
     if args.data != SYNTHETIC:
         train_split, val_split = data.index_folder(Path(args.data))
-        n = data.verify_images(train_split.samples + (val_split.samples if val_split else []))
-        log.info("data ok: %d images in %d classes", n, len(train_split.classes))
+        data.check_batch_fits(args.batch_size, args.check_workers, len(train_split.samples))
+        if args.verify_images:
+            data.verify_images(train_split.samples + (val_split.samples if val_split else []))
+        num_classes = len(train_split.classes)
+        log.info("data ok: %d training images in %d classes", len(train_split.samples), num_classes)
+    try_one_step(args, num_classes)
     return 0
+
+
+def try_one_step(args, num_classes: int) -> None:
+    """One forward and backward pass on a tiny batch of the configured size, on the CPU."""
+    model = build_model(args.model, num_classes).train()
+    images = torch.zeros(min(args.batch_size, 2), 3, args.image_size, args.image_size)
+    try:
+        logits(model(images)).sum().backward()
+    except (RuntimeError, ValueError, AssertionError) as exc:
+        raise UsageError(
+            f"{args.model} cannot train on batches of {args.batch_size} images of {args.image_size} px "
+            f"({str(exc).splitlines()[0]}); change --batch-size, --image-size or --model"
+        ) from None
+
+
+def logits(output) -> torch.Tensor:
+    """The main output of a classifier (GoogLeNet and Inception return a tuple in training mode)."""
+    return getattr(output, "logits", output)
 
 
 def train(args) -> None:
     """Set up this worker, resume if OUT holds a checkpoint, train every epoch, write the results."""
     run = set_up(args)
-    started = time.perf_counter()
     while run.epoch < args.epochs:
         row = train_epoch(run)
+        average_buffers(run)
         row.update(evaluate(run))
         run.history.append(row)
         run.epoch += 1
         log_epoch(run, row)
         if run.master:
             save_checkpoint(run, step_in_epoch=0)
-            write_metrics(run, time.perf_counter() - started, status="running")
-    finish(run, time.perf_counter() - started)
+            write_metrics(run, status="running")
+    finish(run)
 
 
 def set_up(args) -> Run:
@@ -130,7 +169,11 @@ def set_up(args) -> Run:
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
     run = Run(args, backend, device, model, model, optimizer, None, train_batches, val_batches, classes,
               amp=resolve_precision(args.precision, device) == "bf16", channels_last=channels_last)
-    resume(run)
+    state = load_latest_checkpoint(run)
+    wrap_for_backend(run, state)
+    run.scheduler = make_scheduler(run)
+    if state is not None:
+        restore_progress(run, state)
     return run
 
 
@@ -143,11 +186,7 @@ def make_batches(args, backend: Backend, device: torch.device):
     train_split, val_split = data.index_folder(Path(args.data))
     if args.verify_images:
         data.verify_images(train_split.samples, backend.rank, backend.world_size)
-    if args.batch_size * backend.world_size > len(train_split.samples):
-        raise UsageError(
-            f"--batch-size {args.batch_size} x {backend.world_size} workers is more than the "
-            f"{len(train_split.samples)} training images; lower --batch-size"
-        )
+    data.check_batch_fits(args.batch_size, backend.world_size, len(train_split.samples))
     pin = resolve(args.pin_memory, device)
     train_set = data.ImageFiles(train_split, data.train_transform(args.image_size, args.min_crop_scale, args.hflip))
     sampler = data.ResumableSampler(train_set, backend.world_size, backend.rank, shuffle=True, seed=args.seed)
@@ -161,26 +200,43 @@ def make_batches(args, backend: Backend, device: torch.device):
     return train_batches, val_batches, train_split.classes
 
 
-def resume(run: Run) -> None:
-    """Load the newest checkpoint in OUT (if any), then wrap for the backend and sync rank 0's state."""
-    args, found = run.args, checkpoint.latest_checkpoint(args_checkpoints(run.args))
-    state = torch.load(found, map_location=run.device, weights_only=False) if found else None
-    if state is not None:
-        check_resumable(state, run)
-        run.raw_model.load_state_dict(state["model"])
+def load_latest_checkpoint(run: Run) -> dict | None:
+    """The newest checkpoint in OUT with the model weights already loaded, or None."""
+    found = checkpoint.latest_checkpoint(args_checkpoints(run.args))
+    if found is None:
+        return None
+    state = torch.load(found, map_location=run.device, weights_only=False)
+    check_resumable(state, run)
+    run.raw_model.load_state_dict(state["model"])
+    log.info("resumed from %s: epoch %d, step %d", found.name, state["epoch"] + 1, state["step"])
+    return state
+
+
+def wrap_for_backend(run: Run, state: dict | None) -> None:
+    """Wrap model and optimizer for the backend, restore the optimizer, and sync rank 0's state."""
+    run.model, run.optimizer = run.backend.wrap(run.raw_model, run.optimizer)
+    if state is not None:  # after wrapping: Horovod's optimizer starts with empty state of its own
         run.optimizer.load_state_dict(state["optimizer"])
     run.backend.broadcast_state(run.raw_model, run.optimizer)
-    run.model, run.optimizer = run.backend.wrap(run.raw_model, run.optimizer)
+
+
+def make_scheduler(run: Run) -> torch.optim.lr_scheduler.LambdaLR:
+    """Warmup plus decay, per optimizer step, as a factor on the one-worker rate."""
+    args = run.args
     sched = Schedule(steps_per_epoch(run), args.epochs, run.backend.world_size, args.warmup_epochs,
                      args.schedule, decay_epochs(args.lr_decay_epochs))
-    run.scheduler = torch.optim.lr_scheduler.LambdaLR(run.optimizer, lambda s: lr_factor(s, sched))
-    if state is None:
-        return
+    return torch.optim.lr_scheduler.LambdaLR(run.optimizer, lambda s: lr_factor(s, sched))
+
+
+def restore_progress(run: Run, state: dict) -> None:
+    """Continue the step count, schedule, history and wall time; skip what the epoch already trained on."""
     run.scheduler.load_state_dict(state["scheduler"])
+    for group, lr in zip(run.optimizer.param_groups, run.scheduler.get_last_lr()):
+        group["lr"] = lr  # LambdaLR's constructor set the step-0 rate
     run.step, run.epoch, run.history = state["step"], state["epoch"], state["history"]
-    run.resumed_from = state.get("resumed_from", []) + [run.step]
-    skip_done_samples(run, state["samples_in_epoch"])
-    log.info("resumed from %s: epoch %d, step %d", found.name, run.epoch + 1, run.step)
+    run.wall_before = state["wall_seconds"]
+    run.resumed_from = state["resumed_from"] + [run.step]
+    run.skip_steps = state["samples_in_epoch"] // (run.args.batch_size * run.backend.world_size)
 
 
 def check_resumable(state: dict, run: Run) -> None:
@@ -190,13 +246,6 @@ def check_resumable(state: dict, run: Run) -> None:
             f"{run.args.out} holds checkpoints of another run ({state['arch']}, {len(state['classes'])} classes); "
             "pass a new --out or delete its checkpoints/"
         )
-
-
-def skip_done_samples(run: Run, samples_in_epoch: int) -> None:
-    """Make a mid-epoch resume start after the samples the interrupted epoch already trained on."""
-    sampler = getattr(run.train_batches, "sampler", None)
-    if isinstance(sampler, data.ResumableSampler):
-        sampler.skip = samples_in_epoch // run.backend.world_size
 
 
 def steps_per_epoch(run: Run) -> int:
@@ -213,8 +262,9 @@ def train_epoch(run: Run) -> dict:
     args, sampler = run.args, getattr(run.train_batches, "sampler", None)
     if sampler is not None:
         sampler.set_epoch(run.epoch)
+        sampler.skip = run.skip_steps * args.batch_size
     run.model.train()
-    done = (sampler.skip // args.batch_size) if sampler is not None else 0
+    done, run.skip_steps = run.skip_steps, 0
     loss_sum, seen, started = torch.zeros((), dtype=torch.float64), 0, time.perf_counter()
     for images, targets in run.train_batches:
         if done >= steps_per_epoch(run):
@@ -227,8 +277,6 @@ def train_epoch(run: Run) -> dict:
                      steps_per_epoch(run), loss, run.scheduler.get_last_lr()[0])
         if run.master and args.checkpoint_every and run.step % args.checkpoint_every == 0:
             save_checkpoint(run, step_in_epoch=done)
-    if sampler is not None:
-        sampler.skip = 0
     seconds = time.perf_counter() - started
     totals = run.backend.all_reduce_sum(torch.tensor([float(loss_sum), seen, seen / max(seconds, 1e-9)], dtype=torch.float64))
     return {"epoch": run.epoch + 1, "step": run.step, "train_loss": totals[0].item() / max(totals[1].item(), 1),
@@ -240,12 +288,25 @@ def train_step(run: Run, images: torch.Tensor, targets: torch.Tensor) -> float:
     """Forward, backward (gradients averaged across workers by the backend) and an optimizer step."""
     images, targets = to_device(run, images, targets)
     with torch.autocast(run.device.type, dtype=torch.bfloat16, enabled=run.amp):
-        loss = torch.nn.functional.cross_entropy(run.model(images), targets)
+        loss = torch.nn.functional.cross_entropy(logits(run.model(images)), targets)
     run.optimizer.zero_grad()  # Horovod's optimizer takes no set_to_none; None is the default
     loss.backward()
     run.optimizer.step()
     run.scheduler.step()
     return loss.item()
+
+
+@torch.no_grad()
+def average_buffers(run: Run) -> None:
+    """Average batch-norm statistics over workers (each saw its own batches): one model to evaluate and save."""
+    buffers = [b for b in run.raw_model.buffers() if b.is_floating_point()]
+    if run.backend.world_size == 1 or not buffers:
+        return
+    flat = run.backend.all_reduce_sum(torch.cat([b.reshape(-1) for b in buffers])) / run.backend.world_size
+    offset = 0
+    for b in buffers:
+        b.copy_(flat[offset:offset + b.numel()].view_as(b))
+        offset += b.numel()
 
 
 @torch.no_grad()
@@ -258,9 +319,9 @@ def evaluate(run: Run) -> dict:
     for images, targets in run.val_batches:
         images, targets = to_device(run, images, targets)
         with torch.autocast(run.device.type, dtype=torch.bfloat16, enabled=run.amp):
-            logits = run.raw_model(images)
-        loss = torch.nn.functional.cross_entropy(logits.float(), targets, reduction="sum")
-        top1, top5 = metrics.topk_correct(logits, targets)
+            out = logits(run.raw_model(images))
+        loss = torch.nn.functional.cross_entropy(out.float(), targets, reduction="sum")
+        top1, top5 = metrics.topk_correct(out, targets)
         sums += torch.tensor([loss.item(), top1, top5, len(targets)], dtype=torch.float64)
     loss, top1, top5, n = run.backend.all_reduce_sum(sums).tolist()
     return {"val_loss": loss / n, "val_top1": top1 / n, "val_top5": top5 / n}
@@ -277,7 +338,8 @@ def save_checkpoint(run: Run, step_in_epoch: int) -> None:
     state = {"arch": run.args.model, "classes": run.classes, "model": run.raw_model.state_dict(),
              "optimizer": run.optimizer.state_dict(), "scheduler": run.scheduler.state_dict(),
              "epoch": run.epoch, "step": run.step, "history": run.history, "resumed_from": run.resumed_from,
-             "samples_in_epoch": step_in_epoch * run.args.batch_size * run.backend.world_size}
+             "samples_in_epoch": step_in_epoch * run.args.batch_size * run.backend.world_size,
+             "wall_seconds": run.wall_seconds()}
     checkpoint.save_checkpoint(args_checkpoints(run.args), state, run.step, run.args.keep_checkpoints)
 
 
@@ -286,7 +348,7 @@ def args_checkpoints(args) -> Path:
     return Path(args.out) / "checkpoints"
 
 
-def finish(run: Run, seconds: float) -> None:
+def finish(run: Run) -> None:
     """Check that all workers hold the same parameters; rank 0 writes model.pt and metrics.json."""
     digest = metrics.parameter_digest(run.raw_model)
     chunks = torch.tensor(metrics.digest_chunks(digest), dtype=torch.float64)
@@ -296,12 +358,12 @@ def finish(run: Run, seconds: float) -> None:
     if run.master:
         checkpoint.save_torch(Path(run.args.out) / "model.pt", {"arch": run.args.model, "classes": run.classes,
                               "image_size": run.args.image_size, "state_dict": run.raw_model.state_dict()})
-        write_metrics(run, seconds, status="complete", parameters_in_sync=in_sync, parameter_digest=digest)
+        write_metrics(run, status="complete", parameters_in_sync=in_sync, parameter_digest=digest)
         log.info("results in %s", Path(run.args.out).resolve())
     run.backend.shutdown()
 
 
-def write_metrics(run: Run, seconds: float, status: str, **extra) -> None:
+def write_metrics(run: Run, status: str, **extra) -> None:
     """Rank 0: metrics.json, rewritten after every epoch; status says whether the run is complete."""
     args, last = run.args, (run.history[-1] if run.history else {})
     summary = {"status": status, "model": args.model, "data": str(args.data), "num_classes": len(run.classes),
@@ -309,7 +371,7 @@ def write_metrics(run: Run, seconds: float, status: str, **extra) -> None:
                "precision": "bf16" if run.amp else "fp32", "batch_size_per_worker": args.batch_size,
                "global_batch_size": args.batch_size * run.backend.world_size, "base_lr": args.lr,
                "peak_lr": args.lr * run.backend.world_size, "global_step": run.step, "resumed_from_steps": run.resumed_from,
-               "wall_seconds": seconds, "final_val_top1": last.get("val_top1"), "final_val_top5": last.get("val_top5"),
+               "wall_seconds": run.wall_seconds(), "final_val_top1": last.get("val_top1"), "final_val_top5": last.get("val_top5"),
                "images_per_sec": last.get("images_per_sec"), "versions": metrics.library_versions(),
                "epochs": run.history, **extra}
     checkpoint.save_json(Path(args.out) / "metrics.json", summary)

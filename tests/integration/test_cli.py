@@ -11,7 +11,7 @@ from flows.cli import app
 from tests.conftest import write_image
 
 TRAINFLOW = str(Path(sys.executable).parent / "trainflow")
-QUICK = ["--model", "resnet18", "--epochs", "1", "--workers", "2"]
+QUICK = ["--model", "resnet18", "--epochs", "1", "--workers", "2", "--batch-size", "1"]
 
 
 @pytest.mark.parametrize("command", [[], ["train"], ["data"], ["data", "digits"], ["bench"], ["bench", "train"]])
@@ -29,7 +29,8 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 
 def make_data(root: Path, kind: str) -> Path:
     """A data folder with one kind of problem."""
-    write_image(root / "train" / "a" / "ok.png")
+    for i in range(4):
+        write_image(root / "train" / "a" / f"ok{i}.png")
     if kind == "empty class":
         (root / "train" / "b").mkdir()
     elif kind == "corrupt":
@@ -49,11 +50,16 @@ def make_data(root: Path, kind: str) -> Path:
     ("batch size", ["--data", "{data}", "--batch-size", "0"], "training.batch_size = 0: Input should be greater"),
     ("model", ["--data", "{data}", "--model", "resnet5000"], "unknown model 'resnet5000'"),
     ("out not writable", ["--data", "{data}", "--out", "{tmp}/file/out"], "output folder .* is not writable"),
+    ("workdir is a file", ["--workdir", "{tmp}/file"], "cannot write the digits set to .*file/data/digits"),
+    ("batch too big", ["--data", "{data}", "--batch-size", "4"], "--batch-size 4 x 2 workers is more than the 4 training"),
+    ("model and size", ["--data", "{data}", "--model", "vit_b_16", "--config", "{tmp}/32px.yaml"],
+     "vit_b_16 cannot train on batches of 1 images of 32 px"),
 ])
 def test_bad_input_gives_one_clear_line(tmp_path, case, args, message):
     data = make_data(tmp_path / "data", case)
     (tmp_path / "empty").mkdir()
     (tmp_path / "file").write_text("")
+    (tmp_path / "32px.yaml").write_text("training: {image_size: 32}\n")
     args = [a.format(tmp=tmp_path, data=data) for a in args]
     result = run_cli("train", *QUICK, "--workdir", str(tmp_path / "work"), *args)
     assert result.returncode == 2, result.stderr
@@ -68,8 +74,8 @@ def test_bad_input_gives_one_clear_line(tmp_path, case, args, message):
 def test_a_corrupt_image_found_during_training_names_rank_and_file(tmp_path):
     data = make_data(tmp_path / "data", "corrupt")
     config = tmp_path / "c.yaml"
-    config.write_text("training: {verify_images: false, image_size: 16, batch_size: 1, loader_workers: 0}\n")
-    result = run_cli("train", "--config", str(config), *QUICK, "--data", str(data), "--workdir", str(tmp_path / "w"))
+    config.write_text("training: {verify_images: false, image_size: 16, loader_workers: 1}\n")
+    result = run_cli("train", "--config", str(config), *QUICK[:-1], "2", "--data", str(data), "--workdir", str(tmp_path / "w"))
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
     assert "failed: cannot decode image" in result.stderr and "bad.png" in result.stderr

@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -82,3 +83,20 @@ def test_awkward_images_train_in_one_process(image_tree, tmp_path):
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["status"] == "complete" and metrics["num_classes"] == 2 and metrics["backend"] == "single"
     assert metrics["epochs"][0]["val_top1"] is not None
+
+
+def test_resume_mid_epoch_ends_where_an_uninterrupted_run_ends(tmp_path):
+    """Same seed, one process: resuming from a mid-epoch checkpoint must give the very same parameters,
+    so the step, the position in the epoch, the optimizer state and the learning rate all come back."""
+    args = ["--data", "synthetic", "--model", "resnet18", "--image-size", "16", "--num-classes", "4",
+            "--batch-size", "4", "--epochs", "2", "--steps-per-epoch", "6", "--warmup-epochs", "0.5",
+            "--checkpoint-every", "2", "--keep-checkpoints", "10", "--threads", "1"]
+    assert engine_main([*args, "--out", str(tmp_path / "whole")]) == 0
+    resumed = tmp_path / "resumed"
+    (resumed / "checkpoints").mkdir(parents=True)
+    shutil.copy(tmp_path / "whole" / "checkpoints" / "step-000000004.pt", resumed / "checkpoints")
+    assert engine_main([*args, "--out", str(resumed)]) == 0
+
+    whole, again = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("whole", "resumed"))
+    assert again["resumed_from_steps"] == [4] and again["global_step"] == whole["global_step"] == 12
+    assert again["parameter_digest"] == whole["parameter_digest"]

@@ -34,8 +34,11 @@ def test_horovodrun_command_uses_gloo_on_localhost(tmp_path):
     assert "/venv/bin/python" in cmd
 
 
-def test_check_command_runs_one_process():
-    assert check_command(TrainingConfig(), "D", "O", python="py")[-1] == "--check"
+def test_check_command_runs_one_process_that_knows_the_world_size():
+    cmd = check_command(TrainingConfig(workers=3), "D", "O", python="py")
+    assert cmd[0] == "py" and "--check" in cmd and cmd[cmd.index("--check-workers") + 1] == "3"
+    assert "--verify-images" in cmd
+    assert "--verify-images" not in check_command(TrainingConfig(verify_images=False), "D", "O")
 
 
 def test_precedence_is_options_then_environment_then_file(tmp_path):

@@ -1,5 +1,6 @@
-import torch
+import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from tests.conftest import write_image
@@ -31,6 +32,7 @@ def test_val_labels_follow_train_class_order(tmp_path):
     ({"train/a/x.png": "img", "train/b/": None}, "class folder .*train/b has no images"),
     ({"train/a/x.png": "img", "train/a/notes.txt": "text"}, "notes.txt is not an image file"),
     ({"train/a/x.png": "img", "val/zebra/y.png": "img"}, "class folders that train/ lacks: zebra"),
+    ({"train/a/x.png": "img", "val/": None}, "val has no class folders"),
 ])
 def test_bad_layouts_name_the_problem(tmp_path, layout, message):
     root = tmp_path / "data"
@@ -88,3 +90,16 @@ def test_transforms_give_the_requested_size(image_tree):
     image = Image.new("RGB", (50, 30))
     assert data.train_transform(16, 0.5, hflip=True)(image).shape == (3, 16, 16)
     assert data.val_transform(16)(image).shape == (3, 16, 16)
+
+
+def test_sixteen_bit_images_keep_their_contrast(tmp_path):
+    path = tmp_path / "deep.png"
+    Image.fromarray(np.array([[0, 1000], [30000, 65535]], dtype=np.uint16)).save(path)
+    pixels = np.asarray(data.load_rgb(str(path)))[:, :, 0]
+    assert pixels.tolist() == [[0, 3], [116, 255]]
+
+
+def test_batch_must_fit_the_data():
+    data.check_batch_fits(4, 2, 8)
+    with pytest.raises(UsageError, match="--batch-size 5 x 2 workers is more than the 8 training images"):
+        data.check_batch_fits(5, 2, 8)
