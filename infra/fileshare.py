@@ -1,0 +1,72 @@
+"""The file share that holds the training scripts: a local folder, or Azure Files.
+
+Both backends implement `FileShare`. Paths are relative, "/"-separated, inside the share.
+"""
+
+import os
+import shutil
+from pathlib import Path
+from typing import Protocol
+
+
+class FileShare(Protocol):
+    """The few operations the pipeline needs from a file share."""
+
+    def exists(self, path: str) -> bool:
+        """Whether a file exists at `path`."""
+
+    def upload_file(self, local: Path, path: str) -> None:
+        """Write the local file to `path`, creating parent directories."""
+
+    def copy_within(self, src: str, dst: str) -> None:
+        """Copy a file inside the share (server-side on Azure: nothing is uploaded)."""
+
+    def read_text(self, path: str) -> str | None:
+        """The UTF-8 text of the file at `path`, or None when it does not exist."""
+
+    def write_text(self, path: str, text: str) -> None:
+        """Write UTF-8 text to `path`, creating parent directories."""
+
+    def url(self, path: str) -> str:
+        """Where `path` is, for people and logs (never with a secret in it)."""
+
+
+class LocalFolderShare:
+    """A folder standing in for the share (the embedded local default)."""
+
+    def __init__(self, root: Path):
+        self.root = root
+
+    def _at(self, path: str) -> Path:
+        return self.root / path
+
+    def exists(self, path: str) -> bool:
+        return self._at(path).is_file()
+
+    def upload_file(self, local: Path, path: str) -> None:
+        target = self._at(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+        shutil.copyfile(local, tmp)
+        os.replace(tmp, target)
+
+    def copy_within(self, src: str, dst: str) -> None:
+        target = self._at(dst)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+        shutil.copyfile(self._at(src), tmp)
+        os.replace(tmp, target)
+
+    def read_text(self, path: str) -> str | None:
+        target = self._at(path)
+        return target.read_text(encoding="utf-8") if target.is_file() else None
+
+    def write_text(self, path: str, text: str) -> None:
+        target = self._at(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, target)
+
+    def url(self, path: str) -> str:
+        return str(self._at(path))
