@@ -1,6 +1,7 @@
 """The `trainflow` command line. Every command takes --config FILE, --data DIR and --workdir DIR."""
 
 import functools
+import os
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -10,6 +11,9 @@ import typer
 from rich.console import Console
 
 from flows.config import ConfigError, PipelineConfig, load_config
+from infra.azurite import AzuriteError
+from infra.blobstore import StorageError
+from infra.fileserver import FileServerError
 from infra.launcher import LaunchError, train_locally
 from infra.sample_data import write_digits
 
@@ -39,6 +43,9 @@ def friendly_errors(command):
         except LaunchError as exc:
             err.print(f"error: {exc}", markup=False, soft_wrap=True)
             raise typer.Exit(exc.exit_code) from None
+        except (StorageError, FileServerError, AzuriteError, FileNotFoundError) as exc:
+            err.print(f"error: {exc}", markup=False, soft_wrap=True)
+            raise typer.Exit(1) from None
 
     return wrapper
 
@@ -97,6 +104,29 @@ def print_summary(metrics: dict, out: Path) -> None:
         f"val top-1 {accuracy}, {metrics['images_per_sec']:.1f} images/s, {metrics['wall_seconds']:.0f} s\n"
         f"results: {out}"
     )
+
+
+@app.command()
+@friendly_errors
+def stage(config: ConfigOpt = None, data: DataOpt = None, workdir: WorkdirOpt = None) -> None:
+    """Stage the data as a Prefect flow: scripts to the file share, data set to Blob, Blob to the file server."""
+    cfg = configure(config, data, workdir)
+    cfg = cfg.model_copy(update={"data": data_folder(cfg), "workdir": cfg.workdir.resolve()})
+    use_prefect(cfg.workdir)
+    from flows.stage import stage_data
+    from tasks.progress import print_summary_table
+
+    result = stage_data(cfg)
+    print_summary_table([{k: v for k, v in result[step].items() if k != "path"} for step in ("scripts", "upload", "sync")])
+    Console(highlight=False).print(f"file server copy of {result['dataset']}: {result['sync']['path']}")
+
+
+def use_prefect(workdir: Path) -> None:
+    """Prefect's embedded server (unless PREFECT_API_URL is set), with its state under the workdir."""
+    defaults = {"PREFECT_HOME": str(workdir / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+                "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120"}
+    for key, value in defaults.items():
+        os.environ.setdefault(key, value)
 
 
 @data_app.command("digits")

@@ -6,11 +6,14 @@ Each section lives next to the code that owns it.
 """
 
 import os
+import re
 from pathlib import Path
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from infra.blobstore import StorageConfig
+from infra.fileshare import FileShareConfig
 from infra.launcher import TrainingConfig
 
 ENV_PREFIX = "TRAINFLOW_"
@@ -29,8 +32,27 @@ class PipelineConfig(BaseModel):
     """Root of all local state: data, file share, file server, storage emulator data, results."""
     data: str | None = None
     """ImageNet-layout folder, or "synthetic"; unset: the small digits set, written under workdir on first use."""
+    dataset: str | None = None
+    """Name of the data set in Blob and on the file server; unset: the data folder's name."""
     training: TrainingConfig = TrainingConfig()
     """How the training engine runs."""
+    storage: StorageConfig = StorageConfig()
+    """Blob storage for the data set."""
+    fileshare: FileShareConfig = FileShareConfig()
+    """The file share for the training scripts."""
+    fileserver_export: Path | None = None
+    """The file server's export folder (on Azure: where the NFS share is mounted); unset: <workdir>/fileserver."""
+
+    def dataset_name(self) -> str:
+        """The data set's name: configured, else the data folder's name, lowercased to [a-z0-9-]."""
+        if self.dataset:
+            return self.dataset
+        base = re.sub(r"[^a-z0-9-]+", "-", Path(self.data or "digits").name.lower()).strip("-")
+        return base or "dataset"
+
+    def export_dir(self) -> Path:
+        """The file server's export folder."""
+        return self.fileserver_export or self.workdir / "fileserver"
 
 
 def load_config(path: Path | None, overrides: dict, environ: dict[str, str] | None = None) -> PipelineConfig:

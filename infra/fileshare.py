@@ -6,7 +6,9 @@ Both backends implement `FileShare`. Paths are relative, "/"-separated, inside t
 import os
 import shutil
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict
 
 
 class FileShare(Protocol):
@@ -70,3 +72,41 @@ class LocalFolderShare:
 
     def url(self, path: str) -> str:
         return str(self._at(path))
+
+
+class FileShareConfig(BaseModel):
+    """Where the training scripts go: a local folder (default) or an Azure Files share."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    backend: Literal["local", "azure"] = "local"
+    """local: <workdir>/fileshare; azure: an Azure Files share."""
+    account_url: str | None = None
+    """https://<account>.file.core.windows.net (azure only)."""
+    share: str = "trainflow"
+    """Azure Files share name."""
+    auth: Literal["sas", "default"] = "sas"
+    """A SAS token from sas_token_env (preferred), or DefaultAzureCredential."""
+    sas_token_env: str = "AZURE_FILES_SAS_TOKEN"
+    """Environment variable holding the share's SAS token."""
+    extra_files: list[Path] = []
+    """Files sent with the training package (configs, label maps), placed beside it."""
+
+
+def open_share(cfg: FileShareConfig, workdir: Path, environ: dict[str, str] | None = None) -> FileShare:
+    """The configured share."""
+    if cfg.backend == "local":
+        return LocalFolderShare(workdir / "fileshare")
+    from infra.azure_files import AzureFileShare
+    from infra.blobstore import secret
+
+    if cfg.account_url is None:
+        raise ValueError("fileshare.account_url is not set; set it to https://<account>.file.core.windows.net")
+    env = os.environ if environ is None else environ
+    if cfg.auth == "sas":
+        credential = secret(env, cfg.sas_token_env).lstrip("?")
+    else:
+        from azure.identity import DefaultAzureCredential
+
+        credential = DefaultAzureCredential()
+    return AzureFileShare.from_settings(cfg.account_url, cfg.share, credential)

@@ -8,6 +8,7 @@ import json
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Callable, Literal
 
@@ -100,6 +101,24 @@ class TrainingConfig(BaseModel):
 def engine_script() -> Path:
     """The training engine's entry point in this checkout."""
     return REPO / "containers" / "trainer" / "train.py"
+
+
+def index_data(data: Path, verify: list[str] | None = None) -> dict:
+    """The engine's own index of an ImageNet-layout folder (containers/trainer/layout.py), decoding `verify`.
+
+    Raises BadInput with the engine's one-line message when the folder is not usable.
+    """
+    cmd = [sys.executable, str(engine_script().with_name("layout.py")), str(data)]
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", encoding="utf-8") as listing:
+        if verify:
+            listing.write("\n".join(verify))
+            listing.flush()
+            cmd += ["--verify-list", listing.name]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        lines = proc.stderr.strip().splitlines() or [f"data check failed with status {proc.returncode}"]
+        raise BadInput(lines[-1].removeprefix("error: "))
+    return json.loads(proc.stdout)
 
 
 def engine_argv(cfg: TrainingConfig, data: str, out: Path) -> list[str]:

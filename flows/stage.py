@@ -1,0 +1,40 @@
+"""The staging flow: scripts to the file share, the data set to Blob, Blob to the file server."""
+
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from prefect import flow
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+from flows.config import PipelineConfig
+from infra.azurite import running_azurite
+from tasks.sync_file_server import sync_to_file_server_task
+from tasks.upload_dataset import upload_dataset_task
+from tasks.upload_scripts import upload_scripts_task
+
+
+@contextmanager
+def blob_endpoint(cfg: PipelineConfig) -> Iterator[int | None]:
+    """Azurite's port while the flow runs (local default), or None for Azure storage."""
+    if cfg.storage.backend != "azurite":
+        yield None
+        return
+    with running_azurite(cfg.workdir / "azurite") as port:
+        yield port
+
+
+@flow(name="stage-data")
+def stage_data(cfg: PipelineConfig) -> dict:
+    """Upload the scripts, upload the data set, sync it to the file server; returns each step's summary."""
+    name, data = cfg.dataset_name(), Path(cfg.data)
+    with blob_endpoint(cfg) as port:
+        scripts = upload_scripts_task(cfg.fileshare, cfg.workdir)
+        dataset = upload_dataset_task(cfg.storage, port, data, name, cfg.workdir)
+        synced = sync_to_file_server_task(cfg.storage, port, cfg.export_dir(), name, cfg.workdir)
+    steps = [scripts, dataset, synced]
+    create_table_artifact(key="staging-summary", table=[{k: v for k, v in s.items() if k != "path"} for s in steps],
+                          description=f"Staging of data set {name}")
+    create_markdown_artifact(key="staging-locations", markdown=(
+        f"# Data set `{name}` staged\n\n- scripts: `{scripts['path']}`\n- file server copy: `{synced['path']}`\n"))
+    return {"dataset": name, "scripts": scripts, "upload": dataset, "sync": synced}

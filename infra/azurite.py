@@ -1,0 +1,87 @@
+"""Azurite, the Azure Blob emulator, started and stopped by trainflow itself for the local default.
+
+It runs from the project's own node_modules (installed by `make setup`), listens on a free loopback
+port, and keeps its data on disk under the workdir, so data staged once stays staged across runs.
+"""
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+REPO = Path(__file__).resolve().parents[1]
+ACCOUNT = "devstoreaccount1"
+# Azurite's published development key (its README): not a secret, and valid for Azurite only.
+DEV_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+
+
+class AzuriteError(RuntimeError):
+    """Azurite is missing or did not start."""
+
+
+def azurite_binary() -> Path:
+    """The azurite-blob launcher in the project's node_modules."""
+    path = REPO / "node_modules" / ".bin" / "azurite-blob"
+    if not path.exists():
+        raise AzuriteError(f"Azurite is not installed ({path} is missing); run `make setup` (npm install)")
+    return path
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def connection_string(port: int) -> str:
+    """The connection string of Azurite's development account on `port`."""
+    return (f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={DEV_KEY};"
+            f"BlobEndpoint=http://127.0.0.1:{port}/{ACCOUNT};")
+
+
+@contextmanager
+def running_azurite(data_dir: Path, startup_seconds: float = 30.0) -> Iterator[int]:
+    """Start Azurite with its data in `data_dir`; yield its port; stop it at the end."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    cmd = [str(azurite_binary()), "--blobHost", "127.0.0.1", "--blobPort", str(port), "--location", str(data_dir),
+           "--skipApiVersionCheck", "--loose", "--silent"]
+    log = open(data_dir / "azurite.log", "ab")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_for_port(port, proc, startup_seconds, data_dir / "azurite.log")
+        yield port
+    finally:
+        stop(proc)
+        log.close()
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """Stop Azurite and the node process under its launcher script: politely, then for sure."""
+    for sig, wait in ((signal.SIGINT, 5), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(proc.pid, sig)
+            proc.wait(timeout=wait)
+            return
+        except ProcessLookupError:
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def wait_for_port(port: int, proc: subprocess.Popen, seconds: float, log: Path) -> None:
+    """Return once something accepts connections on `port`; fail if the process exits or time runs out."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AzuriteError(f"Azurite exited with status {proc.returncode} at start-up; see {log}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise AzuriteError(f"Azurite did not start within {seconds:.0f} s; see {log}")

@@ -1,0 +1,217 @@
+"""Blob storage: Azure Blob, or Azurite locally, behind one small `BlobStore`.
+
+Credentials: a SAS token (preferred, as the reference architecture advises), a connection string, or
+DefaultAzureCredential; secrets come from environment variables and never reach a message.
+Single requests are retried by the SDK (exponential backoff); whole steps by Prefect.
+"""
+
+import ipaddress
+import os
+import re
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, Literal
+from urllib.parse import urlparse
+
+from azure.core.exceptions import (
+    ClientAuthenticationError, HttpResponseError, ResourceExistsError, ResourceNotFoundError, ServiceRequestError,
+    ServiceResponseError,
+)
+from azure.storage.blob import BlobServiceClient, ContainerClient, ExponentialRetry
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+CONTAINER_NAME = re.compile(r"^(?=.{3,63}$)[a-z0-9](?:[a-z0-9]|-(?!-))*[a-z0-9]$")
+SECRET_PATTERNS = [re.compile(p) for p in (r"(sig=)[^&\s'\"]+", r"(AccountKey=)[^;\s'\"]+", r"(SharedAccessSignature=)[^;\s'\"]+")]
+
+
+class StorageError(Exception):
+    """A storage operation failed; `permanent` errors (credentials, names) are not worth a retry."""
+
+    def __init__(self, message: str, permanent: bool = False):
+        super().__init__(message)
+        self.permanent = permanent
+
+
+class StorageConfig(BaseModel):
+    """Where the data set goes: Azure Blob storage, or Azurite started by trainflow."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    backend: Literal["azurite", "azure"] = "azurite"
+    """azurite: the local emulator, started under the workdir; azure: a real storage account."""
+    account_url: str | None = None
+    """https://<account>.blob.core.windows.net (azure only). Plain http is refused except to loopback."""
+    auth: Literal["sas", "connection_string", "default"] = "sas"
+    """azure only: a SAS token (preferred), a connection string, or DefaultAzureCredential."""
+    sas_token_env: str = "AZURE_STORAGE_SAS_TOKEN"
+    """Environment variable holding the SAS token."""
+    connection_string_env: str = "AZURE_STORAGE_CONNECTION_STRING"
+    """Environment variable holding the connection string."""
+    container: str = "trainflow"
+    """Blob container: 3-63 lowercase letters, digits and single hyphens."""
+    shard_mb: int = Field(256, ge=1)
+    """Target size of the tar shards the data set is packed into."""
+    upload_concurrency: int = Field(8, ge=1)
+    """Shards uploaded (or downloaded) at once."""
+    retry_total: int = Field(6, ge=0)
+    """SDK retries of one request (timeouts, 5xx, connection resets)."""
+    retry_initial_backoff: float = Field(0.5, gt=0)
+    """Seconds before the first SDK retry; doubled at each next one."""
+
+    @field_validator("container")
+    @classmethod
+    def _valid_container(cls, name: str) -> str:
+        if not CONTAINER_NAME.match(name):
+            raise ValueError(f"container name {name!r} is invalid; use 3-63 lowercase letters, digits "
+                             "and single hyphens, starting and ending with a letter or digit")
+        return name
+
+    @field_validator("account_url")
+    @classmethod
+    def _https_unless_loopback(cls, url: str | None) -> str | None:
+        if url is not None:
+            require_https_unless_loopback(url)
+        return url
+
+
+def require_https_unless_loopback(url: str) -> None:
+    """Plain HTTP is only for emulators on this machine; anything else must be HTTPS."""
+    parsed = urlparse(url)
+    if parsed.scheme == "https":
+        return
+    if parsed.scheme == "http" and is_loopback(parsed.hostname or ""):
+        return
+    raise ValueError(f"storage URL {redact(url)} must use https (plain http is allowed only to loopback addresses)")
+
+
+def is_loopback(host: str) -> bool:
+    """127.0.0.0/8, ::1 or localhost."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def redact(text: str) -> str:
+    """`text` with SAS signatures and account keys replaced by ***."""
+    for pattern in SECRET_PATTERNS:
+        text = pattern.sub(r"\1***", text)
+    return text
+
+
+class BlobStore:
+    """The operations the pipeline needs from one blob container."""
+
+    def __init__(self, container: ContainerClient, concurrency: int = 8):
+        self.container, self.concurrency = container, concurrency
+        self.where = redact(container.url)
+
+    @classmethod
+    def connect(cls, cfg: StorageConfig, environ: dict[str, str] | None = None,
+                connection_string: str | None = None) -> "BlobStore":
+        """A store for cfg's container; `connection_string` is Azurite's (the local default)."""
+        retry = ExponentialRetry(initial_backoff=cfg.retry_initial_backoff, increment_base=2, retry_total=cfg.retry_total)
+        options = dict(retry_policy=retry, max_single_put_size=4 << 20, max_block_size=4 << 20,
+                       connection_timeout=10, read_timeout=60)
+        service = service_client(cfg, os.environ if environ is None else environ, connection_string, options)
+        return cls(service.get_container_client(cfg.container), cfg.upload_concurrency)
+
+    def ensure_container(self) -> None:
+        """Create the container unless it exists."""
+        with self.errors("create the container"):
+            try:
+                self.container.create_container()
+            except ResourceExistsError:
+                pass
+
+    def names(self, prefix: str) -> dict[str, int]:
+        """Blob names under `prefix`, with their sizes."""
+        with self.errors("list blobs"):
+            return {b.name: b.size for b in self.container.list_blobs(name_starts_with=prefix)}
+
+    def upload_file(self, path: Path, name: str, metadata: dict[str, str] | None = None) -> None:
+        """Upload a local file as one blob, committed atomically (block list), MD5-checked per request."""
+        with self.errors(f"upload {name}"), open(path, "rb") as f:
+            self.container.upload_blob(name, f, overwrite=True, metadata=metadata, validate_content=True,
+                                       max_concurrency=1)
+
+    def download_to(self, name: str, path: Path) -> None:
+        """Download one blob into a local file."""
+        with self.errors(f"download {name}"), open(path, "wb") as f:
+            self.container.download_blob(name, validate_content=True).readinto(f)
+
+    def read_text(self, name: str) -> str | None:
+        """A text blob, or None when it does not exist."""
+        with self.errors(f"read {name}"):
+            try:
+                return self.container.download_blob(name).readall().decode("utf-8")
+            except ResourceNotFoundError:
+                return None
+
+    def write_text(self, name: str, text: str) -> None:
+        """Write a small text blob in one request."""
+        with self.errors(f"write {name}"):
+            self.container.upload_blob(name, text.encode("utf-8"), overwrite=True, validate_content=True)
+
+    def delete(self, name: str) -> None:
+        """Delete a blob if it exists."""
+        with self.errors(f"delete {name}"):
+            try:
+                self.container.delete_blob(name)
+            except ResourceNotFoundError:
+                pass
+
+    @contextmanager
+    def errors(self, action: str) -> Iterator[None]:
+        """Turn SDK errors into StorageErrors that say what failed and how to fix it, secrets removed."""
+        try:
+            yield
+        except ClientAuthenticationError as exc:
+            raise StorageError(f"blob storage at {self.where} refused the credentials ({error_code(exc)}); "
+                               "check the SAS token or connection string and its permissions", permanent=True) from None
+        except (ServiceRequestError, ServiceResponseError) as exc:
+            raise StorageError(f"cannot reach blob storage at {self.where} to {action} "
+                               f"({redact(first_line(exc))}); check the account URL and the network") from None
+        except HttpResponseError as exc:
+            permanent = exc.status_code in (400, 403, 404, 409)
+            raise StorageError(f"blob storage refused to {action}: {exc.status_code} {error_code(exc)}",
+                               permanent=permanent) from None
+
+
+def service_client(cfg: StorageConfig, environ, connection_string: str | None, options: dict) -> BlobServiceClient:
+    """A BlobServiceClient from the configured credential."""
+    if cfg.backend == "azurite":
+        if connection_string is None:
+            raise StorageError("Azurite is not running: start it with infra.azurite.running_azurite", permanent=True)
+        return BlobServiceClient.from_connection_string(connection_string, **options)
+    if cfg.auth == "connection_string":
+        return BlobServiceClient.from_connection_string(secret(environ, cfg.connection_string_env), **options)
+    if cfg.account_url is None:
+        raise StorageError("storage.account_url is not set; set it to https://<account>.blob.core.windows.net",
+                           permanent=True)
+    if cfg.auth == "sas":
+        return BlobServiceClient(cfg.account_url, credential=secret(environ, cfg.sas_token_env).lstrip("?"), **options)
+    from azure.identity import DefaultAzureCredential
+
+    return BlobServiceClient(cfg.account_url, credential=DefaultAzureCredential(), **options)
+
+
+def secret(environ, name: str) -> str:
+    """A secret from the environment, or a StorageError naming the variable to set."""
+    value = environ.get(name)
+    if not value:
+        raise StorageError(f"environment variable {name} is not set; export it (its value is never logged)",
+                           permanent=True)
+    return value
+
+
+def error_code(exc: HttpResponseError) -> str:
+    """Azure's error code of a failed request."""
+    return getattr(exc, "error_code", None) or str(getattr(exc, "reason", "") or exc.status_code)
+
+
+def first_line(exc: Exception) -> str:
+    """The first line of an exception's message."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]

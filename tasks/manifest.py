@@ -1,0 +1,178 @@
+"""The data set manifest and its shards: plain functions that the upload and sync steps share.
+
+A data set in Blob is `datasets/<name>/manifest.json` plus `datasets/<name>/shards/<id>.tar`. The
+manifest lists every file (relative path, size, SHA-256, shard) and is written last: the data set is
+complete exactly when it exists. A file goes to the shard picked by a hash of its path, so changing
+one file changes (and re-uploads) only its shard; a shard's id is a hash of the paths and contents it
+holds, so an unchanged shard keeps its name and is never sent twice.
+"""
+
+import hashlib
+import json
+import math
+import os
+import tarfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+FORMAT = 1
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One file of the data set."""
+
+    path: str  # relative, "/"-separated: train/<class>/...
+    size: int
+    sha256: str
+
+
+def dataset_prefix(name: str) -> str:
+    """Where a data set lives in the container."""
+    return f"datasets/{name}/"
+
+
+def shard_blob(name: str, shard: str) -> str:
+    """The blob name of one shard."""
+    return f"{dataset_prefix(name)}shards/{shard}.tar"
+
+
+def manifest_blob(name: str) -> str:
+    """The blob name of the manifest, the data set's completion mark."""
+    return f"{dataset_prefix(name)}manifest.json"
+
+
+def sha256_file(path: Path) -> str:
+    """SHA-256 of a file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def hash_files(root: Path, paths: list[str], cache_file: Path) -> tuple[list[FileEntry], list[str]]:
+    """Entries for `paths`, re-hashing only files whose size or mtime changed since the cached run.
+
+    Returns the entries and the paths that were (re)hashed: new or changed files.
+    """
+    cache = json.loads(cache_file.read_text()) if cache_file.exists() else {}
+    entries, fresh, new_cache = [], [], {}
+    for rel in paths:
+        st = (root / rel).stat()
+        key = f"{st.st_size}:{st.st_mtime_ns}"
+        cached = cache.get(rel)
+        digest = cached[1] if cached and cached[0] == key else None
+        if digest is None:
+            digest = sha256_file(root / rel)
+            fresh.append(rel)
+        new_cache[rel] = [key, digest]
+        entries.append(FileEntry(rel, st.st_size, digest))
+    cache_file.parent.mkdir(parents=True, exist_ok=True)
+    cache_file.write_text(json.dumps(new_cache))
+    return entries, fresh
+
+
+def case_clashes(paths: list[str]) -> list[tuple[str, str]]:
+    """Pairs of paths equal after case folding (one would overwrite the other on a case-insensitive share)."""
+    seen: dict[str, str] = {}
+    clashes = []
+    for path in sorted(paths):
+        folded = path.casefold()
+        if folded in seen:
+            clashes.append((seen[folded], path))
+        seen[folded] = path
+    return clashes
+
+
+def shard_count(total_bytes: int, shard_bytes: int, previous: int | None) -> int:
+    """How many shards: the previous count while shards stay within 0.5x-2x of the target size."""
+    if previous and 0.5 * shard_bytes * previous <= total_bytes <= 2 * shard_bytes * previous:
+        return previous
+    return max(1, math.ceil(total_bytes / shard_bytes))
+
+
+def assign_shards(entries: list[FileEntry], count: int) -> dict[str, list[FileEntry]]:
+    """Group files into `count` buckets by a hash of their path; key each group by its content id."""
+    buckets: dict[int, list[FileEntry]] = {}
+    for entry in sorted(entries, key=lambda e: e.path):
+        bucket = int.from_bytes(hashlib.sha256(entry.path.encode()).digest()[:8], "big") % count
+        buckets.setdefault(bucket, []).append(entry)
+    return {shard_id(files): files for files in buckets.values()}
+
+
+def shard_id(files: list[FileEntry]) -> str:
+    """A name that changes exactly when a path or a content in the shard changes."""
+    h = hashlib.sha256()
+    for entry in files:
+        h.update(f"{entry.path}\0{entry.sha256}\n".encode())
+    return h.hexdigest()[:32]
+
+
+def build_manifest(name: str, shards: dict[str, list[FileEntry]]) -> dict:
+    """The manifest of a data set made of `shards`."""
+    files = sorted(({**asdict(e), "shard": sid} for sid, group in shards.items() for e in group),
+                   key=lambda f: f["path"])
+    version = hashlib.sha256("".join(f"{f['path']}\0{f['sha256']}\n" for f in files).encode()).hexdigest()[:32]
+    return {"format": FORMAT, "dataset": name, "version": version, "shard_count": len(shards),
+            "files": files, "bytes": sum(f["size"] for f in files)}
+
+
+def write_shard(root: Path, files: list[FileEntry], dest: Path) -> int:
+    """A reproducible tar of `files` (sorted, zeroed owner and times); returns its size."""
+    with tarfile.open(dest, "w", format=tarfile.PAX_FORMAT) as tar:
+        for entry in files:
+            info = tarfile.TarInfo(entry.path)
+            info.size, info.mode, info.mtime = entry.size, 0o644, 0
+            with open(root / entry.path, "rb") as f:
+                tar.addfile(info, f)
+    return dest.stat().st_size
+
+
+def extract_members(tar_path: Path, wanted: dict[str, FileEntry], dest: Path) -> int:
+    """Extract the `wanted` members into dest, checking each one's size and SHA-256; returns bytes written."""
+    written, found = 0, set()
+    with tarfile.open(tar_path, "r") as tar:
+        for member in tar:
+            entry = wanted.get(member.name)
+            if entry is None or not member.isfile():
+                continue
+            found.add(member.name)
+            data = tar.extractfile(member).read()
+            if len(data) != entry.size or hashlib.sha256(data).hexdigest() != entry.sha256:
+                raise ValueError(f"{member.name} in {tar_path.name} does not match the manifest")
+            target = dest / entry.path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with open(target, "wb") as f:
+                f.write(data)
+            written += len(data)
+    missing = set(wanted) - found
+    if missing:
+        raise ValueError(f"{tar_path.name} lacks {len(missing)} files of the manifest, e.g. {sorted(missing)[0]}")
+    return written
+
+
+def manifest_bytes(manifest: dict) -> bytes:
+    """The manifest as stored."""
+    return json.dumps(manifest, indent=1, sort_keys=True).encode()
+
+
+def parse_manifest(text: str) -> dict:
+    """A stored manifest, checked for its format."""
+    manifest = json.loads(text)
+    if manifest.get("format") != FORMAT:
+        raise ValueError(f"manifest format {manifest.get('format')} is not {FORMAT}")
+    return manifest
+
+
+def sizes_match(root: Path, files: list[dict]) -> list[str]:
+    """Paths in `files` that are missing under root or differ in size (a cheap completeness check)."""
+    bad = []
+    for f in files:
+        try:
+            if os.stat(root / f["path"]).st_size != f["size"]:
+                bad.append(f["path"])
+        except FileNotFoundError:
+            bad.append(f["path"])
+    return bad
+

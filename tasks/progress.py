@@ -1,0 +1,61 @@
+"""Progress bars for transfers (files, bytes, throughput) and the summary of what moved and what was skipped."""
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn, TransferSpeedColumn
+from rich.table import Table
+
+
+@dataclass
+class Transfer:
+    """What one step moved and skipped."""
+
+    step: str
+    files: int = 0
+    bytes: int = 0
+    skipped_files: int = 0
+    skipped_bytes: int = 0
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.bytes / 1e6 / self.seconds if self.seconds > 0 else 0.0
+
+    def row(self) -> dict:
+        """The summary as a flat dict (for tables, artifacts and JSON)."""
+        return {"step": self.step, "files": self.files, "MB": round(self.bytes / 1e6, 2),
+                "seconds": round(self.seconds, 2), "MB/s": round(self.mb_per_s, 1),
+                "skipped files": self.skipped_files, "skipped MB": round(self.skipped_bytes / 1e6, 2)}
+
+
+@contextmanager
+def transfer_progress(transfer: Transfer, total_bytes: int, total_files: int) -> Iterator[Callable[[int, int], None]]:
+    """A progress bar for one transfer; yields advance(bytes, files); times the transfer."""
+    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+               TextColumn("{task.fields[files]}/{task.fields[total_files]} files"), TimeElapsedColumn())
+    started = time.perf_counter()
+    with Progress(*columns, transient=False) as progress:
+        bar = progress.add_task(transfer.step, total=total_bytes, files=0, total_files=total_files)
+
+        def advance(nbytes: int, nfiles: int) -> None:
+            transfer.bytes += nbytes
+            transfer.files += nfiles
+            progress.update(bar, advance=nbytes, files=transfer.files)
+
+        yield advance
+    transfer.seconds = time.perf_counter() - started
+
+
+def print_summary_table(rows: list[dict], console: Console | None = None) -> None:
+    """One table of `Transfer.row()`s: files, bytes, seconds, MB/s and what was skipped, per step."""
+    table = Table(title="staging summary")
+    for column in rows[0]:
+        table.add_column(column, justify="left" if column == "step" else "right")
+    for row in rows:
+        table.add_row(*(str(v) for v in row.values()))
+    (console or Console()).print(table)

@@ -1,0 +1,18 @@
+"""When Prefect should retry a step: transient failures yes, bad input and refused credentials no."""
+
+from infra.blobstore import StorageError
+from infra.launcher import BadInput
+
+
+def is_permanent(exc: BaseException) -> bool:
+    """Errors that the same attempt would meet again."""
+    return isinstance(exc, BadInput) or (isinstance(exc, StorageError) and exc.permanent)
+
+
+def unless_permanent(task, task_run, state) -> bool:
+    """Prefect retry_condition_fn: retry unless the failure is permanent."""
+    try:
+        state.result()
+    except Exception as exc:  # noqa: BLE001 - the state's own exception
+        return not is_permanent(exc)
+    return True

@@ -1,0 +1,108 @@
+"""Step 2: write the data set to Blob storage as large tar shards, in parallel, manifest last.
+
+Re-running with unchanged data uploads nothing; changing one file re-uploads only its shard; a run
+that crashed resumes without re-sending the shards already stored (a blob exists only once whole).
+"""
+
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from prefect import task
+
+from infra.blobstore import BlobStore, StorageConfig, StorageError
+from infra.launcher import BadInput, index_data
+from tasks import manifest as mf
+from tasks.progress import Transfer, transfer_progress
+from tasks.retry import unless_permanent
+
+
+def relative_paths(data_dir: Path) -> list[str]:
+    """Every image of the data set, relative to data_dir, as the training engine lists them."""
+    index = index_data(data_dir)
+    absolute = [p for p, _ in index["train"] + (index["val"] or [])]
+    return [str(Path(p).relative_to(data_dir)) for p in absolute]
+
+
+def check_names(paths: list[str]) -> None:
+    """Two names that differ only in case would collide on a case-insensitive file system."""
+    clashes = mf.case_clashes(paths)
+    if clashes:
+        a, b = clashes[0]
+        raise BadInput(f"{a!r} and {b!r} differ only in letter case ({len(clashes)} such pairs); rename one of each")
+
+
+def scan_dataset(data_dir: Path, cache_file: Path) -> list[mf.FileEntry]:
+    """Hash every file (cached by size and mtime) and decode the new or changed images."""
+    paths = relative_paths(data_dir)
+    check_names(paths)
+    entries, fresh = mf.hash_files(data_dir, paths, cache_file)
+    if fresh:
+        try:
+            index_data(data_dir, verify=fresh)
+        except BadInput:
+            cache_file.unlink(missing_ok=True)  # the next run must check these files again
+            raise
+    return entries
+
+
+def plan_shards(entries: list[mf.FileEntry], previous: dict | None, shard_bytes: int) -> dict[str, list[mf.FileEntry]]:
+    """Shards for the data set, keeping the previous shard count while sizes allow."""
+    total = sum(e.size for e in entries)
+    count = mf.shard_count(total, shard_bytes, previous and previous.get("shard_count"))
+    return mf.assign_shards(entries, count)
+
+
+def upload_dataset(store: BlobStore, cfg: StorageConfig, data_dir: Path, name: str, workdir: Path) -> Transfer:
+    """Pack, upload the missing shards in parallel, write the manifest, drop unreferenced shards."""
+    entries = scan_dataset(data_dir, workdir / "cache" / f"hashes-{name}.json")
+    store.ensure_container()
+    previous_text = store.read_text(mf.manifest_blob(name))
+    shards = plan_shards(entries, mf.parse_manifest(previous_text) if previous_text else None, cfg.shard_mb << 20)
+    stored = store.names(mf.dataset_prefix(name) + "shards/")
+    todo = {sid: files for sid, files in shards.items() if mf.shard_blob(name, sid) not in stored}
+    transfer = Transfer("data set -> blob")
+    transfer.skipped_files = sum(len(f) for sid, f in shards.items() if sid not in todo)
+    transfer.skipped_bytes = sum(e.size for sid, f in shards.items() if sid not in todo for e in f)
+    manifest = mf.build_manifest(name, shards)
+    with transfer_progress(transfer, sum(e.size for f in todo.values() for e in f), sum(map(len, todo.values()))) as advance:
+        send_shards(store, data_dir, name, todo, workdir, advance)
+    if previous_text != mf.manifest_bytes(manifest).decode():
+        store.write_text(mf.manifest_blob(name), mf.manifest_bytes(manifest).decode())
+    for blob in set(stored) - {mf.shard_blob(name, sid) for sid in shards}:
+        store.delete(blob)  # shards of files that changed: no manifest refers to them any more
+    transfer.notes.append(f"{len(shards)} shards, {len(todo)} uploaded, version {manifest['version'][:12]}")
+    return transfer
+
+
+def send_shards(store: BlobStore, data_dir: Path, name: str, todo: dict, workdir: Path, advance) -> None:
+    """Build each shard in a temporary file and upload it; cfg.upload_concurrency at a time."""
+    tmp_root = workdir / "tmp"
+    tmp_root.mkdir(parents=True, exist_ok=True)
+
+    def send(item):
+        sid, files = item
+        with tempfile.TemporaryDirectory(dir=tmp_root) as tmp:
+            tar = Path(tmp) / f"{sid}.tar"
+            mf.write_shard(data_dir, files, tar)
+            store.upload_file(tar, mf.shard_blob(name, sid), metadata={"files": str(len(files))})
+        advance(sum(e.size for e in files), len(files))
+
+    with ThreadPoolExecutor(max_workers=store.concurrency) as pool:
+        list(pool.map(send, todo.items()))
+
+
+@task(name="upload-dataset", retries=3, retry_delay_seconds=[2, 10, 30], retry_condition_fn=unless_permanent)
+def upload_dataset_task(cfg: StorageConfig, azurite_port: int | None, data_dir: Path, name: str, workdir: Path) -> dict:
+    """Prefect step: upload the data set; returns the transfer summary."""
+    store = connect(cfg, azurite_port)
+    return upload_dataset(store, cfg, data_dir, name, workdir).row()
+
+
+def connect(cfg: StorageConfig, azurite_port: int | None) -> BlobStore:
+    """The blob store of the config (Azurite on `azurite_port` for the local default)."""
+    from infra.azurite import connection_string
+
+    if cfg.backend == "azurite" and azurite_port is None:
+        raise StorageError("Azurite's port is unknown: the flow starts Azurite before staging", permanent=True)
+    return BlobStore.connect(cfg, connection_string=connection_string(azurite_port) if azurite_port else None)

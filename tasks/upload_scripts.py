@@ -1,0 +1,81 @@
+"""Step 1: upload the training scripts to the file share, versioned by content.
+
+The package goes to scripts/<version>/ where the version is a hash of every file's path and
+content; a version is usable once scripts/<version>/.complete exists (written last), so a running
+job never sees a half-updated set. Files unchanged since the previous version are copied inside
+the share (server-side on Azure): only changed files are uploaded.
+"""
+
+import hashlib
+import json
+from pathlib import Path
+
+from prefect import task
+
+from infra.fileshare import FileShare, FileShareConfig, open_share
+from infra.launcher import engine_script
+from tasks.manifest import sha256_file
+from tasks.progress import Transfer, transfer_progress
+from tasks.retry import unless_permanent
+
+LATEST = "scripts/LATEST"
+
+
+def package_files(extra_files: list[Path]) -> dict[str, Path]:
+    """Relative path on the share -> local file: the training package plus the extra files."""
+    package = engine_script().parent
+    files = {f"trainer/{p.relative_to(package)}": p for p in sorted(package.rglob("*.py"))}
+    for extra in extra_files:
+        if not extra.is_file():
+            raise FileNotFoundError(f"fileshare.extra_files names {extra}, which is not a file")
+        files[extra.name] = extra
+    return files
+
+
+def scripts_version(hashes: dict[str, str]) -> str:
+    """A version id that changes exactly when a path or a content changes."""
+    text = "".join(f"{path}\0{digest}\n" for path, digest in sorted(hashes.items()))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def upload_scripts(share: FileShare, files: dict[str, Path]) -> tuple[Transfer, str]:
+    """Put `files` on the share as one version; returns the transfer and the version's folder."""
+    hashes = {rel: sha256_file(path) for rel, path in files.items()}
+    version, transfer = scripts_version(hashes), Transfer("scripts -> file share")
+    folder = f"scripts/{version}"
+    if share.exists(f"{folder}/.complete"):
+        transfer.skipped_files = len(files)
+        transfer.skipped_bytes = sum(p.stat().st_size for p in files.values())
+        return transfer, folder
+    previous = previous_hashes(share)
+    unchanged = {rel for rel in files if rel in previous and previous[rel][1] == hashes[rel]}
+    for rel in unchanged:
+        share.copy_within(f"{previous[rel][0]}/{rel}", f"{folder}/{rel}")
+    transfer.skipped_files = len(unchanged)
+    transfer.skipped_bytes = sum(files[rel].stat().st_size for rel in unchanged)
+    changed = {rel: path for rel, path in files.items() if rel not in unchanged}
+    with transfer_progress(transfer, sum(p.stat().st_size for p in changed.values()), len(changed)) as advance:
+        for rel, path in changed.items():
+            share.upload_file(path, f"{folder}/{rel}")
+            advance(path.stat().st_size, 1)
+    share.write_text(f"{folder}/.hashes.json", json.dumps(hashes, indent=1))
+    share.write_text(f"{folder}/.complete", version)
+    share.write_text(LATEST, version)
+    return transfer, folder
+
+
+def previous_hashes(share: FileShare) -> dict[str, tuple[str, str]]:
+    """Relative path -> (folder, hash) of the latest complete version, if any."""
+    latest = share.read_text(LATEST)
+    text = share.read_text(f"scripts/{latest.strip()}/.hashes.json") if latest else None
+    if not text:
+        return {}
+    return {rel: (f"scripts/{latest.strip()}", digest) for rel, digest in json.loads(text).items()}
+
+
+@task(name="upload-scripts", retries=3, retry_delay_seconds=[2, 10, 30], retry_condition_fn=unless_permanent)
+def upload_scripts_task(cfg: FileShareConfig, workdir: Path) -> dict:
+    """Prefect step: upload the scripts; returns the transfer summary and the version's folder."""
+    share = open_share(cfg, workdir)
+    transfer, folder = upload_scripts(share, package_files(cfg.extra_files))
+    return {**transfer.row(), "path": share.url(folder)}
