@@ -1,6 +1,7 @@
 """The `trainflow` command line. Every command takes --config FILE, --data DIR and --workdir DIR."""
 
 import functools
+import logging
 import os
 import sys
 from datetime import datetime
@@ -16,6 +17,7 @@ from infra.blobstore import StorageError
 from infra.fileserver import FileServerError
 from infra.launcher import LaunchError, train_locally
 from infra.sample_data import write_digits
+from tasks.upload_dataset import check_names, relative_paths
 
 app = typer.Typer(help="Data-parallel training of image classifiers, end to end.", no_args_is_help=True,
                   pretty_exceptions_enable=False, add_completion=False)
@@ -112,6 +114,7 @@ def stage(config: ConfigOpt = None, data: DataOpt = None, workdir: WorkdirOpt = 
     """Stage the data as a Prefect flow: scripts to the file share, data set to Blob, Blob to the file server."""
     cfg = configure(config, data, workdir)
     cfg = cfg.model_copy(update={"data": data_folder(cfg), "workdir": cfg.workdir.resolve()})
+    check_names(relative_paths(Path(cfg.data)))  # bad data fails here, before any service starts
     use_prefect(cfg.workdir)
     from flows.stage import stage_data
     from tasks.progress import print_summary_table
@@ -127,6 +130,19 @@ def use_prefect(workdir: Path) -> None:
                 "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120"}
     for key, value in defaults.items():
         os.environ.setdefault(key, value)
+    Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)
+    import prefect  # noqa: F401 - sets up Prefect's logging, which the next line adjusts
+
+    for name in ("", "prefect", "prefect.flow_runs", "prefect.task_runs", "uvicorn.error"):
+        for handler in logging.getLogger(name).handlers:
+            if isinstance(handler, logging.StreamHandler):
+                handler.addFilter(without_traceback)
+
+
+def without_traceback(record: logging.LogRecord) -> bool:
+    """Console lines keep their message and lose the traceback (the Prefect UI keeps it); the CLI ends with one error line."""
+    record.exc_info, record.exc_text = None, None
+    return True
 
 
 @data_app.command("digits")

@@ -49,7 +49,7 @@ class StorageConfig(BaseModel):
     """Environment variable holding the connection string."""
     container: str = "trainflow"
     """Blob container: 3-63 lowercase letters, digits and single hyphens."""
-    shard_mb: int = Field(256, ge=1)
+    shard_mb: float = Field(256, gt=0)
     """Target size of the tar shards the data set is packed into."""
     upload_concurrency: int = Field(8, ge=1)
     """Shards uploaded (or downloaded) at once."""
@@ -106,7 +106,7 @@ class BlobStore:
 
     def __init__(self, container: ContainerClient, concurrency: int = 8):
         self.container, self.concurrency = container, concurrency
-        self.where = redact(container.url)
+        self.where = redact(container.url.split("?")[0])
 
     @classmethod
     def connect(cls, cfg: StorageConfig, environ: dict[str, str] | None = None,
@@ -169,13 +169,14 @@ class BlobStore:
         try:
             yield
         except ClientAuthenticationError as exc:
-            raise StorageError(f"blob storage at {self.where} refused the credentials ({error_code(exc)}); "
-                               "check the SAS token or connection string and its permissions", permanent=True) from None
+            raise refused_credentials(self.where, exc) from None
         except (ServiceRequestError, ServiceResponseError) as exc:
             raise StorageError(f"cannot reach blob storage at {self.where} to {action} "
                                f"({redact(first_line(exc))}); check the account URL and the network") from None
         except HttpResponseError as exc:
-            permanent = exc.status_code in (400, 403, 404, 409)
+            if exc.status_code == 403:
+                raise refused_credentials(self.where, exc) from None
+            permanent = exc.status_code in (400, 404, 409)
             raise StorageError(f"blob storage refused to {action}: {exc.status_code} {error_code(exc)}",
                                permanent=permanent) from None
 
@@ -207,9 +208,16 @@ def secret(environ, name: str) -> str:
     return value
 
 
+def refused_credentials(where: str, exc: HttpResponseError) -> StorageError:
+    """The error for a 401/403: the credential is wrong, expired or lacks a permission."""
+    return StorageError(f"blob storage at {where} refused the credentials ({error_code(exc)}); check that the "
+                        "SAS token or connection string is right, unexpired and allows this operation", permanent=True)
+
+
 def error_code(exc: HttpResponseError) -> str:
     """Azure's error code of a failed request."""
-    return getattr(exc, "error_code", None) or str(getattr(exc, "reason", "") or exc.status_code)
+    code = getattr(exc, "error_code", None)
+    return str(getattr(code, "value", code) or getattr(exc, "reason", "") or exc.status_code)
 
 
 def first_line(exc: Exception) -> str:

@@ -11,8 +11,5 @@ def is_permanent(exc: BaseException) -> bool:
 
 def unless_permanent(task, task_run, state) -> bool:
     """Prefect retry_condition_fn: retry unless the failure is permanent."""
-    try:
-        state.result()
-    except Exception as exc:  # noqa: BLE001 - the state's own exception
-        return not is_permanent(exc)
-    return True
+    outcome = state.result(raise_on_failure=False)
+    return not (isinstance(outcome, BaseException) and is_permanent(outcome))

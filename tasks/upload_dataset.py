@@ -58,7 +58,7 @@ def upload_dataset(store: BlobStore, cfg: StorageConfig, data_dir: Path, name: s
     entries = scan_dataset(data_dir, workdir / "cache" / f"hashes-{name}.json")
     store.ensure_container()
     previous_text = store.read_text(mf.manifest_blob(name))
-    shards = plan_shards(entries, mf.parse_manifest(previous_text) if previous_text else None, cfg.shard_mb << 20)
+    shards = plan_shards(entries, mf.parse_manifest(previous_text) if previous_text else None, int(cfg.shard_mb * (1 << 20)))
     stored = store.names(mf.dataset_prefix(name) + "shards/")
     todo = {sid: files for sid, files in shards.items() if mf.shard_blob(name, sid) not in stored}
     transfer = Transfer("data set -> blob")

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from infra.azurite import running_azurite
 from infra.sample_data import write_digits
 
 
@@ -43,3 +44,10 @@ def image_tree(tmp_path) -> Path:
     write_image(root / "val" / "chat noir é" / "v2.png", "L")
     (root / "train" / "cat" / ".DS_Store").write_bytes(b"\0\1")
     return root
+
+
+@pytest.fixture(scope="session")
+def azurite_port(tmp_path_factory) -> int:
+    """A real Azurite for the whole test session, started the way trainflow starts it."""
+    with running_azurite(tmp_path_factory.mktemp("azurite")) as port:
+        yield port

@@ -1,0 +1,80 @@
+"""Shards and manifests: what changes when one file changes, and what stays."""
+
+import pytest
+
+from tasks import manifest as mf
+
+
+def entries(n: int, changed: int | None = None) -> list[mf.FileEntry]:
+    return [mf.FileEntry(f"train/c{i % 3}/img {i}.jpg", 100 + i, ("f" if i == changed else "0") * 64) for i in range(n)]
+
+
+def test_one_changed_file_changes_exactly_one_shard():
+    before, after = mf.assign_shards(entries(200), 8), mf.assign_shards(entries(200, changed=17), 8)
+    assert len(before) == 8
+    assert len(set(before) - set(after)) == 1 and len(set(after) - set(before)) == 1
+    (new,) = set(after) - set(before)
+    assert "train/c2/img 17.jpg" in {e.path for e in after[new]}
+
+
+def test_shard_count_is_kept_while_sizes_stay_near_the_target():
+    assert mf.shard_count(1000, 100, previous=None) == 10
+    assert mf.shard_count(1300, 100, previous=10) == 10  # grew 30%: same buckets, nothing moves
+    assert mf.shard_count(2500, 100, previous=10) == 25  # shards would be 2.5x the target: re-shard
+    assert mf.shard_count(1, 100, previous=None) == 1
+
+
+def test_manifest_version_follows_content_not_order():
+    shards = mf.assign_shards(entries(20), 3)
+    again = mf.assign_shards(list(reversed(entries(20))), 3)
+    assert mf.build_manifest("d", shards)["version"] == mf.build_manifest("d", again)["version"]
+    assert mf.build_manifest("d", mf.assign_shards(entries(20, changed=3), 3))["version"] != \
+        mf.build_manifest("d", shards)["version"]
+    manifest = mf.build_manifest("d", shards)
+    assert mf.parse_manifest(mf.manifest_bytes(manifest).decode()) == manifest
+    assert {f["shard"] for f in manifest["files"]} == set(shards)
+
+
+def test_case_clashes_are_found():
+    assert mf.case_clashes(["train/a/X.png", "train/a/x.png", "train/b/y.png"]) == [("train/a/X.png", "train/a/x.png")]
+    assert mf.case_clashes(["train/a/x.png", "train/A/y.png"]) == []
+
+
+def write_tree(root, files: dict[str, bytes]) -> list[mf.FileEntry]:
+    out = []
+    for rel, data in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+        out.append(mf.FileEntry(rel, len(data), mf.sha256_file(root / rel)))
+    return out
+
+
+def test_shards_are_reproducible_and_extraction_verifies(tmp_path):
+    files = write_tree(tmp_path / "src", {"train/a/1.png": b"one", "train/b/ü 2.png": b"two" * 1000})
+    mf.write_shard(tmp_path / "src", files, tmp_path / "s1.tar")
+    mf.write_shard(tmp_path / "src", files, tmp_path / "s2.tar")
+    assert (tmp_path / "s1.tar").read_bytes() == (tmp_path / "s2.tar").read_bytes()
+    wanted = {e.path: e for e in files}
+    assert mf.extract_members(tmp_path / "s1.tar", wanted, tmp_path / "out") == 3 + 3000
+    assert (tmp_path / "out" / "train/b/ü 2.png").read_bytes() == b"two" * 1000
+
+    lying = {**wanted, "train/a/1.png": mf.FileEntry("train/a/1.png", 3, "0" * 64)}
+    with pytest.raises(ValueError, match="does not match the manifest"):
+        mf.extract_members(tmp_path / "s1.tar", lying, tmp_path / "out2")
+    with pytest.raises(ValueError, match="lacks 1 files"):
+        mf.extract_members(tmp_path / "s1.tar", {**wanted, "x.png": mf.FileEntry("x.png", 1, "0")}, tmp_path / "o3")
+
+
+def test_hash_cache_rehashes_only_changed_files(tmp_path):
+    write_tree(tmp_path, {"train/a/1.png": b"1", "train/a/2.png": b"2"})
+    cache = tmp_path / "cache.json"
+    first, fresh = mf.hash_files(tmp_path, ["train/a/1.png", "train/a/2.png"], cache)
+    assert len(fresh) == 2
+    (tmp_path / "train/a/2.png").write_bytes(b"22")
+    second, fresh = mf.hash_files(tmp_path, ["train/a/1.png", "train/a/2.png"], cache)
+    assert fresh == ["train/a/2.png"] and second[0] == first[0] and second[1] != first[1]
+
+
+def test_sizes_match_reports_missing_and_short_files(tmp_path):
+    write_tree(tmp_path, {"a": b"12"})
+    assert mf.sizes_match(tmp_path, [{"path": "a", "size": 2}, {"path": "b", "size": 1}, {"path": "a", "size": 3}]) == ["b", "a"]
