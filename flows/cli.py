@@ -104,7 +104,7 @@ def print_summary(metrics: dict, out: Path) -> None:
     Console(highlight=False).print(
         f"\n[bold]{metrics['model']}[/] on {metrics['world_size']} workers ({metrics['backend']}): "
         f"val top-1 {accuracy}, {metrics['images_per_sec']:.1f} images/s, {metrics['wall_seconds']:.0f} s\n"
-        f"results: {out}"
+        f"results: {out}", soft_wrap=True
     )
 
 
@@ -121,7 +121,7 @@ def stage(config: ConfigOpt = None, data: DataOpt = None, workdir: WorkdirOpt = 
 
     result = stage_data(cfg)
     print_summary_table([{k: v for k, v in result[step].items() if k != "path"} for step in ("scripts", "upload", "sync")])
-    Console(highlight=False).print(f"file server copy of {result['dataset']}: {result['sync']['path']}")
+    print(f"file server copy of {result['dataset']}: {result['sync']['path']}")
 
 
 def use_prefect(workdir: Path) -> None:
@@ -164,6 +164,23 @@ def bench_train(
 
     cfg = configure(config, data, workdir)
     bench_training(cfg, json_out)
+
+
+@bench_app.command("staging")
+@friendly_errors
+def bench_staging(
+    config: ConfigOpt = None, data: DataOpt = None, workdir: WorkdirOpt = None,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the figures to this JSON file.")] = None,
+    files: Annotated[int, typer.Option(min=1, help="Images in the generated ImageNet-like folder.")] = 5000,
+    classes: Annotated[int, typer.Option(min=1, help="Classes in it.")] = 100,
+) -> None:
+    """Staging throughput: shards against one blob per file, and the cost of an unchanged re-run.
+
+    Stages --data if given, else an ImageNet-like folder of --files JPEGs of about 110 KB.
+    """
+    from flows.benchmarks import bench_staging as run_bench
+
+    run_bench(configure(config, data, workdir), json_out, files, classes)
 
 
 def main() -> None:

@@ -4,7 +4,6 @@ A thin layer over azure-storage-file-share's `ShareClient`. Credentials are what
 accepts: a SAS token, an account key (dict or `AzureNamedKeyCredential`), or a token credential.
 """
 
-import ipaddress
 import time
 from pathlib import Path, PurePosixPath
 from urllib.parse import urlsplit, urlunsplit
@@ -12,34 +11,10 @@ from urllib.parse import urlsplit, urlunsplit
 from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError
 from azure.storage.fileshare import ExponentialRetry, ShareClient, ShareFileClient
 
-_LOOPBACK_NAMES = {"localhost"}
-
+from infra.blobstore import require_https_unless_loopback
 
 class AzureCopyError(RuntimeError):
     """A server-side copy ended in a state other than success."""
-
-
-def _is_loopback(host: str | None) -> bool:
-    if not host:
-        return False
-    if host.lower() in _LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def check_transport(account_url: str) -> None:
-    """Raise ValueError unless `account_url` is https, or http to a loopback host."""
-    parts = urlsplit(account_url)
-    scheme = parts.scheme.lower()
-    if scheme == "https" or (scheme == "http" and _is_loopback(parts.hostname)):
-        return
-    raise ValueError(
-        f"Refusing Azure Files endpoint {parts.scheme or '(no scheme)'}://{parts.hostname}: "
-        "use https (plain http is allowed only to a loopback host such as 127.0.0.1 or localhost)."
-    )
 
 
 class AzureFileShare:
@@ -53,7 +28,7 @@ class AzureFileShare:
     @classmethod
     def from_settings(cls, account_url: str, share: str, credential) -> "AzureFileShare":
         """Connect to `share` at `account_url` (https, or http to loopback) with an SDK credential."""
-        check_transport(account_url)
+        require_https_unless_loopback(account_url)
         if credential is None:
             raise ValueError("Azure Files needs a credential: a SAS token, an account key or a token credential.")
         retry = ExponentialRetry(initial_backoff=0.5, increment_base=2, retry_total=5)

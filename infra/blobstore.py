@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Iterator, Literal
 from urllib.parse import urlparse
 
+import requests
 from azure.core.exceptions import (
     ClientAuthenticationError, HttpResponseError, ResourceExistsError, ResourceNotFoundError, ServiceRequestError,
     ServiceResponseError,
@@ -113,8 +114,11 @@ class BlobStore:
                 connection_string: str | None = None) -> "BlobStore":
         """A store for cfg's container; `connection_string` is Azurite's (the local default)."""
         retry = ExponentialRetry(initial_backoff=cfg.retry_initial_backoff, increment_base=2, retry_total=cfg.retry_total)
+        session = requests.Session()  # a pool big enough for every shard's parallel blocks
+        session.mount("http://", requests.adapters.HTTPAdapter(pool_maxsize=4 * cfg.upload_concurrency + 4))
+        session.mount("https://", requests.adapters.HTTPAdapter(pool_maxsize=4 * cfg.upload_concurrency + 4))
         options = dict(retry_policy=retry, max_single_put_size=4 << 20, max_block_size=4 << 20,
-                       connection_timeout=10, read_timeout=60)
+                       connection_timeout=10, read_timeout=60, session=session)
         service = service_client(cfg, os.environ if environ is None else environ, connection_string, options)
         return cls(service.get_container_client(cfg.container), cfg.upload_concurrency)
 
@@ -135,12 +139,12 @@ class BlobStore:
         """Upload a local file as one blob, committed atomically (block list), MD5-checked per request."""
         with self.errors(f"upload {name}"), open(path, "rb") as f:
             self.container.upload_blob(name, f, overwrite=True, metadata=metadata, validate_content=True,
-                                       max_concurrency=1)
+                                       max_concurrency=4)
 
     def download_to(self, name: str, path: Path) -> None:
-        """Download one blob into a local file."""
+        """Download one blob into a local file (the caller checks what it holds against the manifest)."""
         with self.errors(f"download {name}"), open(path, "wb") as f:
-            self.container.download_blob(name, validate_content=True).readinto(f)
+            self.container.download_blob(name, max_concurrency=4).readinto(f)
 
     def read_text(self, name: str) -> str | None:
         """A text blob, or None when it does not exist."""

@@ -103,8 +103,8 @@ def engine_script() -> Path:
     return REPO / "containers" / "trainer" / "train.py"
 
 
-def index_data(data: Path, verify: list[str] | None = None) -> dict:
-    """The engine's own index of an ImageNet-layout folder (containers/trainer/layout.py), decoding `verify`.
+def index_data(data: Path, verify: list[str] | None = None, headers_only: bool = False) -> dict:
+    """The engine's own index of an ImageNet-layout folder (containers/trainer/layout.py), checking `verify`.
 
     Raises BadInput with the engine's one-line message when the folder is not usable.
     """
@@ -113,7 +113,7 @@ def index_data(data: Path, verify: list[str] | None = None) -> dict:
         if verify:
             listing.write("\n".join(verify))
             listing.flush()
-            cmd += ["--verify-list", listing.name]
+            cmd += ["--verify-list", listing.name] + (["--headers-only"] if headers_only else [])
         proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         lines = proc.stderr.strip().splitlines() or [f"data check failed with status {proc.returncode}"]

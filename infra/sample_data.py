@@ -35,3 +35,33 @@ def write_digits(dest: Path, size: int = 32, val_fraction: float = 0.2, seed: in
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return dest
+
+
+def write_imagenet_like(dest: Path, files: int = 5000, classes: int = 100, kb: int = 110, seed: int = 0) -> Path:
+    """An ImageNet-shaped folder of random JPEGs of about `kb` KB (90% train, 10% val), written once."""
+    if (dest / "train").is_dir():
+        return dest
+    rng = np.random.default_rng(seed)
+    side = _side_for(kb, rng)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
+    try:
+        for i in range(files):
+            split = "val" if (i // classes) % 10 == 9 else "train"
+            folder = tmp / split / f"n{i % classes:08d}"
+            folder.mkdir(parents=True, exist_ok=True)
+            pixels = rng.integers(0, 256, (side, side, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(folder / f"img_{i:07d}.JPEG", quality=85)
+        os.replace(tmp, dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+def _side_for(kb: int, rng: np.random.Generator) -> int:
+    """The side of a square noise JPEG (quality 85) that weighs about `kb` KB."""
+    import io
+
+    probe = io.BytesIO()
+    Image.fromarray(rng.integers(0, 256, (200, 200, 3), dtype=np.uint8)).save(probe, "JPEG", quality=85)
+    return max(8, round(200 * (kb * 1024 / len(probe.getvalue())) ** 0.5))

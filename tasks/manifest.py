@@ -12,6 +12,7 @@ import json
 import math
 import os
 import tarfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -57,20 +58,15 @@ def hash_files(root: Path, paths: list[str], cache_file: Path) -> tuple[list[Fil
     Returns the entries and the paths that were (re)hashed: new or changed files.
     """
     cache = json.loads(cache_file.read_text()) if cache_file.exists() else {}
-    entries, fresh, new_cache = [], [], {}
-    for rel in paths:
-        st = (root / rel).stat()
-        key = f"{st.st_size}:{st.st_mtime_ns}"
-        cached = cache.get(rel)
-        digest = cached[1] if cached and cached[0] == key else None
-        if digest is None:
-            digest = sha256_file(root / rel)
-            fresh.append(rel)
-        new_cache[rel] = [key, digest]
-        entries.append(FileEntry(rel, st.st_size, digest))
+    stats = {rel: (root / rel).stat() for rel in paths}
+    keys = {rel: f"{st.st_size}:{st.st_mtime_ns}" for rel, st in stats.items()}
+    fresh = [rel for rel in paths if cache.get(rel, [None])[0] != keys[rel]]
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:  # hashlib hashes without the GIL
+        digests = dict(zip(fresh, pool.map(lambda rel: sha256_file(root / rel), fresh)))
+    new_cache = {rel: [keys[rel], digests.get(rel) or cache[rel][1]] for rel in paths}
     cache_file.parent.mkdir(parents=True, exist_ok=True)
     cache_file.write_text(json.dumps(new_cache))
-    return entries, fresh
+    return [FileEntry(rel, stats[rel].st_size, new_cache[rel][1]) for rel in paths], fresh
 
 
 def case_clashes(paths: list[str]) -> list[tuple[str, str]]:
@@ -85,11 +81,17 @@ def case_clashes(paths: list[str]) -> list[tuple[str, str]]:
     return clashes
 
 
-def shard_count(total_bytes: int, shard_bytes: int, previous: int | None) -> int:
-    """How many shards: the previous count while shards stay within 0.5x-2x of the target size."""
-    if previous and 0.5 * shard_bytes * previous <= total_bytes <= 2 * shard_bytes * previous:
+MIN_SHARD_BYTES = 16 << 20
+
+
+def shard_count(total_bytes: int, shard_bytes: int, previous: int | None, parallel: int = 1) -> int:
+    """How many shards: shards of at most shard_bytes, and at least `parallel` of them while they can
+    stay above 16 MB (so a mid-size data set still uploads in parallel). The previous count is kept
+    while it is within 0.5x-2x of that, so that files do not move between shards as data grows."""
+    target = max(1, math.ceil(total_bytes / shard_bytes), min(parallel, math.ceil(total_bytes / MIN_SHARD_BYTES)))
+    if previous and 0.5 * target <= previous <= 2 * target:
         return previous
-    return max(1, math.ceil(total_bytes / shard_bytes))
+    return target
 
 
 def assign_shards(entries: list[FileEntry], count: int) -> dict[str, list[FileEntry]]:

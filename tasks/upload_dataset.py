@@ -6,6 +6,7 @@ that crashed resumes without re-sending the shards already stored (a blob exists
 
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 from prefect import task
@@ -32,51 +33,85 @@ def check_names(paths: list[str]) -> None:
         raise BadInput(f"{a!r} and {b!r} differ only in letter case ({len(clashes)} such pairs); rename one of each")
 
 
-def scan_dataset(data_dir: Path, cache_file: Path) -> list[mf.FileEntry]:
-    """Hash every file (cached by size and mtime) and decode the new or changed images."""
+def scan_dataset(data_dir: Path, cache_file: Path) -> tuple[list[mf.FileEntry], list[str]]:
+    """Hash every file (cached by size and mtime); returns the entries and the new or changed paths."""
     paths = relative_paths(data_dir)
     check_names(paths)
-    entries, fresh = mf.hash_files(data_dir, paths, cache_file)
-    if fresh:
-        try:
-            index_data(data_dir, verify=fresh)
-        except BadInput:
-            cache_file.unlink(missing_ok=True)  # the next run must check these files again
-            raise
-    return entries
+    return mf.hash_files(data_dir, paths, cache_file)
 
 
-def plan_shards(entries: list[mf.FileEntry], previous: dict | None, shard_bytes: int) -> dict[str, list[mf.FileEntry]]:
+def check_images(data_dir: Path, fresh: list[str], cache_file: Path) -> None:
+    """Check that the new or changed files are images (headers only: staging moves bytes, verified
+    by checksum end to end; the training step's check decodes every pixel before workers start)."""
+    if not fresh:
+        return
+    try:
+        index_data(data_dir, verify=fresh, headers_only=True)
+    except BadInput:
+        cache_file.unlink(missing_ok=True)  # the next run must check these files again
+        raise
+
+
+def plan_shards(entries: list[mf.FileEntry], previous: dict | None, shard_bytes: int,
+                parallel: int) -> dict[str, list[mf.FileEntry]]:
     """Shards for the data set, keeping the previous shard count while sizes allow."""
     total = sum(e.size for e in entries)
-    count = mf.shard_count(total, shard_bytes, previous and previous.get("shard_count"))
+    count = mf.shard_count(total, shard_bytes, previous and previous.get("shard_count"), parallel)
     return mf.assign_shards(entries, count)
 
 
-def upload_dataset(store: BlobStore, cfg: StorageConfig, data_dir: Path, name: str, workdir: Path) -> Transfer:
-    """Pack, upload the missing shards in parallel, write the manifest, drop unreferenced shards."""
-    entries = scan_dataset(data_dir, workdir / "cache" / f"hashes-{name}.json")
+@dataclass
+class UploadPlan:
+    """What the container holds, and what this run must send."""
+
+    shards: dict[str, list[mf.FileEntry]]
+    stored: dict[str, int]  # shard blobs already in the container
+    previous: str | None  # the manifest text in the container, if any
+    manifest: dict
+
+    def todo(self, name: str) -> dict[str, list[mf.FileEntry]]:
+        """The shards the container lacks."""
+        return {sid: f for sid, f in self.shards.items() if mf.shard_blob(name, sid) not in self.stored}
+
+
+def plan_upload(store: BlobStore, cfg: StorageConfig, name: str, entries: list[mf.FileEntry]) -> UploadPlan:
+    """Read the container's state and plan the shards."""
     store.ensure_container()
-    previous_text = store.read_text(mf.manifest_blob(name))
-    shards = plan_shards(entries, mf.parse_manifest(previous_text) if previous_text else None, int(cfg.shard_mb * (1 << 20)))
+    previous = store.read_text(mf.manifest_blob(name))
+    shards = plan_shards(entries, mf.parse_manifest(previous) if previous else None, int(cfg.shard_mb * (1 << 20)),
+                         cfg.upload_concurrency)
     stored = store.names(mf.dataset_prefix(name) + "shards/")
-    todo = {sid: files for sid, files in shards.items() if mf.shard_blob(name, sid) not in stored}
-    transfer = Transfer("data set -> blob")
-    transfer.skipped_files = sum(len(f) for sid, f in shards.items() if sid not in todo)
-    transfer.skipped_bytes = sum(e.size for sid, f in shards.items() if sid not in todo for e in f)
-    manifest = mf.build_manifest(name, shards)
-    with transfer_progress(transfer, sum(e.size for f in todo.values() for e in f), sum(map(len, todo.values()))) as advance:
-        send_shards(store, data_dir, name, todo, workdir, advance)
-    if previous_text != mf.manifest_bytes(manifest).decode():
-        store.write_text(mf.manifest_blob(name), mf.manifest_bytes(manifest).decode())
-    for blob in set(stored) - {mf.shard_blob(name, sid) for sid in shards}:
+    return UploadPlan(shards, stored, previous, mf.build_manifest(name, shards))
+
+
+def upload_dataset(store: BlobStore, cfg: StorageConfig, data_dir: Path, name: str, workdir: Path) -> Transfer:
+    """Pack, upload the missing shards in parallel, write the manifest, drop unreferenced shards.
+
+    The image check of new files runs while shards upload; the manifest is written only if it passes.
+    """
+    cache_file = workdir / "cache" / f"hashes-{name}.json"
+    entries, fresh = scan_dataset(data_dir, cache_file)
+    plan = plan_upload(store, cfg, name, entries)
+    todo, transfer = plan.todo(name), Transfer("data set -> blob")
+    transfer.skipped_files = sum(len(f) for sid, f in plan.shards.items() if sid not in todo)
+    transfer.skipped_bytes = sum(e.size for sid, f in plan.shards.items() if sid not in todo for e in f)
+    with ThreadPoolExecutor(max_workers=1) as checker:
+        images_ok = checker.submit(check_images, data_dir, fresh, cache_file)
+        with transfer_progress(transfer, sum(e.size for f in todo.values() for e in f),
+                               sum(map(len, todo.values()))) as advance:
+            send_shards(store, data_dir, name, todo, workdir, advance)
+        images_ok.result()
+    text = mf.manifest_bytes(plan.manifest).decode()
+    if plan.previous != text:
+        store.write_text(mf.manifest_blob(name), text)  # last: from now on the data set is complete
+    for blob in set(plan.stored) - {mf.shard_blob(name, sid) for sid in plan.shards}:
         store.delete(blob)  # shards of files that changed: no manifest refers to them any more
-    transfer.notes.append(f"{len(shards)} shards, {len(todo)} uploaded, version {manifest['version'][:12]}")
+    transfer.notes.append(f"{len(plan.shards)} shards, {len(todo)} uploaded, version {plan.manifest['version'][:12]}")
     return transfer
 
 
 def send_shards(store: BlobStore, data_dir: Path, name: str, todo: dict, workdir: Path, advance) -> None:
-    """Build each shard in a temporary file and upload it; cfg.upload_concurrency at a time."""
+    """Build each shard in a temporary file and upload it; store.concurrency at a time."""
     tmp_root = workdir / "tmp"
     tmp_root.mkdir(parents=True, exist_ok=True)
 

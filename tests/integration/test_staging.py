@@ -157,7 +157,7 @@ def test_sync_of_a_never_staged_data_set_is_refused(staged):
 
 @pytest.mark.parametrize("problem, message", [
     ("not an image", "notes.txt is not an image file"),
-    ("corrupt", "cannot decode image .*broken.png"),
+    ("corrupt", "cannot read image .*broken.png"),
     ("case clash", "differ only in letter case"),
 ])
 def test_bad_data_is_refused_and_nothing_looks_staged(staged, problem, message):

@@ -24,6 +24,13 @@ def test_shard_count_is_kept_while_sizes_stay_near_the_target():
     assert mf.shard_count(1, 100, previous=None) == 1
 
 
+def test_mid_size_data_sets_get_enough_shards_to_upload_in_parallel():
+    mb = 1 << 20
+    assert mf.shard_count(560 * mb, 256 * mb, previous=None, parallel=8) == 8  # 70 MB each, not 3 of 187 MB
+    assert mf.shard_count(40 * mb, 256 * mb, previous=None, parallel=8) == 3  # but none below 16 MB
+    assert mf.shard_count(140_000 * mb, 256 * mb, previous=None, parallel=8) == 547  # ImageNet: the size rules
+
+
 def test_manifest_version_follows_content_not_order():
     shards = mf.assign_shards(entries(20), 3)
     again = mf.assign_shards(list(reversed(entries(20))), 3)

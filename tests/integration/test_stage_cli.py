@@ -1,0 +1,74 @@
+"""`trainflow stage` end to end, as a user runs it: a Prefect flow against real storage, and no secret leaks."""
+
+import os
+import subprocess
+import sys
+import uuid
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from urllib.parse import quote, unquote
+
+import pytest
+from azure.storage.blob import AccountSasPermissions, ResourceTypes, generate_account_sas
+
+from infra.azurite import ACCOUNT, DEV_KEY
+
+pytestmark = pytest.mark.integration
+TRAINFLOW = str(Path(sys.executable).parent / "trainflow")
+
+
+def sas_token() -> str:
+    """An account SAS for Azurite's dev account, valid for an hour."""
+    return generate_account_sas(ACCOUNT, DEV_KEY, ResourceTypes(service=True, container=True, object=True),
+                                AccountSasPermissions(read=True, write=True, delete=True, list=True, add=True,
+                                                      create=True), expiry=datetime.now(timezone.utc) + timedelta(hours=1))
+
+
+def stage(tmp_path: Path, port: int, data: Path, token: str) -> tuple[subprocess.CompletedProcess, Path]:
+    config = tmp_path / "azure.yaml"
+    config.write_text(f"storage:\n  backend: azure\n  account_url: http://127.0.0.1:{port}/{ACCOUNT}\n"
+                      f"  auth: sas\n  container: c-{uuid.uuid4().hex[:10]}\n  shard_mb: 0.5\n")
+    work = tmp_path / "work"
+    env = {**os.environ, "AZURE_STORAGE_SAS_TOKEN": token}
+    result = subprocess.run([TRAINFLOW, "stage", "--config", str(config), "--data", str(data), "--workdir", str(work)],
+                            capture_output=True, text=True, env=env, timeout=300)
+    return result, work
+
+
+def leaks(secrets: list[str], result: subprocess.CompletedProcess, work: Path) -> list[str]:
+    """Where any secret shows up: the output, or any file the run wrote (Prefect's database included)."""
+    found = [f"output: {s[:6]}..." for s in secrets if s in result.stdout + result.stderr]
+    for path in work.rglob("*"):
+        if path.is_file():
+            data = path.read_bytes()
+            found += [f"{path}: {s[:6]}..." for s in secrets if s.encode() in data]
+    return found
+
+
+def secrets_of(token: str) -> list[str]:
+    sig = token.split("sig=")[1].split("&")[0]
+    return [sig, quote(sig, safe=""), unquote(sig), DEV_KEY]
+
+
+def test_stage_with_a_sas_token_puts_the_data_on_the_file_server_and_leaks_nothing(tmp_path, azurite_port, digits):
+    token = sas_token()
+    result, work = stage(tmp_path, azurite_port, digits, token)
+    assert result.returncode == 0, result.stderr[-2000:]
+    line = next(l for l in result.stdout.splitlines() if l.startswith("file server copy of digits: "))
+    current = Path(line.split(": ", 1)[1])
+    assert current == work / "fileserver" / "datasets" / "digits" / "current"
+    assert len(list((current / "train").rglob("*.png"))) == 1438 and len(list((current / "val").rglob("*.png"))) == 359
+    assert "staging summary" in result.stdout
+    assert leaks(secrets_of(token), result, work) == []
+
+
+def test_a_wrong_sas_token_fails_in_one_line_without_showing_it(tmp_path, azurite_port, digits):
+    good = sas_token()
+    sig = good.split("sig=")[1].split("&")[0]
+    wrong = good.replace(sig, "QUJDREVGR0hJSktMTU5PUFFSU1RVVldYWVo%3D")
+    result, work = stage(tmp_path, azurite_port, digits, wrong)
+    assert result.returncode == 1
+    errors = [l for l in result.stderr.splitlines() if l.startswith("error: ")]
+    assert len(errors) == 1 and "refused the credentials" in errors[0]
+    assert "Traceback" not in result.stdout + result.stderr
+    assert leaks(secrets_of(wrong), result, work) == []
