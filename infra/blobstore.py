@@ -57,7 +57,7 @@ class StorageConfig(BaseModel):
     retry_total: int = Field(6, ge=0)
     """SDK retries of one request (timeouts, 5xx, connection resets)."""
     retry_initial_backoff: float = Field(0.5, gt=0)
-    """Seconds before the first SDK retry; doubled at each next one."""
+    """Seconds added to the SDK's exponential backoff (1, 2, 4, ... s, give or take 1 s)."""
 
     @field_validator("container")
     @classmethod
@@ -113,7 +113,10 @@ class BlobStore:
     def connect(cls, cfg: StorageConfig, environ: dict[str, str] | None = None,
                 connection_string: str | None = None) -> "BlobStore":
         """A store for cfg's container; `connection_string` is Azurite's (the local default)."""
-        retry = ExponentialRetry(initial_backoff=cfg.retry_initial_backoff, increment_base=2, retry_total=cfg.retry_total)
+        # retry_total alone still caps 5xx, connect and read retries at 3 each: set them all.
+        n = cfg.retry_total
+        retry = ExponentialRetry(initial_backoff=cfg.retry_initial_backoff, increment_base=2, retry_total=n,
+                                 retry_connect=n, retry_read=n, retry_status=n, random_jitter_range=1)
         session = requests.Session()  # a pool big enough for every shard's parallel blocks
         session.mount("http://", requests.adapters.HTTPAdapter(pool_maxsize=4 * cfg.upload_concurrency + 4))
         session.mount("https://", requests.adapters.HTTPAdapter(pool_maxsize=4 * cfg.upload_concurrency + 4))

@@ -13,7 +13,7 @@ import math
 import os
 import tarfile
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 FORMAT = 1
@@ -58,7 +58,7 @@ def hash_files(root: Path, paths: list[str], cache_file: Path) -> tuple[list[Fil
     Returns the entries and the paths that were (re)hashed: new or changed files.
     """
     cache = json.loads(cache_file.read_text()) if cache_file.exists() else {}
-    stats = {rel: (root / rel).stat() for rel in paths}
+    stats = {rel: os.stat(os.path.join(root, rel)) for rel in paths}
     keys = {rel: f"{st.st_size}:{st.st_mtime_ns}" for rel, st in stats.items()}
     fresh = [rel for rel in paths if cache.get(rel, [None])[0] != keys[rel]]
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:  # hashlib hashes without the GIL
@@ -113,8 +113,8 @@ def shard_id(files: list[FileEntry]) -> str:
 
 def build_manifest(name: str, shards: dict[str, list[FileEntry]]) -> dict:
     """The manifest of a data set made of `shards`."""
-    files = sorted(({**asdict(e), "shard": sid} for sid, group in shards.items() for e in group),
-                   key=lambda f: f["path"])
+    files = sorted(({"path": e.path, "size": e.size, "sha256": e.sha256, "shard": sid}
+                    for sid, group in shards.items() for e in group), key=lambda f: f["path"])
     version = hashlib.sha256("".join(f"{f['path']}\0{f['sha256']}\n" for f in files).encode()).hexdigest()[:32]
     return {"format": FORMAT, "dataset": name, "version": version, "shard_count": len(shards),
             "files": files, "bytes": sum(f["size"] for f in files)}
@@ -155,8 +155,8 @@ def extract_members(tar_path: Path, wanted: dict[str, FileEntry], dest: Path) ->
 
 
 def manifest_bytes(manifest: dict) -> bytes:
-    """The manifest as stored."""
-    return json.dumps(manifest, indent=1, sort_keys=True).encode()
+    """The manifest as stored (compact: the C encoder, fast for a million files)."""
+    return json.dumps(manifest, separators=(",", ":"), sort_keys=True).encode()
 
 
 def parse_manifest(text: str) -> dict:

@@ -21,8 +21,8 @@ from tasks.retry import unless_permanent
 def relative_paths(data_dir: Path) -> list[str]:
     """Every image of the data set, relative to data_dir, as the training engine lists them."""
     index = index_data(data_dir)
-    absolute = [p for p, _ in index["train"] + (index["val"] or [])]
-    return [str(Path(p).relative_to(data_dir)) for p in absolute]
+    prefix = str(data_dir).rstrip("/") + "/"
+    return [p.removeprefix(prefix) for p, _ in index["train"] + (index["val"] or [])]
 
 
 def check_names(paths: list[str]) -> None:
