@@ -14,13 +14,18 @@ TORCH_PINS := $(shell grep -oE '"torch(vision)?==[^"]+"' pyproject.toml | tr -d 
 BIN := $(VENV)/bin
 
 .PHONY: setup demo test bench clean
-setup: $(VENV)/.installed
+setup: $(VENV)/.installed node_modules/.installed
 
 $(VENV)/.installed: pyproject.toml containers/build/horovod-wheel.sh
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q $(TORCH_PINS) setuptools wheel packaging psutil cloudpickle pyyaml
 	wheel=$$(containers/build/horovod-wheel.sh $(BIN)/python $(WHEEL_CACHE)) && \
 	  $(BIN)/pip install -q "$$wheel" -e '.[dev]'
+	touch $@
+
+# Azurite (the Blob emulator of the local default and the tests), pinned by package-lock.json.
+node_modules/.installed: package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
 demo: setup

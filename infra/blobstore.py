@@ -177,9 +177,13 @@ class BlobStore:
             yield
         except ClientAuthenticationError as exc:
             raise refused_credentials(self.where, exc) from None
-        except (ServiceRequestError, ServiceResponseError) as exc:
+        except ServiceRequestError as exc:  # no connection at all, after the SDK's own retries: fail fast
             raise StorageError(f"cannot reach blob storage at {self.where} to {action} "
-                               f"({redact(first_line(exc))}); check the account URL and the network") from None
+                               f"({redact(first_line(exc))}); check the account URL and the network",
+                               permanent=True) from None
+        except ServiceResponseError as exc:  # a connection dropped mid-answer: worth a step retry
+            raise StorageError(f"blob storage at {self.where} dropped the connection during {action} "
+                               f"({redact(first_line(exc))})") from None
         except HttpResponseError as exc:
             if exc.status_code == 403:
                 raise refused_credentials(self.where, exc) from None

@@ -1,6 +1,7 @@
 """`trainflow stage` end to end, as a user runs it: a Prefect flow against real storage, and no secret leaks."""
 
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -11,7 +12,7 @@ from urllib.parse import quote, unquote
 import pytest
 from azure.storage.blob import AccountSasPermissions, ResourceTypes, generate_account_sas
 
-from infra.azurite import ACCOUNT, DEV_KEY
+from infra.azurite import ACCOUNT, DEV_KEY, free_port
 
 pytestmark = pytest.mark.integration
 TRAINFLOW = str(Path(sys.executable).parent / "trainflow")
@@ -72,3 +73,31 @@ def test_a_wrong_sas_token_fails_in_one_line_without_showing_it(tmp_path, azurit
     assert len(errors) == 1 and "refused the credentials" in errors[0]
     assert "Traceback" not in result.stdout + result.stderr
     assert leaks(secrets_of(wrong), result, work) == []
+
+
+@pytest.mark.parametrize("args, config, message", [
+    (["--data", "{tmp}/nowhere"], "", "data folder .*nowhere does not exist"),
+    ([], "storage: {container: Bad_Name}\n", "storage.container = 'Bad_Name'.*lowercase"),
+    ([], "storage: {backend: azure, account_url: 'http://example.com/acct'}\n", "must use https"),
+])
+def test_bad_input_stops_before_any_service_starts(tmp_path, digits, args, config, message):
+    path = tmp_path / "c.yaml"
+    path.write_text(config)
+    args = [a.format(tmp=tmp_path) for a in args] or ["--data", str(digits)]
+    result = subprocess.run([TRAINFLOW, "stage", "--config", str(path), "--workdir", str(tmp_path / "w"), *args],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and re.search(message, lines[0]), result.stderr
+    assert not (tmp_path / "w" / "prefect").exists()
+
+
+def test_unreachable_storage_fails_fast_with_one_line(tmp_path, digits):
+    path = tmp_path / "c.yaml"
+    path.write_text(f"storage: {{backend: azure, account_url: 'http://127.0.0.1:{free_port()}/acct', retry_total: 1}}\n")
+    env = {**os.environ, "AZURE_STORAGE_SAS_TOKEN": "sv=x&sig=y"}
+    result = subprocess.run([TRAINFLOW, "stage", "--config", str(path), "--workdir", str(tmp_path / "w"),
+                             "--data", str(digits)], capture_output=True, text=True, timeout=240, env=env)
+    assert result.returncode == 1
+    errors = [l for l in result.stderr.splitlines() if l.startswith("error: ")]
+    assert len(errors) == 1 and "cannot reach blob storage at http://127.0.0.1" in errors[0]

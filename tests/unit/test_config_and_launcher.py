@@ -66,3 +66,9 @@ def test_bad_config_files_name_the_setting(tmp_path, text, message):
 def test_missing_config_file(tmp_path):
     with pytest.raises(ConfigError, match="cannot read config file"):
         load_config(tmp_path / "nope.yaml", {}, environ={})
+
+
+def test_the_example_configs_load():
+    repo = __import__("pathlib").Path(__file__).resolve().parents[2]
+    for path in sorted((repo / "flows" / "configs").glob("*.yaml")):
+        load_config(path, {}, environ={})
