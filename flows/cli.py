@@ -17,6 +17,7 @@ from infra.blobstore import StorageError
 from infra.fileserver import FileServerError
 from infra.launcher import LaunchError, train_locally
 from infra.sample_data import write_digits
+from tasks.manifest import ChangedWhileStaging
 from tasks.upload_dataset import check_names, relative_paths
 
 app = typer.Typer(help="Data-parallel training of image classifiers, end to end.", no_args_is_help=True,
@@ -45,7 +46,7 @@ def friendly_errors(command):
         except LaunchError as exc:
             err.print(f"error: {exc}", markup=False, soft_wrap=True)
             raise typer.Exit(exc.exit_code) from None
-        except (StorageError, FileServerError, AzuriteError, FileNotFoundError) as exc:
+        except (StorageError, FileServerError, AzuriteError, FileNotFoundError, ChangedWhileStaging) as exc:
             err.print(f"error: {exc}", markup=False, soft_wrap=True)
             raise typer.Exit(1) from None
 

@@ -11,9 +11,9 @@ from urllib.parse import urlsplit, urlunsplit
 from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError
 from azure.storage.fileshare import ExponentialRetry, ShareClient, ShareFileClient
 
-from infra.blobstore import require_https_unless_loopback
+from infra.blobstore import StorageError, require_https_unless_loopback, storage_errors
 
-class AzureCopyError(RuntimeError):
+class AzureCopyError(StorageError):
     """A server-side copy ended in a state other than success."""
 
 
@@ -22,6 +22,7 @@ class AzureFileShare:
 
     def __init__(self, share_client: ShareClient, *, copy_poll_s: float = 1.0, copy_timeout_s: float = 600.0):
         self._share = share_client
+        self.where = urlunsplit(urlsplit(share_client.url)[:3] + ("", ""))
         self.copy_poll_s = copy_poll_s
         self.copy_timeout_s = copy_timeout_s
 
@@ -46,22 +47,28 @@ class AzureFileShare:
             except ResourceExistsError:
                 pass
 
+    def errors(self, action: str):
+        """SDK errors as StorageErrors that name the share and the action, secrets removed."""
+        return storage_errors("Azure Files", self.where, action)
+
     def exists(self, path: str) -> bool:
         """Whether a file exists at `path`."""
-        return self._file(path).exists()
+        with self.errors(f"look up {path}"):
+            return self._file(path).exists()
 
     def upload_file(self, local: Path, path: str) -> None:
         """Write the local file to `path`, creating parent directories."""
-        self._make_parents(path)
-        with open(local, "rb") as data:
+        with self.errors(f"upload {path}"), open(local, "rb") as data:
+            self._make_parents(path)
             self._file(path).upload_file(data, max_concurrency=4)
 
     def copy_within(self, src: str, dst: str) -> None:
         """Copy a file inside the share, server-side, and wait until the copy has finished."""
-        self._make_parents(dst)
-        target = self._file(dst)
-        started = target.start_copy_from_url(self._file(src).url)
-        self._wait_for_copy(target, started["copy_status"], f"{src} -> {dst}")
+        with self.errors(f"copy {src} to {dst}"):
+            self._make_parents(dst)
+            target = self._file(dst)
+            started = target.start_copy_from_url(self._file(src).url)
+            self._wait_for_copy(target, started["copy_status"], f"{src} -> {dst}")
 
     def _wait_for_copy(self, target: ShareFileClient, status: str, what: str) -> None:
         deadline = time.monotonic() + self.copy_timeout_s
@@ -77,15 +84,17 @@ class AzureFileShare:
 
     def read_text(self, path: str) -> str | None:
         """The UTF-8 text of the file at `path`, or None when it does not exist."""
-        try:
-            return self._file(path).download_file().readall().decode("utf-8")
-        except ResourceNotFoundError:
-            return None
+        with self.errors(f"read {path}"):
+            try:
+                return self._file(path).download_file().readall().decode("utf-8")
+            except ResourceNotFoundError:
+                return None
 
     def write_text(self, path: str, text: str) -> None:
         """Write UTF-8 text to `path`, creating parent directories."""
-        self._make_parents(path)
-        self._file(path).upload_file(text.encode("utf-8"))
+        with self.errors(f"write {path}"):
+            self._make_parents(path)
+            self._file(path).upload_file(text.encode("utf-8"))
 
     def url(self, path: str) -> str:
         """The file's URL without its query string (so never a SAS signature)."""

@@ -72,6 +72,9 @@ class StorageConfig(BaseModel):
     def _https_unless_loopback(cls, url: str | None) -> str | None:
         if url is not None:
             require_https_unless_loopback(url)
+            if urlparse(url).query:
+                raise ValueError("account_url must not carry a query string; put the SAS token in the "
+                                 "environment variable named by sas_token_env")
         return url
 
 
@@ -123,6 +126,10 @@ class BlobStore:
         options = dict(retry_policy=retry, max_single_put_size=4 << 20, max_block_size=4 << 20,
                        connection_timeout=10, read_timeout=60, session=session)
         service = service_client(cfg, os.environ if environ is None else environ, connection_string, options)
+        try:
+            require_https_unless_loopback(service.url)  # a connection string names its own endpoint
+        except ValueError as exc:
+            raise StorageError(str(exc), permanent=True) from None
         return cls(service.get_container_client(cfg.container), cfg.upload_concurrency)
 
     def ensure_container(self) -> None:
@@ -170,26 +177,29 @@ class BlobStore:
             except ResourceNotFoundError:
                 pass
 
-    @contextmanager
-    def errors(self, action: str) -> Iterator[None]:
-        """Turn SDK errors into StorageErrors that say what failed and how to fix it, secrets removed."""
-        try:
-            yield
-        except ClientAuthenticationError as exc:
-            raise refused_credentials(self.where, exc) from None
-        except ServiceRequestError as exc:  # no connection at all, after the SDK's own retries: fail fast
-            raise StorageError(f"cannot reach blob storage at {self.where} to {action} "
-                               f"({redact(first_line(exc))}); check the account URL and the network",
-                               permanent=True) from None
-        except ServiceResponseError as exc:  # a connection dropped mid-answer: worth a step retry
-            raise StorageError(f"blob storage at {self.where} dropped the connection during {action} "
-                               f"({redact(first_line(exc))})") from None
-        except HttpResponseError as exc:
-            if exc.status_code == 403:
-                raise refused_credentials(self.where, exc) from None
-            permanent = exc.status_code in (400, 404, 409)
-            raise StorageError(f"blob storage refused to {action}: {exc.status_code} {error_code(exc)}",
-                               permanent=permanent) from None
+    def errors(self, action: str):
+        """Turn SDK errors into StorageErrors (see storage_errors)."""
+        return storage_errors("blob storage", self.where, action)
+
+
+@contextmanager
+def storage_errors(service: str, where: str, action: str) -> Iterator[None]:
+    """Turn Azure SDK errors into StorageErrors that say what failed and how to fix it, secrets removed."""
+    try:
+        yield
+    except ClientAuthenticationError as exc:
+        raise refused_credentials(service, where, exc) from None
+    except ServiceRequestError as exc:  # no connection at all, after the SDK's own retries: fail fast
+        raise StorageError(f"cannot reach {service} at {where} to {action} ({redact(first_line(exc))}); "
+                           "check the account URL and the network", permanent=True) from None
+    except ServiceResponseError as exc:  # a connection dropped mid-answer: worth a step retry
+        raise StorageError(f"{service} at {where} dropped the connection during {action} "
+                           f"({redact(first_line(exc))})") from None
+    except HttpResponseError as exc:
+        if exc.status_code in (401, 403):
+            raise refused_credentials(service, where, exc) from None
+        raise StorageError(f"{service} refused to {action}: {exc.status_code} {error_code(exc)}",
+                           permanent=exc.status_code in (400, 404, 409)) from None
 
 
 def service_client(cfg: StorageConfig, environ, connection_string: str | None, options: dict) -> BlobServiceClient:
@@ -219,9 +229,9 @@ def secret(environ, name: str) -> str:
     return value
 
 
-def refused_credentials(where: str, exc: HttpResponseError) -> StorageError:
+def refused_credentials(service: str, where: str, exc: HttpResponseError) -> StorageError:
     """The error for a 401/403: the credential is wrong, expired or lacks a permission."""
-    return StorageError(f"blob storage at {where} refused the credentials ({error_code(exc)}); check that the "
+    return StorageError(f"{service} at {where} refused the credentials ({error_code(exc)}); check that the "
                         "SAS token or connection string is right, unexpired and allows this operation", permanent=True)
 
 

@@ -53,9 +53,9 @@ class FileServer:
     def new_version(self, name: str, manifest: dict) -> Iterator[Path]:
         """Yield a temporary folder to fill; on success it becomes the current version, on error it goes."""
         final = self.version_dir(name, manifest["version"])
-        tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+        tmp = final.with_name(f".{final.name}.partial")
         try:
-            shutil.rmtree(tmp, ignore_errors=True)
+            self.remove_leftovers(name)  # of a sync that crashed: never visible, safe to drop
             tmp.mkdir(parents=True)
             yield tmp
             (tmp / MANIFEST).write_text(json.dumps(manifest))
@@ -81,10 +81,20 @@ class FileServer:
         self.prune(name, keep=2)
 
     def prune(self, name: str, keep: int) -> None:
-        """Remove all but the newest `keep` complete versions (the current one always stays)."""
+        """Remove all but the newest `keep` complete versions (the current one always stays).
+
+        A version is renamed out of sight before it is deleted, so a crash mid-delete never leaves a
+        partial folder that still looks complete."""
         current = self.current(name).resolve()
         versions = sorted((p for p in self.dataset_dir(name).glob("v-*") if p.is_dir()),
                           key=lambda p: p.stat().st_mtime, reverse=True)
         for old in versions[keep:]:
             if old != current:
-                shutil.rmtree(old, ignore_errors=True)
+                doomed = old.with_name(f".{old.name}.deleting")
+                os.replace(old, doomed)
+                shutil.rmtree(doomed, ignore_errors=True)
+
+    def remove_leftovers(self, name: str) -> None:
+        """Delete the partial and half-deleted versions that crashed runs left behind."""
+        for leftover in self.dataset_dir(name).glob(".v-*"):
+            shutil.rmtree(leftover, ignore_errors=True)

@@ -45,30 +45,26 @@ class LocalFolderShare:
     def exists(self, path: str) -> bool:
         return self._at(path).is_file()
 
-    def upload_file(self, local: Path, path: str) -> None:
+    def _write(self, path: str, fill) -> None:
+        """fill(tmp_path), then rename it to `path`: a file appears whole or not at all."""
         target = self._at(path)
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-        shutil.copyfile(local, tmp)
+        fill(tmp)
         os.replace(tmp, target)
 
+    def upload_file(self, local: Path, path: str) -> None:
+        self._write(path, lambda tmp: shutil.copyfile(local, tmp))
+
     def copy_within(self, src: str, dst: str) -> None:
-        target = self._at(dst)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-        shutil.copyfile(self._at(src), tmp)
-        os.replace(tmp, target)
+        self._write(dst, lambda tmp: shutil.copyfile(self._at(src), tmp))
 
     def read_text(self, path: str) -> str | None:
         target = self._at(path)
         return target.read_text(encoding="utf-8") if target.is_file() else None
 
     def write_text(self, path: str, text: str) -> None:
-        target = self._at(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, target)
+        self._write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
     def url(self, path: str) -> str:
         return str(self._at(path))
@@ -98,10 +94,11 @@ def open_share(cfg: FileShareConfig, workdir: Path, environ: dict[str, str] | No
     if cfg.backend == "local":
         return LocalFolderShare(workdir / "fileshare")
     from infra.azure_files import AzureFileShare
-    from infra.blobstore import secret
+    from infra.blobstore import StorageError, secret
 
     if cfg.account_url is None:
-        raise ValueError("fileshare.account_url is not set; set it to https://<account>.file.core.windows.net")
+        raise StorageError("fileshare.account_url is not set; set it to https://<account>.file.core.windows.net",
+                           permanent=True)
     env = os.environ if environ is None else environ
     if cfg.auth == "sas":
         credential = secret(env, cfg.sas_token_env).lstrip("?")

@@ -8,6 +8,7 @@ holds, so an unchanged shard keeps its name and is never sent twice.
 """
 
 import hashlib
+import io
 import json
 import math
 import os
@@ -52,32 +53,48 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def hash_files(root: Path, paths: list[str], cache_file: Path) -> tuple[list[FileEntry], list[str]]:
+def load_cache(path: Path) -> dict:
+    """The hash cache of the last successful run ({} if there is none or it is unreadable)."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def save_cache(path: Path, cache: dict) -> None:
+    """Write the hash cache atomically (call it once the data set is safely stored)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(cache))
+    os.replace(tmp, path)
+
+
+def hash_files(root: Path, paths: list[str], cache: dict) -> tuple[list[FileEntry], list[str], dict]:
     """Entries for `paths`, re-hashing only files whose size or mtime changed since the cached run.
 
-    Returns the entries and the paths that were (re)hashed: new or changed files.
+    Returns the entries, the paths that were (re)hashed (new or changed files) and the new cache.
     """
-    cache = json.loads(cache_file.read_text()) if cache_file.exists() else {}
     stats = {rel: os.stat(os.path.join(root, rel)) for rel in paths}
     keys = {rel: f"{st.st_size}:{st.st_mtime_ns}" for rel, st in stats.items()}
     fresh = [rel for rel in paths if cache.get(rel, [None])[0] != keys[rel]]
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:  # hashlib hashes without the GIL
         digests = dict(zip(fresh, pool.map(lambda rel: sha256_file(root / rel), fresh)))
     new_cache = {rel: [keys[rel], digests.get(rel) or cache[rel][1]] for rel in paths}
-    cache_file.parent.mkdir(parents=True, exist_ok=True)
-    cache_file.write_text(json.dumps(new_cache))
-    return [FileEntry(rel, stats[rel].st_size, new_cache[rel][1]) for rel in paths], fresh
+    return [FileEntry(rel, stats[rel].st_size, new_cache[rel][1]) for rel in paths], fresh, new_cache
 
 
 def case_clashes(paths: list[str]) -> list[tuple[str, str]]:
-    """Pairs of paths equal after case folding (one would overwrite the other on a case-insensitive share)."""
+    """Pairs of names (files or folders) equal after case folding: on a case-insensitive share one
+    would overwrite the other, or two class folders would merge."""
     seen: dict[str, str] = {}
     clashes = []
     for path in sorted(paths):
-        folded = path.casefold()
-        if folded in seen:
-            clashes.append((seen[folded], path))
-        seen[folded] = path
+        parts = path.split("/")
+        for depth in range(1, len(parts) + 1):
+            name = "/".join(parts[:depth])
+            first = seen.setdefault(name.casefold(), name)
+            if first != name and (first, name) not in clashes:
+                clashes.append((first, name))
     return clashes
 
 
@@ -111,24 +128,33 @@ def shard_id(files: list[FileEntry]) -> str:
     return h.hexdigest()[:32]
 
 
-def build_manifest(name: str, shards: dict[str, list[FileEntry]]) -> dict:
-    """The manifest of a data set made of `shards`."""
+def build_manifest(name: str, shards: dict[str, list[FileEntry]], shard_count: int) -> dict:
+    """The manifest of a data set made of `shards` (hashed into `shard_count` buckets, some maybe empty)."""
     files = sorted(({"path": e.path, "size": e.size, "sha256": e.sha256, "shard": sid}
                     for sid, group in shards.items() for e in group), key=lambda f: f["path"])
     version = hashlib.sha256("".join(f"{f['path']}\0{f['sha256']}\n" for f in files).encode()).hexdigest()[:32]
-    return {"format": FORMAT, "dataset": name, "version": version, "shard_count": len(shards),
+    return {"format": FORMAT, "dataset": name, "version": version, "shard_count": shard_count,
             "files": files, "bytes": sum(f["size"] for f in files)}
 
 
 def write_shard(root: Path, files: list[FileEntry], dest: Path) -> int:
-    """A reproducible tar of `files` (sorted, zeroed owner and times); returns its size."""
+    """A reproducible tar of `files` (sorted, zeroed owner and times); returns its size.
+
+    Each file is checked against its entry as it is packed: one that changed since it was hashed
+    would otherwise reach the file server as a mismatch."""
     with tarfile.open(dest, "w", format=tarfile.PAX_FORMAT) as tar:
         for entry in files:
+            data = (root / entry.path).read_bytes()
+            if len(data) != entry.size or hashlib.sha256(data).hexdigest() != entry.sha256:
+                raise ChangedWhileStaging(f"{root / entry.path} changed while it was being staged; run again")
             info = tarfile.TarInfo(entry.path)
             info.size, info.mode, info.mtime = entry.size, 0o644, 0
-            with open(root / entry.path, "rb") as f:
-                tar.addfile(info, f)
+            tar.addfile(info, io.BytesIO(data))
     return dest.stat().st_size
+
+
+class ChangedWhileStaging(RuntimeError):
+    """A source file changed between hashing and packing (a retry re-hashes it)."""
 
 
 def extract_members(tar_path: Path, wanted: dict[str, FileEntry], dest: Path) -> int:
@@ -147,6 +173,7 @@ def extract_members(tar_path: Path, wanted: dict[str, FileEntry], dest: Path) ->
             target.parent.mkdir(parents=True, exist_ok=True)
             with open(target, "wb") as f:
                 f.write(data)
+            target.chmod(0o444)  # versions share files by hard link: nobody may edit one in place
             written += len(data)
     missing = set(wanted) - found
     if missing:

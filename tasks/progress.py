@@ -1,8 +1,12 @@
-"""Progress bars for transfers (files, bytes, throughput) and the summary of what moved and what was skipped."""
+"""Transfers: progress bars (files, bytes, throughput), parallel workers, and the summary of what moved and what was skipped."""
 
+import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Iterator
 
 from rich.console import Console
@@ -42,13 +46,28 @@ def transfer_progress(transfer: Transfer, total_bytes: int, total_files: int) ->
     with Progress(*columns, transient=False) as progress:
         bar = progress.add_task(transfer.step, total=total_bytes, files=0, total_files=total_files)
 
+        lock = threading.Lock()  # called from the transfer's worker threads
+
         def advance(nbytes: int, nfiles: int) -> None:
-            transfer.bytes += nbytes
-            transfer.files += nfiles
-            progress.update(bar, advance=nbytes, files=transfer.files)
+            with lock:
+                transfer.bytes += nbytes
+                transfer.files += nfiles
+                progress.update(bar, advance=nbytes, files=transfer.files)
 
         yield advance
     transfer.seconds = time.perf_counter() - started
+
+
+def in_parallel(items: dict, work: Callable[[str, object, Path], None], tmp_root: Path, workers: int) -> None:
+    """Call work(key, value, tmp) for each item, `workers` at a time, each in a temporary folder of its own."""
+    tmp_root.mkdir(parents=True, exist_ok=True)
+
+    def one(item) -> None:
+        with tempfile.TemporaryDirectory(dir=tmp_root) as tmp:
+            work(item[0], item[1], Path(tmp))
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        list(pool.map(one, items.items()))
 
 
 def print_summary_table(rows: list[dict], console: Console | None = None) -> None:

@@ -1,12 +1,13 @@
 """When Prefect should retry a step: transient failures yes, bad input and refused credentials no."""
 
 from infra.blobstore import StorageError
+from infra.fileserver import FileServerError
 from infra.launcher import BadInput
 
 
 def is_permanent(exc: BaseException) -> bool:
-    """Errors that the same attempt would meet again."""
-    return isinstance(exc, BadInput) or (isinstance(exc, StorageError) and exc.permanent)
+    """Errors that the same attempt would meet again (a full disk stays full)."""
+    return isinstance(exc, (BadInput, FileServerError)) or (isinstance(exc, StorageError) and exc.permanent)
 
 
 def unless_permanent(task, task_run, state) -> bool:

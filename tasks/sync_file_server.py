@@ -7,17 +7,15 @@ against the manifest; the new version appears (as `current`) only once whole.
 
 import os
 import shutil
-import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from prefect import task
 
-from infra.blobstore import BlobStore, StorageConfig
+from infra.blobstore import BlobStore, StorageConfig, StorageError
 from infra.fileserver import FileServer
 from infra.launcher import BadInput
 from tasks import manifest as mf
-from tasks.progress import Transfer, transfer_progress
+from tasks.progress import Transfer, in_parallel, transfer_progress
 from tasks.retry import unless_permanent
 from tasks.upload_dataset import connect
 
@@ -68,24 +66,21 @@ def sync_to_file_server(store: BlobStore, server: FileServer, name: str, workdir
             fetch_shards(store, name, needed, dest, workdir, advance)
         bad = mf.sizes_match(dest, manifest["files"])
         if bad:
-            raise RuntimeError(f"{len(bad)} files are missing after the sync, e.g. {bad[0]}")
+            raise StorageError(f"{len(bad)} files are missing after the sync, e.g. {bad[0]}")
     return transfer, server.current(name)
 
 
 def fetch_shards(store: BlobStore, name: str, needed: dict, dest: Path, workdir: Path, advance) -> None:
     """Download each needed shard to a temporary file and extract the wanted, verified members."""
-    tmp_root = workdir / "tmp"
-    tmp_root.mkdir(parents=True, exist_ok=True)
 
-    def fetch(item):
-        sid, wanted = item
-        with tempfile.TemporaryDirectory(dir=tmp_root) as tmp:
-            tar = Path(tmp) / "shard.tar"
-            store.download_to(mf.shard_blob(name, sid), tar)
-            advance(mf.extract_members(tar, wanted, dest), len(wanted))
+    def fetch(sid: str, wanted: dict[str, mf.FileEntry], tmp: Path) -> None:
+        store.download_to(mf.shard_blob(name, sid), tmp / "shard.tar")
+        try:
+            advance(mf.extract_members(tmp / "shard.tar", wanted, dest), len(wanted))
+        except ValueError as exc:  # a damaged download: the step's retry fetches it again
+            raise StorageError(f"shard {sid} of {name} does not match the manifest ({exc})") from None
 
-    with ThreadPoolExecutor(max_workers=store.concurrency) as pool:
-        list(pool.map(fetch, needed.items()))
+    in_parallel(needed, fetch, workdir / "tmp", store.concurrency)
 
 
 @task(name="sync-to-file-server", retries=3, retry_delay_seconds=[2, 10, 30], retry_condition_fn=unless_permanent)

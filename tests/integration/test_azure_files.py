@@ -5,10 +5,11 @@ import os
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from azure.core.exceptions import ClientAuthenticationError, HttpResponseError, ResourceNotFoundError
+from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
 from azure.storage.fileshare import ShareClient, ShareSasPermissions, generate_share_sas
 
 from infra.azure_files import AzureCopyError, AzureFileShare
+from infra.blobstore import StorageError
 from infra.fileshare import LocalFolderShare
 from tests.azure_files_fake import FakeAzureFiles
 
@@ -128,8 +129,9 @@ def test_unauthenticated_client_is_refused(fake):
     # The SDK will not build a client with no credential at all; a "SAS" without its signature
     # makes it send requests that carry no authentication.
     share = AzureFileShare(ShareClient(fake.account_url, SHARE, credential="sv=2026-10-06&sp=rcw"))
-    with pytest.raises(ClientAuthenticationError):
+    with pytest.raises(StorageError, match="Azure Files at .* refused the credentials") as refused:
         share.write_text("a.txt", "x")
+    assert refused.value.permanent
     assert any("NoAuthenticationInformation" in v for v in fake.violations)
     with pytest.raises(ValueError, match="credential"):
         AzureFileShare.from_settings(fake.account_url, SHARE, None)
@@ -139,7 +141,7 @@ def test_expired_sas_is_refused(fake):
     expired = generate_share_sas(fake.account, SHARE, fake.key, permission="r",
                                  expiry=datetime.now(timezone.utc) - timedelta(minutes=1))
     share = AzureFileShare.from_settings(fake.account_url, SHARE, expired)
-    with pytest.raises(ClientAuthenticationError):
+    with pytest.raises(StorageError, match="refused the credentials"):
         share.exists("a.txt")
     assert any("expiry" in v for v in fake.violations)
 
@@ -147,8 +149,9 @@ def test_expired_sas_is_refused(fake):
 def test_wrong_account_key_is_refused(fake):
     wrong = {"account_name": fake.account, "account_key": base64.b64encode(os.urandom(64)).decode()}
     share = AzureFileShare.from_settings(fake.account_url, SHARE, wrong)
-    with pytest.raises(ClientAuthenticationError):
+    with pytest.raises(StorageError, match="refused the credentials") as refused:
         share.write_text("a.txt", "x")
+    assert wrong["account_key"] not in str(refused.value)
     assert any("signature" in v for v in fake.violations)
 
 

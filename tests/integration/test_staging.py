@@ -1,6 +1,7 @@
 """Data staging against a real Azurite and real folders: complete, incremental, resumable, fault-tolerant."""
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -89,7 +90,7 @@ def test_changing_one_file_resends_only_its_shard(staged):
     write_image(data / "train" / "dog" / "img 3.png", "L", size=40)  # new content, same name
     changed = upload_dataset(store, cfg, data, "pets", work)
     shards_after = set(store.names("datasets/pets/shards/"))
-    assert len(shards_after - shards_before) == 1 and len(shards_before - shards_after) == 1
+    assert len(shards_after - shards_before) == 1 and shards_before <= shards_after  # old one kept for readers
     assert 1 <= changed.files < 63 and changed.files + changed.skipped_files == 63
 
     synced, current = sync_to_file_server(store, server, "pets", work)
@@ -187,3 +188,22 @@ def test_a_full_file_server_fails_clearly_and_leaves_no_version(staged, tmp_path
         assert leftovers == []
     finally:
         subprocess.run(["umount", str(export)], check=True)
+
+
+def test_a_shrinking_data_set_is_followed_and_old_shards_go_one_version_later(staged):
+    store, cfg, data, work = staged
+    server = FileServer(work / "fileserver")
+    upload_dataset(store, cfg, data, "pets", work)
+    first = set(store.names("datasets/pets/shards/"))
+    shutil.rmtree(data / "train" / "émeu")
+    shutil.rmtree(data / "val" / "émeu")
+    upload_dataset(store, cfg, data, "pets", work)
+    _, current = sync_to_file_server(store, server, "pets", work)
+    assert tree(current) == tree(data) and not (current / "train" / "émeu").exists()
+    write_image(data / "train" / "cat" / "img 0.png", "L", size=40)
+    upload_dataset(store, cfg, data, "pets", work)
+    third = set(store.names("datasets/pets/shards/"))
+    assert first - third, "shards that no manifest of the last two versions uses are deleted"
+    _, current = sync_to_file_server(store, server, "pets", work)
+    assert tree(current) == tree(data)
+    assert len([p for p in current.parent.iterdir() if p.name.startswith("v-")]) == 2  # current and previous

@@ -34,17 +34,18 @@ def test_mid_size_data_sets_get_enough_shards_to_upload_in_parallel():
 def test_manifest_version_follows_content_not_order():
     shards = mf.assign_shards(entries(20), 3)
     again = mf.assign_shards(list(reversed(entries(20))), 3)
-    assert mf.build_manifest("d", shards)["version"] == mf.build_manifest("d", again)["version"]
-    assert mf.build_manifest("d", mf.assign_shards(entries(20, changed=3), 3))["version"] != \
-        mf.build_manifest("d", shards)["version"]
-    manifest = mf.build_manifest("d", shards)
+    assert mf.build_manifest("d", shards, 3)["version"] == mf.build_manifest("d", again, 3)["version"]
+    assert mf.build_manifest("d", mf.assign_shards(entries(20, changed=3), 3), 3)["version"] != \
+        mf.build_manifest("d", shards, 3)["version"]
+    manifest = mf.build_manifest("d", shards, 3)
     assert mf.parse_manifest(mf.manifest_bytes(manifest).decode()) == manifest
     assert {f["shard"] for f in manifest["files"]} == set(shards)
 
 
-def test_case_clashes_are_found():
+def test_case_clashes_are_found_in_file_and_folder_names():
     assert mf.case_clashes(["train/a/X.png", "train/a/x.png", "train/b/y.png"]) == [("train/a/X.png", "train/a/x.png")]
-    assert mf.case_clashes(["train/a/x.png", "train/A/y.png"]) == []
+    assert mf.case_clashes(["train/Cat/a.png", "train/cat/b.png"]) == [("train/Cat", "train/cat")]  # classes would merge
+    assert mf.case_clashes(["train/a/x.png", "train/b/X.png"]) == []
 
 
 def write_tree(root, files: dict[str, bytes]) -> list[mf.FileEntry]:
@@ -74,12 +75,30 @@ def test_shards_are_reproducible_and_extraction_verifies(tmp_path):
 
 def test_hash_cache_rehashes_only_changed_files(tmp_path):
     write_tree(tmp_path, {"train/a/1.png": b"1", "train/a/2.png": b"2"})
-    cache = tmp_path / "cache.json"
-    first, fresh = mf.hash_files(tmp_path, ["train/a/1.png", "train/a/2.png"], cache)
+    paths = ["train/a/1.png", "train/a/2.png"]
+    first, fresh, cache = mf.hash_files(tmp_path, paths, {})
     assert len(fresh) == 2
+    mf.save_cache(tmp_path / "cache.json", cache)
     (tmp_path / "train/a/2.png").write_bytes(b"22")
-    second, fresh = mf.hash_files(tmp_path, ["train/a/1.png", "train/a/2.png"], cache)
+    second, fresh, _ = mf.hash_files(tmp_path, paths, mf.load_cache(tmp_path / "cache.json"))
     assert fresh == ["train/a/2.png"] and second[0] == first[0] and second[1] != first[1]
+
+
+def test_an_unreadable_hash_cache_counts_as_empty(tmp_path):
+    (tmp_path / "cache.json").write_text('{"train/a/1.png": ["3:1')
+    assert mf.load_cache(tmp_path / "cache.json") == {} and mf.load_cache(tmp_path / "missing.json") == {}
+
+
+def test_a_file_changed_after_hashing_is_not_packed(tmp_path):
+    files = write_tree(tmp_path / "src", {"train/a/1.png": b"one"})
+    (tmp_path / "src" / "train/a/1.png").write_bytes(b"two")
+    with pytest.raises(mf.ChangedWhileStaging, match="changed while it was being staged"):
+        mf.write_shard(tmp_path / "src", files, tmp_path / "s.tar")
+
+
+def test_the_manifest_records_the_bucket_count_not_the_non_empty_buckets():
+    shards = mf.assign_shards(entries(3), 8)
+    assert len(shards) <= 3 and mf.build_manifest("d", shards, 8)["shard_count"] == 8
 
 
 def test_sizes_match_reports_missing_and_short_files(tmp_path):

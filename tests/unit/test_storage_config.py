@@ -45,3 +45,8 @@ def test_loopback():
 def test_redact_hides_signatures_and_keys():
     text = "https://a.blob.core.windows.net/c?sv=1&sig=abc%2Fdef&se=2 AccountKey=Zm9vYmFy==;x"
     assert redact(text) == "https://a.blob.core.windows.net/c?sv=1&sig=***&se=2 AccountKey=***;x"
+
+
+def test_a_sas_in_the_account_url_is_refused():
+    with pytest.raises(ValidationError, match="must not carry a query string"):
+        StorageConfig(backend="azure", account_url="https://a.blob.core.windows.net/?sv=1&sig=abc")
