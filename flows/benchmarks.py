@@ -3,6 +3,8 @@
 import json
 import os
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -16,13 +18,13 @@ from flows.config import PipelineConfig
 from infra.azurite import connection_string, running_azurite
 from infra.blobstore import BlobStore
 from infra.fileserver import FileServer
-from infra.launcher import TrainingConfig, train_locally
+from infra.launcher import LaunchError, TrainingConfig, engine_argv, train_locally
 from infra.sample_data import write_imagenet_like
 from tasks.sync_file_server import sync_to_file_server
 from tasks.upload_dataset import upload_dataset
 
 # Small enough for 2 CPU cores; any of these can be set in the config file's training section.
-TRAIN_BENCH_DEFAULTS = dict(model="resnet18", image_size=64, batch_size=32, epochs=2, steps_per_epoch=15,
+TRAIN_BENCH_DEFAULTS = dict(model="resnet18", image_size=64, batch_size=32, epochs=2, steps_per_epoch=25,
                             warmup_epochs=0, checkpoint_every=0, log_every=5, loader_workers=0)
 
 
@@ -31,7 +33,8 @@ def bench_training(cfg: PipelineConfig, json_out: Path | None) -> dict:
 
     Every worker gets the same number of threads (cores / 2), so a 2-worker run has twice the
     cores of a 1-worker run and perfect scaling is 2x (efficiency 1.0). The throughput is that of
-    the last epoch, so start-up and the first steps' allocations are left out.
+    the last epoch, so start-up and the first steps' allocations are left out. Two independent
+    1-worker runs at once show how much of the shortfall the machine itself causes.
     """
     base = TrainingConfig(**{**TRAIN_BENCH_DEFAULTS, **cfg.training.model_dump(include=cfg.training.model_fields_set)})
     threads = base.threads or max(1, len(os.sched_getaffinity(0)) // 2)
@@ -50,12 +53,30 @@ def bench_training(cfg: PipelineConfig, json_out: Path | None) -> dict:
                          "threads_per_worker": threads, "images_per_sec": metrics["images_per_sec"]})
             progress.console.print(f"{launcher}, {workers} worker(s): {metrics['images_per_sec']:.1f} images/s")
             progress.advance(bar)
+    ceiling = independent_throughput(base.model_copy(update={"threads": threads}), data, root / "independent", 2)
+    single = min(r["images_per_sec"] for r in runs if r["workers"] == 1)
     result = {"settings": base.model_dump(exclude={"launcher", "workers"}) | {"data": data}, "runs": runs,
-              "scaling_efficiency": scaling_efficiency(runs)}
+              "scaling_efficiency": scaling_efficiency(runs),
+              "independent_2x1_images_per_sec": ceiling, "machine_ceiling_efficiency": ceiling / (2 * single)}
     print_training_bench(result)
     if json_out:
         json_out.write_text(json.dumps(result, indent=2) + "\n")
     return result
+
+
+def independent_throughput(cfg: TrainingConfig, data: str, root: Path, n: int) -> float:
+    """Images/s of n single-process trainings run at once, with no communication between them: the
+    most that n workers can get out of this machine's shared caches and memory."""
+    procs = []
+    for i in range(n):
+        out = root / str(i)
+        clear_checkpoints(out)
+        cmd = [sys.executable, *engine_argv(cfg, data, out), "--backend", "single"]
+        procs.append((subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT), out))
+    for proc, _ in procs:
+        if proc.wait() != 0:
+            raise LaunchError(f"an independent benchmark worker failed; run it alone: {' '.join(cmd)}")
+    return sum(json.loads((out / "metrics.json").read_text())["images_per_sec"] for _, out in procs)
 
 
 def scaling_efficiency(runs: list[dict]) -> dict[str, float]:
@@ -81,6 +102,9 @@ def print_training_bench(result: dict) -> None:
         table.add_row(r["backend"], str(r["workers"]), str(r["threads_per_worker"]), f"{r['images_per_sec']:.1f}",
                       "" if eff is None else f"{eff:.2f}")
     Console().print(table)
+    Console().print(f"2 independent 1-worker runs at once (no communication): "
+                    f"{result['independent_2x1_images_per_sec']:.1f} images/s, i.e. the machine itself allows "
+                    f"an efficiency of {result['machine_ceiling_efficiency']:.2f}")
 
 
 def bench_staging(cfg: PipelineConfig, json_out: Path | None, files: int, classes: int) -> dict:
