@@ -14,11 +14,14 @@ TRAINFLOW = str(Path(sys.executable).parent / "trainflow")
 QUICK = ["--model", "resnet18", "--epochs", "1", "--workers", "2", "--batch-size", "1"]
 
 
-@pytest.mark.parametrize("command", [[], ["train"], ["data"], ["data", "digits"], ["bench"], ["bench", "train"]])
+LEAVES = [["train"], ["stage"], ["data", "digits"], ["bench", "train"], ["bench", "staging"]]
+
+
+@pytest.mark.parametrize("command", [[], ["data"], ["bench"], *LEAVES])
 def test_every_command_has_help(command):
     result = CliRunner().invoke(app, [*command, "--help"])
     assert result.exit_code == 0 and "Usage" in result.output
-    if command in (["train"], ["data", "digits"], ["bench", "train"]):
+    if command in LEAVES:
         for option in ("--config", "--data", "--workdir"):
             assert option in result.output
 
