@@ -33,6 +33,18 @@ DataOpt = Annotated[Optional[str], typer.Option("--data", help="ImageNet-layout 
 WorkdirOpt = Annotated[Optional[Path], typer.Option("--workdir", help="Root of all local state (default .trainflow).")]
 
 
+RUN_FAILURES = (StorageError, FileServerError, AzuriteError, FileNotFoundError, ChangedWhileStaging)
+
+
+def exit_code(exc: Exception) -> int | None:
+    """2 for bad input, 1 for a run that failed, None for a bug (whose traceback a person should see)."""
+    if isinstance(exc, ConfigError):
+        return 2
+    if isinstance(exc, LaunchError):
+        return exc.exit_code
+    return 1 if isinstance(exc, RUN_FAILURES) else None
+
+
 def friendly_errors(command):
     """Bad input and failed runs end in one line on stderr and a non-zero exit, not a traceback."""
 
@@ -40,15 +52,12 @@ def friendly_errors(command):
     def wrapper(*args, **kwargs):
         try:
             return command(*args, **kwargs)
-        except ConfigError as exc:
+        except Exception as exc:
+            code = exit_code(exc)
+            if code is None:
+                raise
             err.print(f"error: {exc}", markup=False, soft_wrap=True)
-            raise typer.Exit(2) from None
-        except LaunchError as exc:
-            err.print(f"error: {exc}", markup=False, soft_wrap=True)
-            raise typer.Exit(exc.exit_code) from None
-        except (StorageError, FileServerError, AzuriteError, FileNotFoundError, ChangedWhileStaging) as exc:
-            err.print(f"error: {exc}", markup=False, soft_wrap=True)
-            raise typer.Exit(1) from None
+            raise typer.Exit(code) from None
 
     return wrapper
 
@@ -114,6 +123,8 @@ def print_summary(metrics: dict, out: Path) -> None:
 def stage(config: ConfigOpt = None, data: DataOpt = None, workdir: WorkdirOpt = None) -> None:
     """Stage the data as a Prefect flow: scripts to the file share, data set to Blob, Blob to the file server."""
     cfg = configure(config, data, workdir)
+    if cfg.data == "synthetic":
+        raise ConfigError("synthetic data lives in the training engine and has nothing to stage; pass --data DIR")
     cfg = cfg.model_copy(update={"data": data_folder(cfg), "workdir": cfg.workdir.resolve()})
     check_names(relative_paths(Path(cfg.data)))  # bad data fails here, before any service starts
     use_prefect(cfg.workdir)
