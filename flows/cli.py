@@ -17,8 +17,7 @@ from infra.blobstore import StorageError
 from infra.fileserver import FileServerError
 from infra.launcher import LaunchError, train_locally
 from infra.sample_data import write_digits
-from tasks.manifest import ChangedWhileStaging
-from tasks.upload_dataset import check_names, relative_paths
+from tasks.manifest import ChangedWhileStaging, check_names, relative_paths
 
 app = typer.Typer(help="Data-parallel training of image classifiers, end to end.", no_args_is_help=True,
                   pretty_exceptions_enable=False, add_completion=False)
@@ -137,13 +136,16 @@ def stage(config: ConfigOpt = None, data: DataOpt = None, workdir: WorkdirOpt = 
 
 
 def use_prefect(workdir: Path) -> None:
-    """Prefect's embedded server (unless PREFECT_API_URL is set), with its state under the workdir."""
+    """Prefect's embedded server (unless PREFECT_API_URL is set), with its state under the workdir.
+
+    Prefect reads its settings when it is first imported, so nothing this module imports at its top
+    may import Prefect (a test checks)."""
     defaults = {"PREFECT_HOME": str(workdir / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
                 "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120"}
     for key, value in defaults.items():
         os.environ.setdefault(key, value)
     Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)
-    import prefect  # noqa: F401 - sets up Prefect's logging, which the next line adjusts
+    import prefect.main  # noqa: F401 - sets up Prefect's logging (lazily imported otherwise), adjusted below
 
     for name in ("", "prefect", "prefect.flow_runs", "prefect.task_runs", "uvicorn.error"):
         for handler in logging.getLogger(name).handlers:

@@ -1,4 +1,4 @@
-"""The data set manifest and its shards: plain functions that the upload and sync steps share.
+"""The data set's listing, manifest and shards: plain functions that the upload and sync steps share.
 
 A data set in Blob is `datasets/<name>/manifest.json` plus `datasets/<name>/shards/<id>.tar`. The
 manifest lists every file (relative path, size, SHA-256, shard) and is written last: the data set is
@@ -16,6 +16,8 @@ import tarfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+
+from infra.launcher import BadInput, index_data
 
 FORMAT = 1
 
@@ -81,6 +83,21 @@ def hash_files(root: Path, paths: list[str], cache: dict) -> tuple[list[FileEntr
         digests = dict(zip(fresh, pool.map(lambda rel: sha256_file(root / rel), fresh)))
     new_cache = {rel: [keys[rel], digests.get(rel) or cache[rel][1]] for rel in paths}
     return [FileEntry(rel, stats[rel].st_size, new_cache[rel][1]) for rel in paths], fresh, new_cache
+
+
+def relative_paths(data_dir: Path) -> list[str]:
+    """Every image of the data set, relative to data_dir, as the training engine lists them."""
+    index = index_data(data_dir)
+    prefix = str(data_dir).rstrip("/") + "/"
+    return [p.removeprefix(prefix) for p, _ in index["train"] + (index["val"] or [])]
+
+
+def check_names(paths: list[str]) -> None:
+    """Two names that differ only in case would collide on a case-insensitive file system."""
+    clashes = case_clashes(paths)
+    if clashes:
+        a, b = clashes[0]
+        raise BadInput(f"{a!r} and {b!r} differ only in letter case ({len(clashes)} such pairs); rename one of each")
 
 
 def case_clashes(paths: list[str]) -> list[tuple[str, str]]:

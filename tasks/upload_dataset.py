@@ -11,31 +11,16 @@ from pathlib import Path
 from prefect import task
 
 from infra.blobstore import BlobStore, StorageConfig, StorageError
-from infra.launcher import BadInput, index_data
+from infra.launcher import index_data
 from tasks import manifest as mf
 from tasks.progress import Transfer, in_parallel, transfer_progress
 from tasks.retry import unless_permanent
 
 
-def relative_paths(data_dir: Path) -> list[str]:
-    """Every image of the data set, relative to data_dir, as the training engine lists them."""
-    index = index_data(data_dir)
-    prefix = str(data_dir).rstrip("/") + "/"
-    return [p.removeprefix(prefix) for p, _ in index["train"] + (index["val"] or [])]
-
-
-def check_names(paths: list[str]) -> None:
-    """Two names that differ only in case would collide on a case-insensitive file system."""
-    clashes = mf.case_clashes(paths)
-    if clashes:
-        a, b = clashes[0]
-        raise BadInput(f"{a!r} and {b!r} differ only in letter case ({len(clashes)} such pairs); rename one of each")
-
-
 def scan_dataset(data_dir: Path, cache: dict) -> tuple[list[mf.FileEntry], list[str], dict]:
     """Hash every file (cached by size and mtime); returns the entries, the new or changed paths, the cache."""
-    paths = relative_paths(data_dir)
-    check_names(paths)
+    paths = mf.relative_paths(data_dir)
+    mf.check_names(paths)
     return mf.hash_files(data_dir, paths, cache)
 
 

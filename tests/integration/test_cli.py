@@ -94,3 +94,9 @@ def test_digits_command_writes_the_layout_once(tmp_path):
     assert sum(counts) == 1797 and counts[1] == 359
     again = run_cli("data", "digits", "--workdir", str(tmp_path))
     assert again.stdout == first.stdout
+
+
+def test_the_cli_does_not_import_prefect_before_it_sets_prefects_settings():
+    """Prefect reads its settings (home, timeouts) when first imported: the CLI sets them first."""
+    code = "import sys, flows.cli; sys.exit('prefect' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
