@@ -10,6 +10,7 @@ from pathlib import Path
 
 from prefect import task
 
+from infra.azurite import connection_string
 from infra.blobstore import BlobStore, StorageConfig, StorageError
 from infra.launcher import index_data
 from tasks import manifest as mf
@@ -125,8 +126,6 @@ def upload_dataset_task(cfg: StorageConfig, azurite_port: int | None, data_dir: 
 
 def connect(cfg: StorageConfig, azurite_port: int | None) -> BlobStore:
     """The blob store of the config (Azurite on `azurite_port` for the local default)."""
-    from infra.azurite import connection_string
-
     if cfg.backend == "azurite" and azurite_port is None:
         raise StorageError("Azurite's port is unknown: the flow starts Azurite before staging", permanent=True)
     return BlobStore.connect(cfg, connection_string=connection_string(azurite_port) if azurite_port else None)

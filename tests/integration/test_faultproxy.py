@@ -2,63 +2,22 @@
 
 import os
 import random
-import shutil
-import socket
-import subprocess
-import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 from azure.storage.blob import BlobServiceClient, ExponentialRetry
 
+from infra.azurite import ACCOUNT, DEV_KEY
 from tests.faultproxy import FaultProxy
 
 pytestmark = pytest.mark.integration
 
-ACCOUNT = "devstoreaccount1"
-KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
-AZURITE = Path(__file__).resolve().parents[2] / "node_modules" / ".bin" / "azurite-blob"
 MIB = 1 << 20
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def azurite_port():
-    if not AZURITE.exists() or shutil.which("node") is None:
-        pytest.skip("azurite-blob is not installed (npm ci)")
-    port = _free_port()
-    proc = subprocess.Popen(
-        [str(AZURITE), "--inMemoryPersistence", "--blobHost", "127.0.0.1", "--blobPort", str(port),
-         "--skipApiVersionCheck", "--loose", "--silent"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=AZURITE.parents[2])
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"azurite exited early: {proc.stderr.read().decode(errors='replace')}")
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    pytest.fail("azurite did not start listening within 30 s")
-                time.sleep(0.1)
-        yield port
-    finally:
-        proc.kill()
-        proc.wait(timeout=10)
-        proc.stderr.close()
 
 
 def _client(port: int, **kwargs) -> BlobServiceClient:
     return BlobServiceClient(f"http://127.0.0.1:{port}/{ACCOUNT}",
-                             credential={"account_name": ACCOUNT, "account_key": KEY}, **kwargs)
+                             credential={"account_name": ACCOUNT, "account_key": DEV_KEY}, **kwargs)
 
 
 class _QuickExponentialRetry(ExponentialRetry):

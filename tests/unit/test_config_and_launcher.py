@@ -1,5 +1,7 @@
 """PipelineConfig loading and the launcher's command lines."""
 
+from pathlib import Path
+
 import pytest
 
 from flows.config import ConfigError, load_config
@@ -69,6 +71,6 @@ def test_missing_config_file(tmp_path):
 
 
 def test_the_example_configs_load():
-    repo = __import__("pathlib").Path(__file__).resolve().parents[2]
+    repo = Path(__file__).resolve().parents[2]
     for path in sorted((repo / "flows" / "configs").glob("*.yaml")):
         load_config(path, {}, environ={})
