@@ -13,8 +13,19 @@ LAUNCHER ?= torchrun
 TORCH_PINS := $(shell grep -oE '"torch(vision)?==[^"]+"' pyproject.toml | tr -d '"')
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test bench clean
-setup: $(VENV)/.installed node_modules/.installed
+.PHONY: setup docker-setup demo test bench clean
+setup: $(VENV)/.installed node_modules/.installed docker-setup
+
+# The container tests' Docker engine, registry and base-image maker, from Debian's packages (needs root
+# or sudo; skipped when all three are installed). The tests start dockerd and the registry themselves.
+DOCKER_TOOLS := dockerd docker-registry debootstrap
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+docker-setup:
+	@for tool in $(DOCKER_TOOLS); do command -v $$tool >/dev/null || missing=1; done; \
+	if [ -n "$$missing" ]; then \
+	  $(SUDO) apt-get update -qq && \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io docker-registry debootstrap >/dev/null; \
+	fi
 
 $(VENV)/.installed: pyproject.toml containers/build/horovod-wheel.sh
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)

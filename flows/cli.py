@@ -12,11 +12,12 @@ import typer
 from rich.console import Console
 
 from flows.config import ConfigError, PipelineConfig, load_config
-from infra.azurite import AzuriteError
 from infra.blobstore import StorageError
 from infra.fileserver import FileServerError
+from infra.images import ImageError
 from infra.launcher import LaunchError, train_locally
 from infra.sample_data import write_digits
+from infra.services import ServiceError
 from tasks.manifest import ChangedWhileStaging, check_names, relative_paths
 
 app = typer.Typer(help="Data-parallel training of image classifiers, end to end.", no_args_is_help=True,
@@ -32,7 +33,7 @@ DataOpt = Annotated[Optional[str], typer.Option("--data", help="ImageNet-layout 
 WorkdirOpt = Annotated[Optional[Path], typer.Option("--workdir", help="Root of all local state (default .trainflow).")]
 
 
-RUN_FAILURES = (StorageError, FileServerError, AzuriteError, FileNotFoundError, ChangedWhileStaging)
+RUN_FAILURES = (StorageError, FileServerError, ServiceError, ImageError, FileNotFoundError, ChangedWhileStaging)
 
 
 def exit_code(exc: Exception) -> int | None:
@@ -135,6 +136,22 @@ def stage(config: ConfigOpt = None, data: DataOpt = None, workdir: WorkdirOpt = 
     print(f"file server copy of {result['dataset']}: {result['sync']['path']}")
 
 
+@app.command()
+@friendly_errors
+def build(
+    config: ConfigOpt = None, workdir: WorkdirOpt = None,
+    flavour: Annotated[Optional[str], typer.Option(help="cpu (local pools) or gpu (CUDA, NCCL, MPI).")] = None,
+    registry: Annotated[Optional[str], typer.Option(help="Registry host[:port] to push to.")] = None,
+) -> None:
+    """Build the training image as a Prefect flow, tagged by content, push it, and print its reference."""
+    cfg = load_config(config, {"workdir": workdir, "image": {"flavour": flavour, "registry": registry}})
+    cfg = cfg.model_copy(update={"workdir": cfg.workdir.resolve()})
+    use_prefect(cfg.workdir)
+    from flows.build import build_image
+
+    print(build_image(cfg)["image"])
+
+
 def use_prefect(workdir: Path) -> None:
     """Prefect's embedded server (unless PREFECT_API_URL is set), with its state under the workdir.
 
@@ -195,6 +212,18 @@ def bench_staging(
     from flows.benchmarks import bench_staging as run_bench
 
     run_bench(configure(config, data, workdir), json_out, files, classes)
+
+
+@bench_app.command("images")
+@friendly_errors
+def bench_images(
+    config: ConfigOpt = None, workdir: WorkdirOpt = None,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the figures to this JSON file.")] = None,
+) -> None:
+    """Training image: a first build and push against an unchanged rebuild and push (local engine and registry)."""
+    from flows.benchmarks import bench_images as run_bench
+
+    run_bench(load_config(config, {"workdir": workdir}), json_out)
 
 
 def main() -> None:

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from infra.blobstore import StorageConfig
 from infra.fileshare import FileShareConfig
+from infra.images import ImageConfig
 from infra.launcher import TrainingConfig
 
 ENV_PREFIX = "TRAINFLOW_"
@@ -40,6 +41,8 @@ class PipelineConfig(BaseModel):
     """Blob storage for the data set."""
     fileshare: FileShareConfig = FileShareConfig()
     """The file share for the training scripts."""
+    image: ImageConfig = ImageConfig()
+    """The training image: Dockerfile flavour, base, registry and credentials."""
     fileserver_export: Path | None = None
     """The file server's export folder (on Azure: where the NFS share is mounted); unset: <workdir>/fileserver."""
 

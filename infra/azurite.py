@@ -4,14 +4,12 @@ It runs from the project's own node_modules (installed by `make setup`), listens
 port, and keeps its data on disk under the workdir, so data staged once stays staged across runs.
 """
 
-import os
-import signal
-import socket
 import subprocess
-import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
+
+from infra.services import ServiceError, free_port, port_open, stop, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 ACCOUNT = "devstoreaccount1"
@@ -19,7 +17,7 @@ ACCOUNT = "devstoreaccount1"
 DEV_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 
 
-class AzuriteError(RuntimeError):
+class AzuriteError(ServiceError):
     """Azurite is missing or did not start."""
 
 
@@ -29,13 +27,6 @@ def azurite_binary() -> Path:
     if not path.exists():
         raise AzuriteError(f"Azurite is not installed ({path} is missing); run `make setup` (npm install)")
     return path
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def connection_string(port: int) -> str:
@@ -54,34 +45,8 @@ def running_azurite(data_dir: Path, startup_seconds: float = 30.0) -> Iterator[i
     log = open(data_dir / "azurite.log", "ab")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        wait_for_port(port, proc, startup_seconds, data_dir / "azurite.log")
+        wait_until(lambda: port_open(port), proc, startup_seconds, "Azurite", data_dir / "azurite.log", AzuriteError)
         yield port
     finally:
         stop(proc)
         log.close()
-
-
-def stop(proc: subprocess.Popen) -> None:
-    """Stop Azurite and the node process under its launcher script: politely, then for sure."""
-    for sig, wait in ((signal.SIGINT, 5), (signal.SIGKILL, 5)):
-        try:
-            os.killpg(proc.pid, sig)
-            proc.wait(timeout=wait)
-            return
-        except ProcessLookupError:
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
-def wait_for_port(port: int, proc: subprocess.Popen, seconds: float, log: Path) -> None:
-    """Return once something accepts connections on `port`; fail if the process exits or time runs out."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AzuriteError(f"Azurite exited with status {proc.returncode} at start-up; see {log}")
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.1)
-    raise AzuriteError(f"Azurite did not start within {seconds:.0f} s; see {log}")

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Callable, Iterable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -121,9 +121,14 @@ def index_data(data: Path, verify: list[str] | None = None, headers_only: bool =
     return json.loads(proc.stdout)
 
 
-def engine_argv(cfg: TrainingConfig, data: str, out: Path) -> list[str]:
-    """The engine script and its arguments."""
-    return [str(engine_script()), "--data", data, "--out", str(out), *cfg.engine_args()]
+def engine_argv(cfg: TrainingConfig, data: str, out: Path, script: str | None = None) -> list[str]:
+    """The engine script (this checkout's, or `script` in an image) and its arguments."""
+    return [script or str(engine_script()), "--data", data, "--out", str(out), *cfg.engine_args()]
+
+
+def horovodrun_options(workers: int, hosts: str, nic: str) -> list[str]:
+    """horovodrun's options: `workers` processes on `hosts` (host:slots,...), Gloo over interface `nic`."""
+    return ["-np", str(workers), "-H", hosts, "--gloo", "--network-interfaces", nic]
 
 
 def launch_command(cfg: TrainingConfig, data: str, out: Path, python: str = sys.executable) -> list[str]:
@@ -133,7 +138,7 @@ def launch_command(cfg: TrainingConfig, data: str, out: Path, python: str = sys.
     if cfg.launcher == "torchrun":
         return [python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", n, *engine]
     horovodrun = str(Path(python).parent / "horovodrun")
-    return [horovodrun, "-np", n, "-H", f"localhost:{n}", "--gloo", "--network-interfaces", "lo", python, *engine]
+    return [horovodrun, *horovodrun_options(cfg.workers, f"localhost:{n}", "lo"), python, *engine]
 
 
 def check_command(cfg: TrainingConfig, data: str, out: Path, python: str = sys.executable) -> list[str]:
@@ -156,17 +161,22 @@ def run_workers(cmd: list[str], log_dir: Path, echo: Callable[[str], None]) -> i
     Lines from the workers are passed to `echo`; the launcher's own lines only go to launcher.log.
     Raises LaunchError naming the failing rank, with its error or its last lines.
     """
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+    return route_output(proc.stdout, proc.wait, log_dir, echo)
+
+
+def route_output(lines: Iterable[str], wait: Callable[[], int], log_dir: Path, echo: Callable[[str], None]) -> int:
+    """Sort a launcher's output lines by rank into log_dir, then wait for its exit status (see run_workers)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     logs: dict[int, list[str]] = {}
     with open(log_dir / "launcher.log", "w") as all_lines:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
-        for line in proc.stdout:
+        for line in lines:
             all_lines.write(line)
             match = RANK_LINE.search(line)
             if match:
                 logs.setdefault(int(match.group(1)), []).append(line[match.start():])
                 echo(line[match.start():].rstrip("\n"))
-        code = proc.wait()
+        code = wait()
     for rank, lines in logs.items():
         (log_dir / f"rank{rank}.log").write_text("".join(lines))
     if code != 0:

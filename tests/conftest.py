@@ -1,5 +1,8 @@
-"""Shared fixtures: the small digits data set and hand-made image trees."""
+"""Shared fixtures: the small digits data set, hand-made image trees, and the real local services
+(Azurite, a Docker engine, a registry with authentication, the CPU training image)."""
 
+import secrets
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -7,6 +10,9 @@ import pytest
 from PIL import Image
 
 from infra.azurite import running_azurite
+from infra.build_context import wheel_cache
+from infra.images import Engine, ImageConfig
+from infra.local_docker import running_engine, running_registry
 from infra.sample_data import write_digits
 
 
@@ -51,3 +57,41 @@ def azurite_port(tmp_path_factory) -> int:
     """A real Azurite for the whole test session, started the way trainflow starts it."""
     with running_azurite(tmp_path_factory.mktemp("azurite")) as port:
         yield port
+
+
+@dataclass(frozen=True)
+class Registry:
+    host: str
+    username: str
+    password: str
+
+
+@pytest.fixture(scope="session")
+def docker_engine(tmp_path_factory) -> Engine:
+    """The Docker engine: the running one, else dockerd started for the session (as NOTES describes)."""
+    with running_engine(tmp_path_factory.mktemp("dockerd")):
+        yield Engine()
+
+
+@pytest.fixture(scope="session")
+def registry(tmp_path_factory) -> Registry:
+    """A Distribution registry with htpasswd authentication and empty storage, for the session."""
+    username, password = "trainflow-ci", secrets.token_urlsafe(16)
+    with running_registry(tmp_path_factory.mktemp("registry"), username, password) as host:
+        yield Registry(host, username, password)
+
+
+def image_config(registry: Registry, **overrides) -> ImageConfig:
+    """The CPU image on the local base, pushed to the session's registry."""
+    values = {"flavour": "cpu", "registry": registry.host, "base_image": "local", "build_network": "host",
+              "username": registry.username, **overrides}
+    return ImageConfig(**values)
+
+
+@pytest.fixture(scope="session")
+def cpu_image(docker_engine, registry, tmp_path_factory) -> dict:
+    """The CPU training image, built (or found in the engine) and pushed to the session's registry."""
+    from tasks.build_image import build_and_push
+
+    context = tmp_path_factory.mktemp("context") / "cpu"
+    return build_and_push(docker_engine, image_config(registry), context, wheel_cache(), registry.password, print)

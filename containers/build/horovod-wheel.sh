@@ -10,6 +10,7 @@
 # Usage: containers/build/horovod-wheel.sh PYTHON WHEEL_CACHE_DIR
 #   Prints the path of the wheel. Extra env: HOROVOD_GPU_OPERATIONS=NCCL etc. pass through
 #   (the GPU image builds with NCCL and MPI; the local default builds CPU-only with Gloo).
+#   If WHEEL_CACHE_DIR holds horovod-0.28.1.tar.gz, that sdist is used instead of downloading one.
 set -euo pipefail
 PYTHON=${1:?usage: horovod-wheel.sh PYTHON WHEEL_CACHE_DIR}
 CACHE=${2:?usage: horovod-wheel.sh PYTHON WHEEL_CACHE_DIR}
@@ -22,8 +23,12 @@ if [ -n "$existing" ]; then echo "$existing"; exit 0; fi
 
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
-"$PYTHON" -m pip download --quiet --no-deps --no-binary :all: "horovod==$VERSION" -d "$WORK" >&2
-tar -xzf "$WORK/horovod-$VERSION.tar.gz" -C "$WORK"
+SDIST="$CACHE/horovod-$VERSION.tar.gz"  # an image build puts the sdist here (it cannot reach the index)
+if [ ! -f "$SDIST" ]; then
+    "$PYTHON" -m pip download --quiet --no-deps --no-binary :all: "horovod==$VERSION" -d "$WORK" >&2
+    SDIST="$WORK/horovod-$VERSION.tar.gz"
+fi
+tar -xzf "$SDIST" -C "$WORK"
 SRC="$WORK/horovod-$VERSION"
 sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' "$SRC/CMakeLists.txt"
 sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 20)/' "$SRC/horovod/torch/CMakeLists.txt"
@@ -37,7 +42,7 @@ if [ -z "${HOROVOD_GPU_OPERATIONS:-}" ]; then
         "$SRC/cmake/Modules/FindPytorch.cmake"
 fi
 export CMAKE_POLICY_VERSION_MINIMUM=3.5 MAKEFLAGS="-j$(nproc)"
-"$PYTHON" -m pip install --quiet setuptools wheel >&2
+"$PYTHON" -c 'import setuptools, wheel' 2>/dev/null || "$PYTHON" -m pip install --quiet setuptools wheel >&2
 echo "building Horovod $VERSION against torch $TORCH (8-10 minutes on 2 cores, once)" >&2
 mkdir -p "$WORK/dist"
 "$PYTHON" -m pip wheel --no-build-isolation --no-deps -w "$WORK/dist" "$SRC" >&2

@@ -12,7 +12,8 @@ from urllib.parse import quote, unquote
 import pytest
 from azure.storage.blob import AccountSasPermissions, ResourceTypes, generate_account_sas
 
-from infra.azurite import ACCOUNT, DEV_KEY, free_port
+from infra.azurite import ACCOUNT, DEV_KEY
+from infra.services import free_port
 
 pytestmark = pytest.mark.integration
 TRAINFLOW = str(Path(sys.executable).parent / "trainflow")

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from infra.azurite import connection_string, free_port
+from infra.azurite import connection_string
+from infra.services import free_port
 from infra.blobstore import BlobStore, StorageConfig, StorageError
 from infra.fileserver import FileServer, FileServerError
 from infra.launcher import BadInput

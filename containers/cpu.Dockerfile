@@ -1,0 +1,37 @@
+# The CPU training image: the local pool's container runtime (Horovod and torch.distributed over Gloo).
+#
+# Build it with `trainflow build` (flavour cpu). That assembles the context from this folder: the
+# training package, build/, requirements/, and a wheels/ folder holding the Horovod sdist and the
+# pinned wheels of requirements/image.txt, so that this build needs no package index (it is hermetic
+# and its tag can be computed from its inputs). torch comes from the base image if the base already
+# holds the pinned version (pip then downloads nothing), else from TORCH_INDEX_URL (CPU wheels).
+ARG BASE_IMAGE=python:3.11.7-slim-bookworm
+FROM ${BASE_IMAGE} AS base
+ENV VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+COPY requirements/ /opt/trainflow/requirements/
+RUN ([ -x /opt/venv/bin/python ] || python3 -m venv /opt/venv) \
+ && pip install --index-url "$TORCH_INDEX_URL" -r /opt/trainflow/requirements/torch.txt
+
+# Horovod is compiled in a stage of its own so the compilers stay out of the image.
+FROM base AS horovod
+RUN apt-get update && apt-get install -y --no-install-recommends g++ make cmake \
+ && rm -rf /var/lib/apt/lists/*
+COPY wheels/ /tmp/wheels/
+COPY build/horovod-wheel.sh /tmp/horovod-wheel.sh
+RUN pip install --no-index --find-links /tmp/wheels -r /opt/trainflow/requirements/image.txt \
+ && /tmp/horovod-wheel.sh python /tmp/wheels
+
+FROM base
+# OpenSSH: horovodrun starts the workers of other nodes over SSH, as on Azure ML and Batch clusters.
+RUN apt-get update && apt-get install -y --no-install-recommends openssh-server openssh-client \
+ && rm -rf /var/lib/apt/lists/* && mkdir -p /run/sshd
+COPY --from=horovod /tmp/wheels/ /tmp/wheels/
+RUN pip install --no-index --find-links /tmp/wheels -r /opt/trainflow/requirements/image.txt /tmp/wheels/horovod-*/horovod-*.whl \
+ && rm -rf /tmp/wheels && horovodrun --check-build
+COPY trainer/ /opt/trainflow/trainer/
+WORKDIR /opt/trainflow
+# Workers share their data loaders through /dev/shm: run with --shm-size (the pool gives 1 GB) or --ipc=host.
+ENV TRAINFLOW_TRAINER=/opt/trainflow/trainer/train.py
+LABEL org.opencontainers.image.title="trainflow-cpu" org.opencontainers.image.source="containers/cpu.Dockerfile"
+CMD ["python", "/opt/trainflow/trainer/train.py", "--help"]

@@ -1,0 +1,35 @@
+# The GPU training image: CUDA 13, torch at the project's pins, Horovod with NCCL for GPU operations
+# and with MPI and Gloo, OpenMPI, and the training package.
+#
+# Build it on any machine with Docker and internet access, from the repository root:
+#   docker build -f containers/gpu.Dockerfile -t trainflow-gpu containers
+# (`trainflow build --config flows/configs/azure.yaml` does the same and also tags by content and pushes.)
+# The torch 2.14.1 wheels on PyPI are built for CUDA 13.0 and bring their own CUDA runtime, cuDNN and
+# NCCL; the base gives the CUDA compiler that Horovod's NCCL operations are compiled with.
+ARG BASE_IMAGE=nvidia/cuda:13.0.2-cudnn-devel-ubuntu24.04
+FROM ${BASE_IMAGE}
+ENV DEBIAN_FRONTEND=noninteractive VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH \
+    PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN apt-get update && apt-get install -y --no-install-recommends \
+      python3 python3-dev python3-venv g++ make cmake git openmpi-bin libopenmpi-dev \
+      openssh-server openssh-client \
+ && rm -rf /var/lib/apt/lists/* && mkdir -p /run/sshd && python3 -m venv /opt/venv
+COPY requirements/ /opt/trainflow/requirements/
+RUN pip install -r /opt/trainflow/requirements/torch.txt -r /opt/trainflow/requirements/image.txt
+COPY build/horovod-wheel.sh /tmp/horovod-wheel.sh
+# Horovod: NCCL for GPU allreduce (the NCCL that torch's wheels bring), MPI and Gloo as controllers.
+RUN NCCL=$(python -c 'import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])') \
+ && ln -sf libnccl.so.2 "$NCCL/lib/libnccl.so" \
+ && HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_WITH_MPI=1 HOROVOD_NCCL_HOME="$NCCL" \
+    /tmp/horovod-wheel.sh python /tmp/wheels \
+ && pip install /tmp/wheels/horovod-*/horovod-*.whl && rm -rf /tmp/wheels \
+ && horovodrun --check-build
+COPY trainer/ /opt/trainflow/trainer/
+WORKDIR /opt/trainflow
+# NCCL: warnings only; no InfiniBand unless the nodes have it (Azure ND-series: set NCCL_IB_DISABLE=0);
+# keep NCCL off the loopback and Docker bridges. Run with --ipc=host or --shm-size=16g: NCCL and the
+# data loaders use /dev/shm.
+ENV NCCL_DEBUG=WARN NCCL_SOCKET_IFNAME=^lo,docker0 NCCL_IB_DISABLE=1 \
+    TRAINFLOW_TRAINER=/opt/trainflow/trainer/train.py
+LABEL org.opencontainers.image.title="trainflow-gpu" org.opencontainers.image.source="containers/gpu.Dockerfile"
+CMD ["python", "/opt/trainflow/trainer/train.py", "--help"]

@@ -1,0 +1,168 @@
+"""Nodes as containers: N containers of the training image on a Docker network of their own.
+
+Each container is a node, as on a cluster: it runs sshd, knows the others by name (node0, node1, ...)
+and mounts the data read-only and the results folder read-write. horovodrun on node0 starts the
+workers of the other nodes over SSH with a key made for this run, as Horovod does on Azure ML and
+Batch clusters. Everything carries the label trainflow.run=<run id>, so what a crashed run left
+behind can be found and removed.
+"""
+
+import json
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from docker.errors import APIError, NotFound
+
+from infra.images import Engine, ImageError
+from infra.launcher import TrainingConfig, engine_argv, horovodrun_options, route_output
+
+LABEL = "trainflow.run"
+SSH_PORT = 2222
+IMAGE_ENGINE = "/opt/trainflow/trainer/train.py"  # where the images put the training package
+DATA, RESULTS = "/data", "/results"
+KEYS = "/etc/trainflow/ssh"
+# The node's start-up: install this run's key, trust the other nodes, and serve SSH in the foreground.
+NODE_START = (
+    f"mkdir -p /root/.ssh && cp {KEYS}/id_ed25519 /root/.ssh/ && cp {KEYS}/id_ed25519.pub /root/.ssh/authorized_keys"
+    " && printf 'Host *\\n  StrictHostKeyChecking no\\n  UserKnownHostsFile /dev/null\\n  LogLevel ERROR\\n"
+    f"  Port {SSH_PORT}\\n' > /root/.ssh/config && chmod 700 /root/.ssh && chmod 600 /root/.ssh/*"
+    f" && ssh-keygen -A -q && exec /usr/sbin/sshd -D -e -p {SSH_PORT}"
+)
+
+
+@dataclass
+class Mount:
+    """A host folder mounted into every node."""
+
+    source: Path
+    target: str
+    read_only: bool = True
+
+
+@dataclass
+class ContainerNodes:
+    """Running nodes: their containers by name, and the network that joins them."""
+
+    engine: Engine
+    run_id: str
+    names: list[str] = field(default_factory=list)
+
+    @property
+    def network(self) -> str:
+        return f"trainflow-{self.run_id}"
+
+    def container(self, index: int) -> str:
+        return f"trainflow-{self.run_id}-node{index}"
+
+    def hosts(self, slots: int = 1) -> str:
+        """horovodrun's -H value: every node with `slots` workers."""
+        return ",".join(f"{name}:{slots}" for name in self.names)
+
+    def exec_lines(self, argv: list[str], env: dict[str, str] | None = None) -> tuple[Iterator[str], Callable[[], int]]:
+        """Run `argv` on node0; returns its output lines (as they come) and a function giving its exit status."""
+        api = self.engine.api
+        exec_id = api.exec_create(self.container(0), argv, environment=env or {}, workdir="/opt/trainflow")["Id"]
+        chunks = api.exec_start(exec_id, stream=True)
+        return split_lines(chunks), lambda: api.exec_inspect(exec_id)["ExitCode"]
+
+
+def split_lines(chunks: Iterator[bytes]) -> Iterator[str]:
+    """Whole lines (with their newline) out of a stream of byte chunks."""
+    pending = b""
+    for chunk in chunks:
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            yield line.decode(errors="replace") + "\n"
+    if pending:
+        yield pending.decode(errors="replace") + "\n"
+
+
+@contextmanager
+def running_nodes(engine: Engine, image: str, count: int, run_id: str, mounts: list[Mount],
+                  shm_size: str = "1g") -> Iterator[ContainerNodes]:
+    """Start `count` nodes of `image` joined by a network of their own; remove all of it at the end."""
+    nodes = ContainerNodes(engine, run_id)
+    remove_nodes(engine, run_id)  # what an earlier crashed run with this id left behind
+    try:
+        engine.client.networks.create(nodes.network, driver="bridge", labels={LABEL: run_id})
+        with tempfile.TemporaryDirectory(prefix="trainflow-ssh-") as keys:
+            write_key_pair(Path(keys))
+            volumes = {str(m.source.resolve()): {"bind": m.target, "mode": "ro" if m.read_only else "rw"} for m in mounts}
+            volumes[keys] = {"bind": KEYS, "mode": "ro"}
+            for index in range(count):
+                name = f"node{index}"
+                engine.client.containers.run(
+                    image, ["sh", "-c", NODE_START], name=nodes.container(index), hostname=name, detach=True,
+                    network=nodes.network, labels={LABEL: run_id}, volumes=volumes, shm_size=shm_size)
+                nodes.names.append(name)
+            wait_for_sshd(nodes, count)
+        yield nodes
+    except APIError as exc:
+        raise ImageError(f"starting {count} nodes of {image} failed: {exc.explanation or exc}") from None
+    finally:
+        remove_nodes(engine, run_id)
+
+
+def wait_for_sshd(nodes: ContainerNodes, count: int, attempts: int = 100) -> None:
+    """Wait until node0 can reach every node over SSH (sshd starts within a second or two)."""
+    check = " && ".join(f"ssh -o ConnectTimeout=2 node{i} true" for i in range(count))
+    for _ in range(attempts):
+        lines, status = nodes.exec_lines(["sh", "-c", check])
+        output = "".join(lines)
+        if status() == 0:
+            return
+        time.sleep(0.2)
+    raise ImageError(f"the nodes of run {nodes.run_id} did not accept SSH: {output.strip()[-500:]}")
+
+
+def write_key_pair(folder: Path) -> None:
+    """An ed25519 key pair for this run's node-to-node SSH (never reused, removed with the nodes)."""
+    key = Ed25519PrivateKey.generate()
+    private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+                                serialization.NoEncryption())
+    public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+    (folder / "id_ed25519").write_bytes(private)
+    (folder / "id_ed25519.pub").write_bytes(public + b"\n")
+    folder.chmod(0o755)
+
+
+def remove_nodes(engine: Engine, run_id: str) -> int:
+    """Remove every container and network labelled with `run_id`; returns how many containers went."""
+    selector = {"label": f"{LABEL}={run_id}"}
+    containers = engine.client.containers.list(all=True, filters=selector)
+    for container in containers:
+        try:
+            container.remove(force=True)
+        except NotFound:
+            pass
+    for network in engine.client.networks.list(filters=selector):
+        try:
+            network.remove()
+        except NotFound:
+            pass
+    return len(containers)
+
+
+def horovod_on_nodes(cfg: TrainingConfig, nodes: ContainerNodes, slots: int) -> list[str]:
+    """horovodrun on node0: cfg.workers workers, `slots` per node, Gloo over the nodes' network (eth0)."""
+    engine = engine_argv(cfg, DATA, Path(RESULTS), script=IMAGE_ENGINE)
+    return ["horovodrun", *horovodrun_options(cfg.workers, nodes.hosts(slots), "eth0"), "-p", str(SSH_PORT),
+            "python", *engine]
+
+
+def train_on_nodes(engine: Engine, image: str, cfg: TrainingConfig, data: Path, out: Path, run_id: str,
+                   echo: Callable[[str], None]) -> dict:
+    """Train with Horovod on one node per worker: `data` mounted read-only, results written to `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    mounts = [Mount(data, DATA), Mount(out, RESULTS, read_only=False)]
+    with running_nodes(engine, image, cfg.workers, run_id, mounts) as nodes:
+        lines, status = nodes.exec_lines(horovod_on_nodes(cfg, nodes, slots=1))
+        route_output(lines, status, out / "logs", echo)
+    return json.loads((out / "metrics.json").read_text())

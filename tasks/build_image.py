@@ -1,0 +1,91 @@
+"""Step 4: build the training image, tag it by content, push it; later steps use the returned digest.
+
+The tag is a hash of the build context and build arguments (infra/build_context.py). If the registry
+already holds that tag, nothing is built or pushed; if the local engine holds it, it is only pushed.
+"""
+
+import os
+import time
+from pathlib import Path
+
+from prefect import get_run_logger, task
+
+from infra.build_context import assemble_context, context_tag
+from infra.images import Engine, ImageConfig, ImageError, ImageRef, Log, auth_config, iter_layers
+from infra.local_docker import local_base_image
+from tasks.progress import Transfer, transfer_progress
+from tasks.retry import unless_permanent
+
+
+def registry_password(cfg: ImageConfig) -> str | None:
+    """The registry password: from cfg.password_env, else the Prefect Secret block cfg.password_secret."""
+    if not cfg.username:
+        return None
+    if os.environ.get(cfg.password_env):
+        return os.environ[cfg.password_env]
+    if cfg.password_secret:
+        return secret_value(cfg.password_secret)
+    raise ImageError(f"image.username is {cfg.username!r} but there is no password: set the environment variable "
+                     f"{cfg.password_env} or name a Prefect Secret block in image.password_secret", permanent=True)
+
+
+def secret_value(name: str) -> str:
+    """The value of the Prefect Secret block `name`."""
+    from prefect.blocks.system import Secret
+
+    try:
+        return Secret.load(name).get()
+    except ValueError:
+        raise ImageError(f"there is no Prefect Secret block named {name!r} (image.password_secret); create it in the "
+                         "UI (Blocks > Secret) or with Secret(value=...).save(name)", permanent=True) from None
+
+
+def build_args(cfg: ImageConfig, base: str | None) -> dict[str, str]:
+    """The Dockerfile's build arguments: the configured ones, and BASE_IMAGE when the base is replaced."""
+    return {**cfg.build_args, **({"BASE_IMAGE": base} if base else {})}
+
+
+def build_and_push(engine: Engine, cfg: ImageConfig, context_dir: Path, wheel_cache: Path, password: str | None,
+                   log: Log, nocache: bool = False) -> dict:
+    """Build (unless built) and push (unless pushed) the configured image; returns what happened and the reference.
+
+    `nocache` runs every Dockerfile step again (the engine's layer cache is not used)."""
+    started = time.perf_counter()
+    base = local_base_image(engine, log) if cfg.base_image == "local" else cfg.base_image
+    args = build_args(cfg, base)
+    ref = ImageRef(cfg.image_name(), context_tag(assemble_context(cfg.flavour, context_dir, cfg.python, wheel_cache), args))
+    auth = auth_config(cfg.username, password)
+    if cfg.registry and cfg.username:
+        engine.login(cfg.registry, cfg.username, password)
+    digest = engine.registry_digest(ref, auth) if cfg.registry else None
+    built = pushed = False
+    if digest:
+        log(f"{ref.tagged} is already in the registry: nothing to build or push")
+    elif not engine.has_image(ref.tagged):
+        log(f"building {ref.tagged} from {context_dir}")
+        engine.build(context_dir, ref.tagged, args, cfg.build_network, log, nocache)
+        built = True
+    if cfg.registry and not digest:
+        digest, pushed = push(engine, ref, auth, log), True
+    final = ImageRef(ref.name, ref.tag, digest)
+    return {"image": final.reference, "name": final.name, "tag": final.tag, "digest": digest, "built": built,
+            "pushed": pushed, "seconds": round(time.perf_counter() - started, 2)}
+
+
+def push(engine: Engine, ref: ImageRef, auth: dict | None, log: Log) -> str:
+    """Push with a progress bar over the image's bytes; returns the registry's digest."""
+    log(f"pushing {ref.tagged}")
+    transfer = Transfer(f"image -> {ref.name.split('/')[0]}")
+    with transfer_progress(transfer, sum(iter_layers(engine, ref.tagged)), 0) as advance:
+        digest = engine.push(ref, auth, log, lambda n: advance(n, 0))
+    log(f"pushed {ref.name}@{digest}")
+    return digest
+
+
+@task(name="build-image", retries=2, retry_delay_seconds=[5, 30], retry_condition_fn=unless_permanent)
+def build_image_task(cfg: ImageConfig, workdir: Path, wheel_cache: Path) -> dict:
+    """Prefect step: build and push the training image; build output streams into the run's log."""
+    logger = get_run_logger()
+    engine = Engine(cfg.engine)
+    return build_and_push(engine, cfg, workdir / "build" / f"{cfg.flavour}-context", wheel_cache,
+                          registry_password(cfg), logger.info)

@@ -1,0 +1,118 @@
+"""The CPU training image with a real Docker engine and a registry with authentication: built, pushed,
+pulled back by digest, reused when unchanged, and running Horovod across two containers."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from infra.build_context import wheel_cache
+from infra.container_nodes import Mount, remove_nodes, running_nodes, train_on_nodes
+from infra.images import Engine, ImageError
+from infra.launcher import TrainingConfig
+from infra.services import free_port
+from tasks.build_image import build_and_push
+from tests.conftest import image_config
+
+pytestmark = pytest.mark.integration
+TRAINFLOW = str(Path(sys.executable).parent / "trainflow")
+
+
+def test_image_is_pushed_with_a_digest_and_pulls_back_by_it(docker_engine, registry, cpu_image):
+    assert cpu_image["digest"].startswith("sha256:")
+    assert cpu_image["image"] == f"{registry.host}/trainflow-cpu@{cpu_image['digest']}"
+    local_id = docker_engine.client.images.get(f"{cpu_image['name']}:{cpu_image['tag']}").id
+    docker_engine.client.images.remove(f"{cpu_image['name']}:{cpu_image['tag']}")
+    auth = {"username": registry.username, "password": registry.password}
+    assert docker_engine.pull(cpu_image["image"], auth) == local_id
+    docker_engine.client.images.get(local_id).tag(cpu_image["name"], cpu_image["tag"])
+
+
+def test_unchanged_context_is_neither_rebuilt_nor_pushed(docker_engine, registry, cpu_image, tmp_path):
+    again = build_and_push(docker_engine, image_config(registry), tmp_path / "ctx", wheel_cache(), registry.password, print)
+    assert (again["built"], again["pushed"]) == (False, False)
+    assert again["image"] == cpu_image["image"]
+
+
+def test_image_has_the_pinned_stack(docker_engine, cpu_image):
+    probe = ("import torch, torchvision, horovod.torch as hvd; "
+             "print(torch.__version__.split('+')[0], torchvision.__version__.split('+')[0], hvd.__version__, hvd.gloo_built())")
+    output = docker_engine.client.containers.run(cpu_image["image"], ["python", "-c", probe], remove=True, network_mode="none")
+    assert output.decode().split() == ["2.14.1", "0.29.1", "0.28.1", "True"]
+
+
+def test_horovod_trains_across_two_containers_on_mounted_data(docker_engine, cpu_image, digits, tmp_path):
+    cfg = TrainingConfig(launcher="horovodrun", workers=2, model="resnet18", epochs=1, batch_size=16,
+                         image_size=32, hflip=False, loader_workers=1, threads=1, warmup_epochs=0, lr=0.05)
+    out, lines = tmp_path / "results", []
+    metrics = train_on_nodes(docker_engine, cpu_image["image"], cfg, digits, out, "test-hvd", lines.append)
+    assert metrics["status"] == "complete" and metrics["world_size"] == 2 and metrics["backend"] == "horovod"
+    assert metrics["parameters_in_sync"] is True
+    assert (out / "model.pt").exists() and (out / "logs" / "rank1.log").read_text()
+    assert any("[rank 1]" in line for line in lines)
+    assert not docker_engine.client.containers.list(all=True, filters={"label": "trainflow.run=test-hvd"})
+
+
+def test_data_mount_is_read_only_and_nodes_reach_each_other(docker_engine, cpu_image, digits, tmp_path):
+    with running_nodes(docker_engine, cpu_image["image"], 2, "test-mounts", [Mount(digits, "/data")]) as nodes:
+        lines, status = nodes.exec_lines(["sh", "-c", "touch /data/x; ssh node1 hostname"])
+        output = "".join(lines)
+        assert status() == 0 and "Read-only file system" in output and "node1" in output
+    assert remove_nodes(docker_engine, "test-mounts") == 0
+
+
+def test_no_engine_is_a_clear_error(tmp_path):
+    with pytest.raises(ImageError, match="no Docker engine reachable at unix://.*start Docker"):
+        Engine(f"unix://{tmp_path}/nothing.sock")
+
+
+def test_unreachable_registry_is_a_clear_transient_error(docker_engine, registry, tmp_path):
+    cfg = image_config(registry, registry=f"localhost:{free_port()}")
+    with pytest.raises(ImageError, match="is unreachable") as failure:
+        build_and_push(docker_engine, cfg, tmp_path / "ctx", wheel_cache(), registry.password, print)
+    assert not failure.value.permanent
+
+
+def test_failing_dockerfile_step_shows_the_step_and_its_output(docker_engine, registry, tmp_path):
+    # A base without torch and an index that refuses connections: the torch step fails, as it would offline.
+    debian = next(t for i in docker_engine.client.images.list("trainflow-local/debian-python") for t in i.tags)
+    cfg = image_config(registry, base_image=debian, build_args={"TORCH_INDEX_URL": f"http://127.0.0.1:{free_port()}/simple"})
+    with pytest.raises(ImageError) as failure:
+        build_and_push(docker_engine, cfg, tmp_path / "ctx", wheel_cache(), registry.password, print)
+    message = str(failure.value)
+    assert "failed at Step" in message and "requirements/torch.txt" in message
+    assert "torch==2.14.1" in message and failure.value.permanent
+
+
+def run_build(workdir: Path, config: str, password: str) -> subprocess.CompletedProcess:
+    (workdir / "config.yaml").write_text(config)
+    env = {**os.environ, "TRAINFLOW_REGISTRY_PASSWORD": password}
+    return subprocess.run([TRAINFLOW, "build", "--config", str(workdir / "config.yaml"), "--workdir", str(workdir)],
+                          capture_output=True, text=True, timeout=600, env=env)
+
+
+def image_yaml(registry, **fields) -> str:
+    values = {"registry": registry.host, "base_image": "local", "build_network": "host", "username": registry.username,
+              **fields}
+    return "image:\n" + "".join(f"  {key}: {json.dumps(value)}\n" for key, value in values.items())
+
+
+def test_cli_build_prints_the_pushed_reference(registry, cpu_image, tmp_path):
+    done = run_build(tmp_path, image_yaml(registry), registry.password)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == cpu_image["image"]
+
+
+@pytest.mark.parametrize("fields, password, code, message", [
+    ({}, "wrong-password", 1, "refused user 'trainflow-ci'"),
+    ({"repository": "Trainflow/CPU"}, "x", 2, "invalid setting image.repository"),
+    ({"engine": "unix:///nonexistent/docker.sock"}, "x", 1, "no Docker engine reachable"),
+])
+def test_cli_build_bad_input(registry, docker_engine, tmp_path, fields, password, code, message):
+    done = run_build(tmp_path, image_yaml(registry, **fields), password)
+    assert done.returncode == code, done.stderr
+    assert message in done.stderr and "Traceback" not in done.stderr
+    assert password not in done.stderr + done.stdout or password == "x"

@@ -1,0 +1,151 @@
+"""Image names, content tags, the Dockerfiles as files, and how registry failures are described."""
+
+import re
+import tomllib
+from pathlib import Path
+
+import dockerfile
+import pytest
+from pydantic import ValidationError
+
+from infra.build_context import CONTAINERS, context_tag, source_files
+from infra.images import BuildSteps, ImageConfig, ImageError, ImageRef, LayerProgress, check_tag, registry_error
+from tasks.build_image import build_args, registry_password
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def pyproject_pins() -> dict[str, str]:
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    return dict(d.split("==") for d in deps if "==" in d)
+
+
+def requirement_pins(name: str) -> dict[str, str]:
+    lines = (CONTAINERS / "requirements" / name).read_text().splitlines()
+    return dict(line.split("==") for line in lines if line and not line.startswith("#"))
+
+
+def instructions(flavour: str) -> list:
+    return dockerfile.parse_file(str(CONTAINERS / f"{flavour}.Dockerfile"))
+
+
+@pytest.mark.parametrize("flavour", ["cpu", "gpu"])
+def test_dockerfiles_parse_and_install_the_pinned_requirements(flavour):
+    commands = instructions(flavour)
+    assert commands[0].cmd == "ARG" and commands[1].cmd == "FROM"
+    runs = " ".join(c.value[0] for c in commands if c.cmd == "RUN")
+    assert "requirements/torch.txt" in runs and "requirements/image.txt" in runs
+    assert "horovod-wheel.sh" in runs and "horovodrun --check-build" in runs
+    copies = [c.value for c in commands if c.cmd == "COPY"]
+    assert ("trainer/", "/opt/trainflow/trainer/") in copies  # the one training package, in both images
+
+
+def test_gpu_base_is_pinned_by_version_tag():
+    base = instructions("gpu")[0].value[0].split("=", 1)[1]
+    name, tag = base.rsplit(":", 1)
+    assert name == "nvidia/cuda" and re.match(r"^\d+\.\d+\.\d+-cudnn-devel-ubuntu\d+\.\d+$", tag), base
+
+
+def test_gpu_image_builds_horovod_with_nccl_mpi_and_gloo():
+    runs = " ".join(c.value[0] for c in instructions("gpu") if c.cmd == "RUN")
+    assert "HOROVOD_GPU_OPERATIONS=NCCL" in runs and "HOROVOD_WITH_MPI=1" in runs and "openmpi-bin" in runs
+    assert "HOROVOD_WITH_GLOO=1" in (CONTAINERS / "build" / "horovod-wheel.sh").read_text()
+    env = [c.value for c in instructions("gpu") if c.cmd == "ENV"][-1]
+    assert "NCCL_DEBUG" in env and "NCCL_SOCKET_IFNAME" in env
+
+
+def test_images_install_the_project_pins():
+    pins = pyproject_pins()
+    assert requirement_pins("torch.txt") == {"torch": pins["torch"], "torchvision": pins["torchvision"]}
+    image = requirement_pins("image.txt")
+    for name in ("psutil", "PyYAML", "cloudpickle"):
+        if name in pins:
+            assert image[name] == pins[name], name
+    script = (CONTAINERS / "build" / "horovod-wheel.sh").read_text()
+    assert f"VERSION={pins['horovod']}" in script
+
+
+def test_context_tag_follows_content_paths_and_build_args(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "f.py").write_text("x = 1\n")
+    first = context_tag(tmp_path, {"BASE_IMAGE": "b:1"})
+    assert context_tag(tmp_path, {"BASE_IMAGE": "b:1"}) == first
+    assert context_tag(tmp_path, {"BASE_IMAGE": "b:2"}) != first
+    (tmp_path / "a" / "f.py").write_text("x = 2\n")
+    changed = context_tag(tmp_path, {"BASE_IMAGE": "b:1"})
+    (tmp_path / "a" / "f.py").rename(tmp_path / "a" / "g.py")
+    assert len({first, changed, context_tag(tmp_path, {"BASE_IMAGE": "b:1"})}) == 3
+    check_tag(first)
+
+
+def test_context_holds_one_training_package_and_no_caches():
+    files = source_files("cpu")
+    assert files["Dockerfile"].name == "cpu.Dockerfile"
+    assert "trainer/train.py" in files and "build/horovod-wheel.sh" in files
+    assert not [f for f in files if "__pycache__" in f or f.endswith(".pyc")]
+
+
+@pytest.mark.parametrize("field, value", [
+    ("repository", "Trainflow"), ("repository", "team//x"), ("repository", "-x"), ("repository", "a b"),
+    ("registry", "http://myacr.azurecr.io"), ("registry", "my_registry:5000"), ("registry", "host:port"),
+])
+def test_invalid_image_names_are_refused_by_name(field, value):
+    with pytest.raises(ValidationError, match=field):
+        ImageConfig(**{field: value})
+
+
+def test_image_names_and_references():
+    assert ImageConfig().image_name() == "trainflow-cpu"
+    cfg = ImageConfig(flavour="gpu", registry="myacr.azurecr.io", repository="team/train-er_1")
+    assert cfg.image_name() == "myacr.azurecr.io/team/train-er_1"
+    assert ImageConfig(registry="localhost:5000").image_name() == "localhost:5000/trainflow-cpu"
+    ref = ImageRef("localhost:5000/x", "abc")
+    assert ref.reference == "localhost:5000/x:abc"
+    assert ImageRef("localhost:5000/x", "abc", "sha256:00").reference == "localhost:5000/x@sha256:00"
+    with pytest.raises(ImageError, match="not a valid image tag"):
+        check_tag("-bad")
+
+
+def test_build_failure_names_the_step_and_shows_its_output():
+    steps = BuildSteps()
+    for line in ["Step 1/2 : FROM x", " ---> 123", "Step 2/2 : RUN make", "cc: error: no input files"]:
+        steps.add(line)
+    message = steps.failure("img:1", "The command '/bin/sh -c make' returned a non-zero code: 2")
+    assert "failed at Step 2/2 : RUN make" in message and "cc: error: no input files" in message
+    assert "---> 123" not in message
+
+
+def test_registry_errors_say_what_to_fix():
+    refused = registry_error("localhost:5000/x", "unauthorized: authentication required", "bob")
+    assert refused.permanent and "refused user 'bob'" in refused.args[0] and "password" in refused.args[0]
+    anonymous = registry_error("r/x", "no basic auth credentials", None)
+    assert anonymous.permanent and "anonymous" in anonymous.args[0]
+    down = registry_error("localhost:1/x", "Get http://localhost:1/v2/: dial tcp 127.0.0.1:1: connect: connection refused", "bob")
+    assert not down.permanent and "unreachable" in down.args[0]
+
+
+def test_push_progress_counts_bytes_per_layer():
+    seen = []
+    layers = LayerProgress(seen.append)
+    assert not layers.update({"id": "a", "status": "Pushing", "progressDetail": {"current": 10, "total": 30}})
+    layers.update({"id": "a", "status": "Pushing", "progressDetail": {"current": 30, "total": 30}})
+    layers.update({"id": "b", "status": "Pushing", "progressDetail": {"current": 5, "total": 5}})
+    assert layers.update({"id": "a", "status": "Pushed", "progressDetail": {}})
+    assert sum(seen) == 35
+
+
+def test_password_comes_from_the_environment_or_is_asked_for(monkeypatch):
+    cfg = ImageConfig(registry="localhost:5000", username="bob", password_env="TF_TEST_PW")
+    monkeypatch.setenv("TF_TEST_PW", "s3cret")
+    assert registry_password(cfg) == "s3cret"
+    monkeypatch.delenv("TF_TEST_PW")
+    with pytest.raises(ImageError, match="TF_TEST_PW") as failure:
+        registry_password(cfg)
+    assert failure.value.permanent
+    assert registry_password(ImageConfig(registry="localhost:5000")) is None
+
+
+def test_build_args_replace_the_base_only_when_asked():
+    assert build_args(ImageConfig(build_args={"X": "1"}), None) == {"X": "1"}
+    assert build_args(ImageConfig(), "base:1") == {"BASE_IMAGE": "base:1"}
+
