@@ -113,6 +113,7 @@ def describe(exc: ValidationError, path: Path | None) -> str:
     lines = []
     for err in exc.errors():
         where = ".".join(str(p) for p in err["loc"])
-        given = f" = {err['input']!r}" if err["type"] != "missing" else ""
+        # an unknown key's value is not shown: it may be a secret set under the wrong name
+        given = f" = {err['input']!r}" if err["type"] not in ("missing", "extra_forbidden") else ""
         lines.append(f"invalid setting {where}{given}: {err['msg']}")
     return "; ".join(lines) + source

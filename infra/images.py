@@ -21,6 +21,7 @@ REPOSITORY = re.compile(rf"^{PATH_COMPONENT}(?:/{PATH_COMPONENT})*$")
 REGISTRY = re.compile(r"^(?:localhost|[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)+|"
                       r"\d{1,3}(?:\.\d{1,3}){3})(?::\d{1,5})?$|^localhost(?::\d{1,5})?$")
 TAG = re.compile(r"^[\w][\w.-]{0,127}$")
+ANSI = re.compile(r"\x1b\[[0-9;]*m")  # colour codes in build output
 Log = Callable[[str], None]
 
 
@@ -55,7 +56,7 @@ class ImageConfig(BaseModel):
     """Docker engine URL, e.g. unix:///var/run/docker.sock or tcp://host:2376; unset: DOCKER_HOST or the local socket."""
     username: str | None = None
     """Registry user (for ACR: the registry name, a token name or a service principal id); unset: push anonymously."""
-    password_env: str = "TRAINFLOW_REGISTRY_PASSWORD"
+    password_env: str = "REGISTRY_PASSWORD"
     """Environment variable holding the registry password or token."""
     password_secret: str | None = None
     """Name of a Prefect Secret block with the password, used when the environment variable is unset."""
@@ -140,7 +141,7 @@ class Engine:
             for event in stream:
                 if "error" in event:
                     raise ImageError(steps.failure(tag, event["error"]), permanent=True)
-                for line in event.get("stream", "").splitlines():
+                for line in ANSI.sub("", event.get("stream", "")).splitlines():
                     if line.strip():
                         steps.add(line)
                         log(line)

@@ -81,10 +81,10 @@ def registry(tmp_path_factory) -> Registry:
         yield Registry(host, username, password)
 
 
-def image_config(registry: Registry, **overrides) -> ImageConfig:
+def image_config(service: Registry, **overrides) -> ImageConfig:
     """The CPU image on the local base, pushed to the session's registry."""
-    values = {"flavour": "cpu", "registry": registry.host, "base_image": "local", "build_network": "host",
-              "username": registry.username, **overrides}
+    values = {"flavour": "cpu", "registry": service.host, "base_image": "local", "build_network": "host",
+              "username": service.username, **overrides}
     return ImageConfig(**values)
 
 

@@ -15,9 +15,9 @@ from infra.images import Engine, ImageError
 from infra.launcher import TrainingConfig
 from infra.services import free_port
 from tasks.build_image import build_and_push
-from tests.conftest import image_config
+from tests.conftest import Registry, image_config
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(3600)]  # a cold first build takes ~15 min
 TRAINFLOW = str(Path(sys.executable).parent / "trainflow")
 
 
@@ -38,8 +38,8 @@ def test_unchanged_context_is_neither_rebuilt_nor_pushed(docker_engine, registry
 
 
 def test_image_has_the_pinned_stack(docker_engine, cpu_image):
-    probe = ("import torch, torchvision, horovod.torch as hvd; "
-             "print(torch.__version__.split('+')[0], torchvision.__version__.split('+')[0], hvd.__version__, hvd.gloo_built())")
+    probe = ("import torch, torchvision, horovod, horovod.torch as hvd; print(torch.__version__.split('+')[0], "
+             "torchvision.__version__.split('+')[0], horovod.__version__, hvd.gloo_built())")
     output = docker_engine.client.containers.run(cpu_image["image"], ["python", "-c", probe], remove=True, network_mode="none")
     assert output.decode().split() == ["2.14.1", "0.29.1", "0.28.1", "True"]
 
@@ -89,7 +89,7 @@ def test_failing_dockerfile_step_shows_the_step_and_its_output(docker_engine, re
 
 def run_build(workdir: Path, config: str, password: str) -> subprocess.CompletedProcess:
     (workdir / "config.yaml").write_text(config)
-    env = {**os.environ, "TRAINFLOW_REGISTRY_PASSWORD": password}
+    env = {**os.environ, "REGISTRY_PASSWORD": password}
     return subprocess.run([TRAINFLOW, "build", "--config", str(workdir / "config.yaml"), "--workdir", str(workdir)],
                           capture_output=True, text=True, timeout=600, env=env)
 
@@ -116,3 +116,19 @@ def test_cli_build_bad_input(registry, docker_engine, tmp_path, fields, password
     assert done.returncode == code, done.stderr
     assert message in done.stderr and "Traceback" not in done.stderr
     assert password not in done.stderr + done.stdout or password == "x"
+
+
+def test_password_from_a_prefect_secret_block(monkeypatch):
+    from prefect.blocks.system import Secret
+    from prefect.testing.utilities import prefect_test_harness
+
+    from tasks.build_image import registry_password
+
+    monkeypatch.delenv("REGISTRY_PASSWORD", raising=False)
+    cfg = image_config(Registry("localhost:5000", "bob", ""), password_secret="registry-password")
+    with prefect_test_harness(server_startup_timeout=120):
+        Secret(value="from-the-block").save("registry-password")
+        assert registry_password(cfg) == "from-the-block"
+        missing = cfg.model_copy(update={"password_secret": "no-such-block"})
+        with pytest.raises(ImageError, match="no Prefect Secret block named 'no-such-block'"):
+            registry_password(missing)

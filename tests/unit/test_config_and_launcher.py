@@ -54,7 +54,7 @@ def test_precedence_is_options_then_environment_then_file(tmp_path):
 
 @pytest.mark.parametrize("text, message", [
     ("training: {batch_size: 0}", r"training.batch_size = 0: Input should be greater than or equal to 1"),
-    ("training: {epoch: 3}", r"training.epoch = 3: Extra inputs are not permitted"),
+    ("training: {epoch: 3}", r"training.epoch: Extra inputs are not permitted"),
     ("training: [1, 2", "is not valid YAML"),
     ("- a list", "must hold a mapping"),
 ])
@@ -74,3 +74,9 @@ def test_the_example_configs_load():
     repo = Path(__file__).resolve().parents[2]
     for path in sorted((repo / "flows" / "configs").glob("*.yaml")):
         load_config(path, {}, environ={})
+
+
+def test_unknown_trainflow_variable_is_named_without_its_value():
+    with pytest.raises(ConfigError, match="invalid setting registry_password: Extra inputs") as failure:
+        load_config(None, {}, environ={"TRAINFLOW_REGISTRY_PASSWORD": "s3cret-value"})
+    assert "s3cret-value" not in str(failure.value)
