@@ -15,12 +15,11 @@ from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 from pydantic import BaseModel, ConfigDict, field_validator
 
 # The grammar of github.com/distribution/reference: lowercase path components joined by / and a
-# registry host[:port] in front; a tag of at most 128 word characters, dots and dashes.
+# registry host[:port] in front.
 PATH_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 REPOSITORY = re.compile(rf"^{PATH_COMPONENT}(?:/{PATH_COMPONENT})*$")
 REGISTRY = re.compile(r"^(?:localhost|[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)+|"
                       r"\d{1,3}(?:\.\d{1,3}){3})(?::\d{1,5})?$|^localhost(?::\d{1,5})?$")
-TAG = re.compile(r"^[\w][\w.-]{0,127}$")
 ANSI = re.compile(r"\x1b\[[0-9;]*m")  # colour codes in build output
 Log = Callable[[str], None]
 
@@ -100,13 +99,6 @@ class ImageRef:
     @property
     def tagged(self) -> str:
         return f"{self.name}:{self.tag}"
-
-
-def check_tag(tag: str) -> str:
-    """`tag` if Docker accepts it, else a permanent ImageError."""
-    if not TAG.match(tag):
-        raise ImageError(f"{tag!r} is not a valid image tag (up to 128 letters, digits, _ . -)", permanent=True)
-    return tag
 
 
 class Engine:

@@ -28,6 +28,7 @@ def test_image_is_pushed_with_a_digest_and_pulls_back_by_it(docker_engine, regis
     docker_engine.client.images.remove(f"{cpu_image['name']}:{cpu_image['tag']}")
     auth = {"username": registry.username, "password": registry.password}
     assert docker_engine.pull(cpu_image["image"], auth) == local_id
+    assert cpu_image["image"] in docker_engine.client.images.get(local_id).attrs["RepoDigests"]
     docker_engine.client.images.get(local_id).tag(cpu_image["name"], cpu_image["tag"])
 
 

@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from infra.build_context import CONTAINERS, context_tag, source_files
-from infra.images import BuildSteps, ImageConfig, ImageError, ImageRef, LayerProgress, check_tag, registry_error
+from infra.images import BuildSteps, ImageConfig, ImageError, ImageRef, LayerProgress, registry_error
 from tasks.build_image import build_args, registry_password
 
 REPO = Path(__file__).resolve().parents[2]
@@ -75,7 +75,7 @@ def test_context_tag_follows_content_paths_and_build_args(tmp_path):
     changed = context_tag(tmp_path, {"BASE_IMAGE": "b:1"})
     (tmp_path / "a" / "f.py").rename(tmp_path / "a" / "g.py")
     assert len({first, changed, context_tag(tmp_path, {"BASE_IMAGE": "b:1"})}) == 3
-    check_tag(first)
+    assert len(first) == 20 and first.isalnum()
 
 
 def test_context_holds_one_training_package_and_no_caches():
@@ -102,8 +102,6 @@ def test_image_names_and_references():
     ref = ImageRef("localhost:5000/x", "abc")
     assert ref.reference == "localhost:5000/x:abc"
     assert ImageRef("localhost:5000/x", "abc", "sha256:00").reference == "localhost:5000/x@sha256:00"
-    with pytest.raises(ImageError, match="not a valid image tag"):
-        check_tag("-bad")
 
 
 def test_build_failure_names_the_step_and_shows_its_output():
