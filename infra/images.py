@@ -8,7 +8,7 @@ the environment or a Prefect Secret block) and never reach a message or a log li
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Literal
+from typing import Callable, Literal
 
 import docker
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
@@ -160,8 +160,8 @@ class Engine:
                 return None
             raise registry_error(ref.name, message, (auth or {}).get("username")) from None
 
-    def push(self, ref: ImageRef, auth: dict | None, log: Log, advance: Callable[[int], None]) -> str:
-        """Push name:tag; returns the digest the registry gives it. `advance` gets bytes as they go."""
+    def push(self, ref: ImageRef, auth: dict | None, log: Log, advance: Callable[[int, int], None]) -> str:
+        """Push name:tag; returns the registry's digest. `advance(bytes, layers)` is told of progress as it goes."""
         layers = LayerProgress(advance)
         try:
             for event in self.api.push(ref.name, tag=ref.tag, auth_config=auth, stream=True, decode=True):
@@ -204,18 +204,21 @@ class BuildSteps:
 
 
 class LayerProgress:
-    """Bytes pushed so far, per layer, from the engine's progress events."""
+    """Bytes pushed so far, per layer, and layers done, from the engine's progress events."""
 
-    def __init__(self, advance: Callable[[int], None]):
+    def __init__(self, advance: Callable[[int, int], None]):
         self.advance, self.sent = advance, {}
 
     def update(self, event: dict) -> bool:
         """Count the event's progress; True if the event is a layer finishing (worth a log line)."""
         layer, detail, status = event.get("id"), event.get("progressDetail") or {}, event.get("status", "")
         if layer and "current" in detail:
-            self.advance(max(0, detail["current"] - self.sent.get(layer, 0)))
+            self.advance(max(0, detail["current"] - self.sent.get(layer, 0)), 0)
             self.sent[layer] = detail["current"]
-        return bool(layer) and status in ("Pushed", "Layer already exists", "Mounted from")
+        done = bool(layer) and status in ("Pushed", "Layer already exists") or status.startswith("Mounted from")
+        if done:
+            self.advance(0, 1)
+        return done
 
 
 def registry_error(where: str, message: str, username: str | None) -> ImageError:
@@ -247,7 +250,6 @@ def auth_config(username: str | None, password: str | None) -> dict | None:
     return {"username": username, "password": password} if username else None
 
 
-def iter_layers(engine: Engine, ref: str) -> Iterator[int]:
-    """Sizes of the image's layers (for the push progress bar's total)."""
-    for entry in engine.api.history(ref):
-        yield entry.get("Size", 0)
+def layer_sizes(engine: Engine, ref: str) -> list[int]:
+    """Sizes of the image's layers that hold files (for the push progress bar's totals)."""
+    return [size for entry in engine.api.history(ref) if (size := entry.get("Size", 0))]

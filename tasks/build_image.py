@@ -11,7 +11,7 @@ from pathlib import Path
 from prefect import get_run_logger, task
 
 from infra.build_context import assemble_context, context_tag
-from infra.images import Engine, ImageConfig, ImageError, ImageRef, Log, auth_config, iter_layers
+from infra.images import Engine, ImageConfig, ImageError, ImageRef, Log, auth_config, layer_sizes
 from infra.local_docker import local_base_image
 from tasks.progress import Transfer, transfer_progress
 from tasks.retry import unless_permanent
@@ -76,8 +76,9 @@ def push(engine: Engine, ref: ImageRef, auth: dict | None, log: Log) -> str:
     """Push with a progress bar over the image's bytes; returns the registry's digest."""
     log(f"pushing {ref.tagged}")
     transfer = Transfer(f"image -> {ref.name.split('/')[0]}")
-    with transfer_progress(transfer, sum(iter_layers(engine, ref.tagged)), 0) as advance:
-        digest = engine.push(ref, auth, log, lambda n: advance(n, 0))
+    sizes = layer_sizes(engine, ref.tagged)
+    with transfer_progress(transfer, sum(sizes), len(sizes)) as advance:
+        digest = engine.push(ref, auth, log, advance)
     log(f"pushed {ref.name}@{digest}")
     return digest
 

@@ -124,12 +124,12 @@ def test_registry_errors_say_what_to_fix():
 
 def test_push_progress_counts_bytes_per_layer():
     seen = []
-    layers = LayerProgress(seen.append)
+    layers = LayerProgress(lambda n, done: seen.append((n, done)))
     assert not layers.update({"id": "a", "status": "Pushing", "progressDetail": {"current": 10, "total": 30}})
     layers.update({"id": "a", "status": "Pushing", "progressDetail": {"current": 30, "total": 30}})
     layers.update({"id": "b", "status": "Pushing", "progressDetail": {"current": 5, "total": 5}})
     assert layers.update({"id": "a", "status": "Pushed", "progressDetail": {}})
-    assert sum(seen) == 35
+    assert sum(n for n, _ in seen) == 35 and sum(done for _, done in seen) == 1
 
 
 def test_password_comes_from_the_environment_or_is_asked_for(monkeypatch):
