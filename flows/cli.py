@@ -15,6 +15,7 @@ from flows.config import ConfigError, PipelineConfig, load_config
 from infra.blobstore import StorageError
 from infra.fileserver import FileServerError
 from infra.images import ImageError
+from infra.pools import PoolError, check_fits
 from infra.launcher import LaunchError, train_locally
 from infra.sample_data import write_digits
 from infra.services import ServiceError
@@ -33,12 +34,12 @@ DataOpt = Annotated[Optional[str], typer.Option("--data", help="ImageNet-layout 
 WorkdirOpt = Annotated[Optional[Path], typer.Option("--workdir", help="Root of all local state (default .trainflow).")]
 
 
-RUN_FAILURES = (StorageError, FileServerError, ServiceError, ImageError, FileNotFoundError, ChangedWhileStaging)
+RUN_FAILURES = (StorageError, FileServerError, ServiceError, ImageError, PoolError, FileNotFoundError, ChangedWhileStaging)
 
 
 def exit_code(exc: Exception) -> int | None:
     """2 for bad input, 1 for a run that failed, None for a bug (whose traceback a person should see)."""
-    if isinstance(exc, ConfigError):
+    if isinstance(exc, ConfigError) or (isinstance(exc, PoolError) and exc.permanent):
         return 2
     if isinstance(exc, LaunchError):
         return exc.exit_code
@@ -134,6 +135,24 @@ def stage(config: ConfigOpt = None, data: DataOpt = None, workdir: WorkdirOpt = 
     result = stage_data(cfg)
     print_summary_table([{k: v for k, v in result[step].items() if k != "path"} for step in ("scripts", "upload", "sync")])
     print(f"file server copy of {result['dataset']}: {result['sync']['path']}")
+
+
+@app.command()
+@friendly_errors
+def run(config: ConfigOpt = None, data: DataOpt = None, workdir: WorkdirOpt = None) -> None:
+    """The whole pipeline as one Prefect flow: stage, build (docker pool), pool, train, collect; prints the summary."""
+    cfg = configure(config, data, workdir)
+    if cfg.data == "synthetic":
+        raise ConfigError("the pipeline trains on staged data; pass --data DIR (or nothing, for the digits set)")
+    cfg = cfg.model_copy(update={"data": data_folder(cfg), "workdir": cfg.workdir.resolve()})
+    check_names(relative_paths(Path(cfg.data)))  # bad data fails here, before any service starts
+    check_fits(cfg.pool, cfg.training.workers)
+    use_prefect(cfg.workdir)
+    from flows.pipeline import train_pipeline
+
+    result = train_pipeline(cfg)
+    print_summary(result["metrics"], Path(result["out"]))
+    print(f"results on the file share: {result['results']['share']}")
 
 
 @app.command()

@@ -15,7 +15,9 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from infra.blobstore import StorageConfig
 from infra.fileshare import FileShareConfig
 from infra.images import ImageConfig
+from infra.jobs import JobConfig
 from infra.launcher import TrainingConfig
+from infra.pools import PoolConfig
 
 ENV_PREFIX = "TRAINFLOW_"
 
@@ -41,6 +43,10 @@ class PipelineConfig(BaseModel):
     """Blob storage for the data set."""
     fileshare: FileShareConfig = FileShareConfig()
     """The file share for the training scripts."""
+    pool: PoolConfig = PoolConfig()
+    """Where the workers run: local processes or container nodes."""
+    job: JobConfig = JobConfig()
+    """The training job's limits."""
     image: ImageConfig = ImageConfig()
     """The training image: Dockerfile flavour, base, registry and credentials."""
     fileserver_export: Path | None = None

@@ -24,14 +24,21 @@ def blob_endpoint(cfg: PipelineConfig) -> Iterator[int | None]:
         yield port
 
 
+def stage_steps(cfg: PipelineConfig, port: int | None) -> tuple[dict, dict, dict]:
+    """The three staging tasks in order: scripts, data set upload, sync to the file server."""
+    name = cfg.dataset_name()
+    scripts = upload_scripts_task(cfg.fileshare, cfg.workdir)
+    dataset = upload_dataset_task(cfg.storage, port, Path(cfg.data), name, cfg.workdir)
+    synced = sync_to_file_server_task(cfg.storage, port, cfg.export_dir(), name, cfg.workdir)
+    return scripts, dataset, synced
+
+
 @flow(name="stage-data")
 def stage_data(cfg: PipelineConfig) -> dict:
     """Upload the scripts, upload the data set, sync it to the file server; returns each step's summary."""
-    name, data = cfg.dataset_name(), Path(cfg.data)
+    name = cfg.dataset_name()
     with blob_endpoint(cfg) as port:
-        scripts = upload_scripts_task(cfg.fileshare, cfg.workdir)
-        dataset = upload_dataset_task(cfg.storage, port, data, name, cfg.workdir)
-        synced = sync_to_file_server_task(cfg.storage, port, cfg.export_dir(), name, cfg.workdir)
+        scripts, dataset, synced = stage_steps(cfg, port)
     steps = [scripts, dataset, synced]
     create_table_artifact(key="staging-summary", table=[{k: v for k, v in s.items() if k != "path"} for s in steps],
                           description=f"Staging of data set {name}")

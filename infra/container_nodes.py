@@ -88,6 +88,15 @@ def split_lines(chunks: Iterator[bytes]) -> Iterator[str]:
 def running_nodes(engine: Engine, image: str, count: int, run_id: str, mounts: list[Mount],
                   shm_size: str = "1g") -> Iterator[ContainerNodes]:
     """Start `count` nodes of `image` joined by a network of their own; remove all of it at the end."""
+    try:
+        yield start_nodes(engine, image, count, run_id, mounts, shm_size)
+    finally:
+        remove_nodes(engine, run_id)
+
+
+def start_nodes(engine: Engine, image: str, count: int, run_id: str, mounts: list[Mount],
+                shm_size: str = "1g") -> ContainerNodes:
+    """Start `count` nodes of `image` on a network of their own and wait until they reach each other."""
     nodes = ContainerNodes(engine, run_id)
     remove_nodes(engine, run_id)  # what an earlier crashed run with this id left behind
     try:
@@ -103,11 +112,9 @@ def running_nodes(engine: Engine, image: str, count: int, run_id: str, mounts: l
                     network=nodes.network, labels={LABEL: run_id}, volumes=volumes, shm_size=shm_size)
                 nodes.names.append(name)
             wait_for_sshd(nodes, count)
-        yield nodes
     except APIError as exc:
         raise ImageError(f"starting {count} nodes of {image} failed: {exc.explanation or exc}") from None
-    finally:
-        remove_nodes(engine, run_id)
+    return nodes
 
 
 def wait_for_sshd(nodes: ContainerNodes, count: int, attempts: int = 100) -> None:

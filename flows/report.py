@@ -1,0 +1,79 @@
+"""What a person sees of a finished run in the Prefect UI: a summary, a table of epochs, a plot, a link."""
+
+from pathlib import Path
+from uuid import UUID
+
+from prefect import get_client
+from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+from prefect.client.schemas.sorting import TaskRunSort
+from prefect.runtime import flow_run
+
+PLOT_SERIES = (("train_loss", "train loss", "#d62728"), ("val_top1", "val top-1", "#1f77b4"),
+               ("images_per_sec", "images/s", "#2ca02c"))
+
+
+def step_durations(run_id: str) -> dict[str, float]:
+    """Seconds each task of the flow run took, by task name (from the Prefect API)."""
+    if not flow_run.get_id():
+        return {}
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[UUID(run_id)])),
+                                     sort=TaskRunSort.EXPECTED_START_TIME_ASC, limit=200)
+    durations: dict[str, float] = {}
+    for run in runs:
+        name = run.name.rsplit("-", 1)[0]
+        durations[name] = durations.get(name, 0.0) + run.total_run_time.total_seconds()
+    return durations
+
+
+def summary_markdown(summary: dict, durations: dict[str, float]) -> str:
+    """The run in a few lines: data, model, workers, speed, accuracy, and the time of each step."""
+    m = summary["metrics"]
+    top1 = m.get("final_val_top1")
+    efficiency = m.get("scaling_efficiency")
+    lines = [f"# Training run `{summary['run_id']}`", "",
+             f"- data set: `{summary['dataset']}`", f"- model: `{m['model']}`",
+             f"- world size: {m['world_size']} ({m['backend']}) on the {summary['pool']['backend']} pool",
+             f"- throughput: {m['images_per_sec']:.1f} images/s",
+             f"- scaling efficiency: {'%.2f' % efficiency if efficiency else 'not measured in this run (trainflow bench train)'}",
+             f"- final val top-1: {'n/a (no val/ split)' if top1 is None else f'{top1:.2%}'}",
+             f"- image: `{summary['image'] or 'none (process pool)'}`",
+             f"- results: `{summary['results']['share']}`", "", "| step | seconds |", "|---|---|"]
+    lines += [f"| {name} | {seconds:.1f} |" for name, seconds in durations.items()]
+    return "\n".join(lines) + "\n"
+
+
+def epoch_rows(metrics: dict) -> list[dict]:
+    """One row per epoch, rounded for reading."""
+    keys = ("epoch", "train_loss", "val_top1", "val_top5", "images_per_sec", "lr", "epoch_seconds")
+    return [{k: round(e[k], 4) if isinstance(e.get(k), float) else e.get(k) for k in keys if k in e}
+            for e in metrics.get("epochs", [])]
+
+
+def svg_plot(rows: list[dict], width: int = 480, height: int = 160) -> str:
+    """Loss, val top-1 and images/s per epoch as one small SVG, each series scaled to its own range."""
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height + 20}">']
+    for i, (key, label, colour) in enumerate(PLOT_SERIES):
+        values = [r[key] for r in rows if r.get(key) is not None]
+        if not values:
+            continue
+        low, span = min(values), (max(values) - min(values)) or 1.0
+        step = (width - 20) / max(1, len(values) - 1)
+        points = " ".join(f"{10 + j * step:.1f},{10 + (height - 20) * (1 - (v - low) / span):.1f}"
+                          for j, v in enumerate(values))
+        parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="2" points="{points}"/>')
+        parts.append(f'<text x="{10 + i * 150}" y="{height + 15}" fill="{colour}" font-size="12">'
+                     f'{label} {min(values):.3g}-{max(values):.3g}</text>')
+    return "\n".join(parts + ["</svg>"])
+
+
+def publish_run_artifacts(summary: dict) -> None:
+    """The run's Prefect artifacts: summary, epochs table, plot (also saved as plot.svg), link to the results."""
+    rows = epoch_rows(summary["metrics"])
+    plot = svg_plot(rows)
+    (Path(summary["out"]) / "plot.svg").write_text(plot)
+    create_markdown_artifact(key="run-summary", markdown=summary_markdown(summary, step_durations(summary["run_id"])))
+    create_table_artifact(key="epochs", table=rows, description="Per-epoch metrics")
+    create_markdown_artifact(key="training-plot", markdown=f"# Loss, accuracy and throughput per epoch\n\n{plot}\n")
+    create_link_artifact(key="results", link=summary["results"]["share"], link_text="results of this run")

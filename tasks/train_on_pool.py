@@ -1,0 +1,79 @@
+"""Steps 5-7: create the pool, run the training job on it, collect the results; the pool is always deleted.
+
+Results go to the file share under results/<run id>/ (metrics.json, model.pt, checkpoints, logs), and
+the model also to Blob storage.
+"""
+
+import json
+from pathlib import Path
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from infra.blobstore import StorageConfig
+from infra.container_nodes import DATA, RESULTS, Mount, horovod_on_nodes
+from infra.fileshare import FileShareConfig, open_share
+from infra.images import Engine
+from infra.jobs import ContainerJob, Job, ProcessJob, run_job
+from infra.launcher import TrainingConfig, launch_command, preflight
+from infra.pools import DockerPool, Pool, PoolConfig, ProcessPool, check_fits, delete_leftovers
+from tasks.retry import unless_permanent
+from tasks.upload_dataset import connect
+
+
+def make_pool(cfg: PoolConfig, run_id: str, workdir: Path, image: str | None, data: Path, out: Path) -> Pool:
+    """The configured pool backend for this run (not yet created)."""
+    if cfg.backend == "process":
+        return ProcessPool(cfg, run_id, workdir / "pools")
+    mounts = [Mount(data, DATA), Mount(out, RESULTS, read_only=False)]
+    return DockerPool(cfg, run_id, Engine(), image, mounts)
+
+
+def make_job(pool: Pool, training: TrainingConfig, data: Path, out: Path) -> Job:
+    """The launcher for `pool`: local torchrun/horovodrun, or horovodrun on the container nodes."""
+    if isinstance(pool, ProcessPool):
+        return ProcessJob(pool, launch_command(training, str(data), out))
+    return ContainerJob(pool.nodes, horovod_on_nodes(training, pool.nodes, pool.cfg.slots_per_node))
+
+
+@task(name="create-pool", retries=2, retry_delay_seconds=[5, 20], retry_condition_fn=unless_permanent,
+      cache_policy=NO_CACHE)
+def create_pool_task(pool: Pool, workers: int, pools_root: Path, keep_runs: set[str]) -> dict:
+    """Prefect step: delete pools that crashed runs left behind, then create this run's pool and wait for it."""
+    check_fits(pool.cfg, workers)
+    gone = delete_leftovers(pools_root, getattr(pool, "engine", None), keep_runs | {pool.run_id})
+    if gone:
+        get_run_logger().warning("deleted pools left behind by runs %s", ", ".join(gone))
+    pool.create()
+    pool.wait_until_ready()
+    return pool.describe()
+
+
+@task(name="run-training", retries=1, retry_delay_seconds=5, retry_condition_fn=unless_permanent,
+      cache_policy=NO_CACHE)
+def run_training_task(pool: Pool, training: TrainingConfig, data: Path, out: Path, timeout_s: float) -> dict:
+    """Prefect step: run the job on the pool, each rank's lines into the run's log; a retry resumes from checkpoints."""
+    logger = get_run_logger()
+    if isinstance(pool, ProcessPool):
+        preflight(training, str(data), out)
+    run_job(make_job(pool, training, data, out), out / "logs", logger.info, timeout_s)
+    return json.loads((out / "metrics.json").read_text())
+
+
+@task(name="delete-pool", retries=2, retry_delay_seconds=5, cache_policy=NO_CACHE)
+def delete_pool_task(pool: Pool) -> None:
+    """Prefect step: delete the pool (also after a failed or cancelled job)."""
+    pool.delete()
+
+
+@task(name="collect-results", retries=3, retry_delay_seconds=[2, 10, 30], retry_condition_fn=unless_permanent)
+def collect_results_task(out: Path, run_id: str, share_cfg: FileShareConfig, storage: StorageConfig,
+                         azurite_port: int | None, workdir: Path) -> dict:
+    """Prefect step: results to the file share under results/<run id>/, the model to Blob."""
+    share = open_share(share_cfg, workdir)
+    files = sorted(p for p in out.rglob("*") if p.is_file())
+    for path in files:
+        share.upload_file(path, f"results/{run_id}/{path.relative_to(out).as_posix()}")
+    store = connect(storage, azurite_port)
+    store.upload_file(out / "model.pt", f"results/{run_id}/model.pt")
+    return {"files": len(files), "share": share.url(f"results/{run_id}"), "model_blob": f"results/{run_id}/model.pt"}
