@@ -6,7 +6,7 @@ from prefect import flow
 from prefect.runtime import flow_run
 
 from flows.config import PipelineConfig
-from flows.report import publish_run_artifacts
+from flows.report import publish_report_task
 from flows.stage import blob_endpoint, stage_steps
 from infra.build_context import wheel_cache
 from tasks.build_image import build_image_task
@@ -31,5 +31,5 @@ def train_pipeline(cfg: PipelineConfig) -> dict:
         results = collect_results_task(out, run_id, cfg.fileshare, cfg.storage, port, cfg.workdir)
     summary = {"run_id": run_id, "dataset": cfg.dataset_name(), "pool": described, "image": image and image["image"],
                "metrics": metrics, "results": results, "out": str(out), "steps": [scripts, upload, synced]}
-    publish_run_artifacts(summary)
+    publish_report_task(summary)
     return summary

@@ -3,7 +3,7 @@
 from pathlib import Path
 from uuid import UUID
 
-from prefect import get_client
+from prefect import get_client, task
 from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 from prefect.client.schemas.sorting import TaskRunSort
@@ -68,8 +68,9 @@ def svg_plot(rows: list[dict], width: int = 480, height: int = 160) -> str:
     return "\n".join(parts + ["</svg>"])
 
 
-def publish_run_artifacts(summary: dict) -> None:
-    """The run's Prefect artifacts: summary, epochs table, plot (also saved as plot.svg), link to the results."""
+@task(name="publish-report", retries=2, retry_delay_seconds=5)
+def publish_report_task(summary: dict) -> None:
+    """Prefect step: the run's artifacts: summary, epochs table, plot (also saved as plot.svg), link to the results."""
     rows = epoch_rows(summary["metrics"])
     plot = svg_plot(rows)
     (Path(summary["out"]) / "plot.svg").write_text(plot)

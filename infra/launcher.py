@@ -17,6 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field
 REPO = Path(__file__).resolve().parents[1]
 RANK_LINE = re.compile(r"\[rank (\d+)\]")
 ERROR_LINE = re.compile(r"\[rank (\d+)\].* ERROR error: (.*)")
+# How the launchers report a worker that died without a word: torchrun's failure summary, horovodrun's line.
+DIED_LINE = re.compile(r"^\s*rank\s*:\s*(\d+) \(local_rank|Process (\d+) exit with status code (\d+)")
 
 
 class LaunchError(Exception):
@@ -169,6 +171,7 @@ def route_output(lines: Iterable[str], wait: Callable[[], int], log_dir: Path, e
     """Sort a launcher's output lines by rank into log_dir, then wait for its exit status (see run_workers)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     logs: dict[int, list[str]] = {}
+    died: list[int] = []
     with open(log_dir / "launcher.log", "w") as all_lines:
         for line in lines:
             all_lines.write(line)
@@ -176,21 +179,29 @@ def route_output(lines: Iterable[str], wait: Callable[[], int], log_dir: Path, e
             if match:
                 logs.setdefault(int(match.group(1)), []).append(line[match.start():])
                 echo(line[match.start():].rstrip("\n"))
+            elif "Root Cause" in line:  # torchrun lists the first rank to fail last, after the others
+                died.clear()
+            elif dead := DIED_LINE.search(line):
+                died.append(int(dead.group(1) or dead.group(2)))
         code = wait()
     for rank, lines in logs.items():
         (log_dir / f"rank{rank}.log").write_text("".join(lines))
     if code != 0:
-        raise LaunchError(describe_failure(code, logs, log_dir))
+        raise LaunchError(describe_failure(code, logs, log_dir, died))
     return code
 
 
-def describe_failure(code: int, logs: dict[int, list[str]], log_dir: Path) -> str:
-    """One message for a failed run: the cause (an input error before a crash that it set off), else the tails."""
+def describe_failure(code: int, logs: dict[int, list[str]], log_dir: Path, died: list[int] | None = None) -> str:
+    """One message for a failed run: the cause (an input error before a crash that it set off), else the
+    rank the launcher saw die first with its last lines, else every rank's last lines."""
     errors = [(rank, m.group(2)) for rank, lines in logs.items() for m in map(ERROR_LINE.search, lines) if m]
     causes = [e for e in errors if not e[1].startswith("unexpected ")] or errors
     if causes:
         rank, message = causes[0]
         return f"rank {rank} failed: {message}"
+    if died:
+        tail = "".join(logs.get(died[0], [])[-5:]) or "(no output)\n"
+        return f"rank {died[0]} failed: it died without an error (exit status {code}); its last lines:\n{tail}"
     tail = "".join(line for lines in logs.values() for line in lines[-5:])
     return f"training exited with status {code}; see {log_dir}/launcher.log. Last lines:\n{tail}"
 

@@ -1,0 +1,104 @@
+"""The end-to-end flow on the local default: Azurite, local folders, a process or docker pool, 2 workers."""
+
+import asyncio
+import json
+from contextlib import contextmanager
+import threading
+import time
+from pathlib import Path
+from uuid import UUID
+
+import psutil
+import pytest
+from azure.storage.blob import BlobServiceClient
+from prefect import get_client
+from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, FlowRunFilter, TaskRunFilter
+from prefect.client.schemas.sorting import ArtifactSort
+from prefect.testing.utilities import prefect_test_harness
+
+from flows.config import PipelineConfig
+from flows.pipeline import train_pipeline
+from infra.launcher import LaunchError
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(3600)]
+SMALL = dict(model="resnet18", epochs=1, batch_size=16, image_size=32, hflip=False, loader_workers=1, threads=1,
+             warmup_epochs=0, lr=0.05, log_every=5)
+
+
+@pytest.fixture(scope="module")
+def prefect_server():
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+def config(workdir: Path, data: Path, **sections) -> PipelineConfig:
+    values = {"workdir": workdir, "data": str(data), "training": {**SMALL, **sections.pop("training", {})}, **sections}
+    return PipelineConfig.model_validate(values)
+
+
+def artifacts_of(run_id: str) -> dict[str, object]:
+    async def read():  # Prefect 3.8's client sends unset filters as null, which its server (FastAPI 0.154) refuses
+        async with get_client() as client:
+            return await client.read_artifacts(
+                artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[UUID(run_id)])),
+                flow_run_filter=FlowRunFilter(), task_run_filter=TaskRunFilter(), sort=ArtifactSort.KEY_ASC, limit=50)
+    return {a.key: a for a in asyncio.run(read())}
+
+
+def test_whole_flow_on_the_process_pool(prefect_server, digits, tmp_path):
+    result = train_pipeline(config(tmp_path / "work", digits))
+    shared = tmp_path / "work" / "fileshare" / "results" / result["run_id"]
+    metrics = json.loads((shared / "metrics.json").read_text())
+    assert metrics["status"] == "complete" and metrics["world_size"] == 2
+    assert (shared / "model.pt").exists() and (shared / "logs" / "rank1.log").read_text()
+    assert list((shared / "checkpoints").iterdir())
+    assert result["results"]["model_blob"] == f"results/{result['run_id']}/model.pt"
+    assert result["pool"]["backend"] == "process" and not (tmp_path / "work" / "pools" / result["run_id"]).exists()
+    artifacts = artifacts_of(result["run_id"])
+    assert {"run-summary", "epochs", "training-plot", "results"} <= set(artifacts)
+    summary = artifacts["run-summary"].data
+    for needle in ("digits", "resnet18", "world size: 2", "images/s", "val top-1", "run-training"):
+        assert needle in summary, needle
+    assert "<polyline" in artifacts["training-plot"].data
+    assert json.loads(artifacts["epochs"].data)[0]["epoch"] == 1
+
+
+def kill_rank_one(done: threading.Event, times: int, ready) -> None:
+    """Kill the rank-1 worker (SIGKILL, no last words) once `ready()` holds, `times` times."""
+    while times and not done.is_set():
+        for proc in psutil.process_iter(["cmdline"]):
+            try:
+                argv = proc.info["cmdline"] or []
+                if any(a.endswith("train.py") for a in argv) and "--check" not in argv and proc.environ().get("RANK") == "1":
+                    while not ready() and not done.is_set():
+                        time.sleep(0.2)
+                    proc.kill()
+                    times -= 1
+                    break
+            except psutil.Error:
+                continue
+        time.sleep(0.5)
+
+
+@contextmanager
+def killing_rank_one(times: int, ready=lambda: True):
+    done = threading.Event()
+    threading.Thread(target=kill_rank_one, args=(done, times, ready), daemon=True).start()
+    try:
+        yield
+    finally:
+        done.set()
+
+
+def test_a_job_retried_after_a_worker_died_resumes_from_its_checkpoint(prefect_server, digits, tmp_path):
+    with killing_rank_one(times=1, ready=lambda: any((tmp_path / "work" / "runs").glob("*/checkpoints/*"))):
+        result = train_pipeline(config(tmp_path / "work", digits, training={"epochs": 2, "checkpoint_every": 5}))
+    metrics = result["metrics"]
+    assert metrics["status"] == "complete" and metrics["resumed_from_steps"] and metrics["resumed_from_steps"][0] >= 5
+
+
+def test_a_worker_killed_mid_run_fails_the_flow_and_leaves_no_pool(prefect_server, digits, tmp_path):
+    with killing_rank_one(times=2), pytest.raises(LaunchError, match=r"rank 1 failed: it died"):
+        train_pipeline(config(tmp_path / "work", digits, training={"epochs": 3}))
+    assert not list((tmp_path / "work" / "pools").iterdir())
+    assert not [p for p in psutil.process_iter(["cmdline"]) if str(tmp_path) in " ".join(p.info["cmdline"] or [])]
