@@ -22,7 +22,7 @@ def train_pipeline(cfg: PipelineConfig) -> dict:
         scripts, upload, synced = stage_steps(cfg, port)
         image = build_image_task(cfg.image, cfg.workdir, wheel_cache()) if cfg.pool.backend == "docker" else None
         data = Path(synced["path"]).resolve()
-        pool = make_pool(cfg.pool, run_id, cfg.workdir, image and image["image"], data, out)
+        pool = make_pool(cfg.pool, run_id, cfg.workdir, image and image["image"], data, out, cfg.image.engine)
         try:
             described = create_pool_task(pool, cfg.training.workers, cfg.workdir / "pools", set())
             metrics = run_training_task(pool, cfg.training, data, out, cfg.job.timeout_s)

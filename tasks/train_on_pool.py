@@ -21,12 +21,14 @@ from tasks.retry import unless_permanent
 from tasks.upload_dataset import connect
 
 
-def make_pool(cfg: PoolConfig, run_id: str, workdir: Path, image: str | None, data: Path, out: Path) -> Pool:
-    """The configured pool backend for this run (not yet created)."""
+def make_pool(cfg: PoolConfig, run_id: str, workdir: Path, image: str | None, data: Path, out: Path,
+              engine_url: str | None = None) -> Pool:
+    """The configured pool backend for this run (not yet created); the docker pool mounts `data` and `out`."""
     if cfg.backend == "process":
         return ProcessPool(cfg, run_id, workdir / "pools")
+    out.mkdir(parents=True, exist_ok=True)
     mounts = [Mount(data, DATA), Mount(out, RESULTS, read_only=False)]
-    return DockerPool(cfg, run_id, Engine(), image, mounts)
+    return DockerPool(cfg, run_id, Engine(engine_url), image, mounts)
 
 
 def make_job(pool: Pool, training: TrainingConfig, data: Path, out: Path) -> Job:

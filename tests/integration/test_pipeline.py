@@ -19,6 +19,7 @@ from prefect.testing.utilities import prefect_test_harness
 from flows.config import PipelineConfig
 from flows.pipeline import train_pipeline
 from infra.launcher import LaunchError
+from tests.conftest import image_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(3600)]
 SMALL = dict(model="resnet18", epochs=1, batch_size=16, image_size=32, hflip=False, loader_workers=1, threads=1,
@@ -102,3 +103,17 @@ def test_a_worker_killed_mid_run_fails_the_flow_and_leaves_no_pool(prefect_serve
         train_pipeline(config(tmp_path / "work", digits, training={"epochs": 3}))
     assert not list((tmp_path / "work" / "pools").iterdir())
     assert not [p for p in psutil.process_iter(["cmdline"]) if str(tmp_path) in " ".join(p.info["cmdline"] or [])]
+
+
+def test_whole_flow_on_the_docker_pool(prefect_server, docker_engine, registry, cpu_image, digits, tmp_path, monkeypatch):
+    monkeypatch.setenv("REGISTRY_PASSWORD", registry.password)
+    image = image_config(registry).model_dump()
+    cfg = config(tmp_path / "work", digits, image=image, pool={"backend": "docker", "nodes": 2, "slots_per_node": 1},
+                 training={"launcher": "horovodrun"})
+    result = train_pipeline(cfg)
+    assert result["image"] == cpu_image["image"]
+    assert result["metrics"]["backend"] == "horovod" and result["metrics"]["world_size"] == 2
+    shared = tmp_path / "work" / "fileshare" / "results" / result["run_id"]
+    assert (shared / "model.pt").exists() and (shared / "logs" / "rank1.log").read_text()
+    assert sorted(result["pool"]["nodes"]) == [f"trainflow-{result['run_id']}-node{i}" for i in range(2)]
+    assert not docker_engine.client.containers.list(all=True, filters={"label": f"trainflow.run={result['run_id']}"})
