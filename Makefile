@@ -1,4 +1,4 @@
-# The two commands: `make demo` (set up, then train the small data set with 2 workers) and
+# The two commands: `make demo` (set up, then run the whole pipeline on the small data set with 2 workers) and
 # `make test` (set up, then run the test suite). Both are idempotent; a warm machine reuses the venv
 # and the cached Horovod wheel.
 PYTHON ?= python3
@@ -40,7 +40,7 @@ node_modules/.installed: package.json package-lock.json
 	touch $@
 
 demo: setup
-	$(BIN)/trainflow train --config flows/configs/demo.yaml --workdir $(WORKDIR) --launcher $(LAUNCHER)
+	TRAINFLOW_TRAINING__LAUNCHER=$(LAUNCHER) $(BIN)/trainflow run --config flows/configs/demo.yaml --workdir $(WORKDIR)
 
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

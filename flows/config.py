@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from infra.blobstore import StorageConfig
 from infra.fileshare import FileShareConfig
@@ -51,6 +51,13 @@ class PipelineConfig(BaseModel):
     """The training image: Dockerfile flavour, base, registry and credentials."""
     fileserver_export: Path | None = None
     """The file server's export folder (on Azure: where the NFS share is mounted); unset: <workdir>/fileserver."""
+
+    @model_validator(mode="after")
+    def _docker_pool_uses_horovod(self) -> "PipelineConfig":
+        if self.pool.backend == "docker" and self.training.launcher != "horovodrun":
+            raise ValueError("the docker pool launches its workers with horovodrun across the container nodes; "
+                             "set training.launcher: horovodrun")
+        return self
 
     def dataset_name(self) -> str:
         """The data set's name: configured, else the data folder's name, lowercased to [a-z0-9-]."""
@@ -119,6 +126,9 @@ def describe(exc: ValidationError, path: Path | None) -> str:
     lines = []
     for err in exc.errors():
         where = ".".join(str(p) for p in err["loc"])
+        if not where:  # a rule across sections: its message says which settings
+            lines.append(f"invalid config: {err['msg'].removeprefix('Value error, ')}")
+            continue
         # an unknown key's value is not shown: it may be a secret set under the wrong name
         given = f" = {err['input']!r}" if err["type"] not in ("missing", "extra_forbidden") else ""
         lines.append(f"invalid setting {where}{given}: {err['msg']}")

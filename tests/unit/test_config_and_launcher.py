@@ -80,3 +80,9 @@ def test_unknown_trainflow_variable_is_named_without_its_value():
     with pytest.raises(ConfigError, match="invalid setting registry_password: Extra inputs") as failure:
         load_config(None, {}, environ={"TRAINFLOW_REGISTRY_PASSWORD": "s3cret-value"})
     assert "s3cret-value" not in str(failure.value)
+
+
+def test_docker_pool_needs_horovodrun():
+    with pytest.raises(ConfigError, match="^invalid config: the docker pool launches .* set training.launcher: horovodrun"):
+        load_config(None, {"pool": {"backend": "docker"}}, environ={})
+    load_config(None, {"pool": {"backend": "docker"}, "training": {"launcher": "horovodrun"}}, environ={})

@@ -1,0 +1,52 @@
+"""Pool slots and leftovers, and the run report's pieces."""
+
+import subprocess
+
+import pytest
+
+from flows.report import epoch_rows, summary_markdown, svg_plot
+from infra.pools import PoolConfig, PoolError, ProcessPool, check_fits, delete_leftovers, leftover_runs
+
+
+def test_more_workers_than_slots_is_refused_with_the_fix():
+    check_fits(PoolConfig(slots_per_node=2), 2)
+    check_fits(PoolConfig(backend="docker", nodes=3, slots_per_node=1), 3)
+    with pytest.raises(PoolError, match="training.workers is 3 but the process pool has 2 slots") as failure:
+        check_fits(PoolConfig(), 3)
+    assert failure.value.permanent and "pool.slots_per_node" in str(failure.value)
+
+
+def test_process_pool_lifecycle_and_leftovers(tmp_path):
+    crashed = ProcessPool(PoolConfig(), "crashed-run", tmp_path)
+    crashed.create()
+    sleeper = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    crashed.record_process(sleeper.pid)
+    pool = ProcessPool(PoolConfig(), "this-run", tmp_path)
+    pool.create()
+    pool.wait_until_ready()
+    assert pool.describe()["state"] == "ready" and pool.describe()["slots"] == 2
+    assert leftover_runs(tmp_path, None, {"this-run"}) == {"crashed-run"}
+    assert delete_leftovers(tmp_path, None, {"this-run"}) == ["crashed-run"]
+    assert sleeper.wait(timeout=10) != 0 and not crashed.folder.exists()
+    pool.delete()
+    assert pool.describe()["state"] == "deleted"
+    with pytest.raises(PoolError, match="was not created"):
+        pool.wait_until_ready()
+
+
+METRICS = {"model": "resnet18", "world_size": 2, "backend": "ddp", "images_per_sec": 123.4, "final_val_top1": 0.5,
+           "epochs": [{"epoch": 1, "train_loss": 2.0, "val_top1": 0.25, "images_per_sec": 100.0, "step": 9},
+                      {"epoch": 2, "train_loss": 1.0, "val_top1": 0.5, "images_per_sec": 120.0, "step": 18}]}
+
+
+def test_report_pieces():
+    rows = epoch_rows(METRICS)
+    assert rows[1] == {"epoch": 2, "train_loss": 1.0, "val_top1": 0.5, "images_per_sec": 120.0}
+    plot = svg_plot(rows)
+    assert plot.count("<polyline") == 3 and "val top-1 0.25-0.5" in plot
+    summary = {"run_id": "r1", "dataset": "digits", "metrics": METRICS, "pool": {"backend": "process"},
+               "image": None, "results": {"share": "/share/results/r1"}}
+    text = summary_markdown(summary, {"upload-scripts": 1.5, "run-training": 60.0})
+    for needle in ("world size: 2 (ddp)", "123.4 images/s", "val top-1: 50.00%", "| run-training | 60.0 |",
+                   "/share/results/r1", "not measured"):
+        assert needle in text, needle
