@@ -139,14 +139,24 @@ def stage(config: ConfigOpt = None, data: DataOpt = None, workdir: WorkdirOpt = 
 
 @app.command()
 @friendly_errors
-def run(config: ConfigOpt = None, data: DataOpt = None, workdir: WorkdirOpt = None) -> None:
+def run(config: ConfigOpt = None, data: DataOpt = None, workdir: WorkdirOpt = None,
+        dry_run: Annotated[bool, typer.Option("--dry-run", help="Print what each step would do or skip; change nothing.")] = False,
+        ) -> None:
     """The whole pipeline as one Prefect flow: stage, build (docker pool), pool, train, collect; prints the summary."""
     cfg = configure(config, data, workdir)
     if cfg.data == "synthetic":
         raise ConfigError("the pipeline trains on staged data; pass --data DIR (or nothing, for the digits set)")
+    check_fits(cfg.pool, cfg.training.workers)
+    if dry_run:  # nothing is written, not even the digits set
+        from flows.plan import plan_run
+        from tasks.progress import print_summary_table
+
+        if cfg.data:
+            check_names(relative_paths(Path(cfg.data)))
+        planned = cfg.model_copy(update={"data": cfg.data or str(cfg.workdir / "data" / "digits")})
+        return print_summary_table(plan_run(planned), title="trainflow run --dry-run: the plan (nothing was changed)")
     cfg = cfg.model_copy(update={"data": data_folder(cfg), "workdir": cfg.workdir.resolve()})
     check_names(relative_paths(Path(cfg.data)))  # bad data fails here, before any service starts
-    check_fits(cfg.pool, cfg.training.workers)
     use_prefect(cfg.workdir)
     from flows.pipeline import train_pipeline
 

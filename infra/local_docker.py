@@ -99,16 +99,21 @@ def require_binary(name: str, package: str) -> str:
     return path
 
 
+def local_base_tag() -> str:
+    """The local base image's name: a hash of its recipe."""
+    pins = (CONTAINERS / "requirements" / "torch.txt").read_text()
+    recipe = hashlib.sha256(f"bookworm\n{BASE_PACKAGES}\n{DEBIAN_MIRROR}\n{pins}".encode()).hexdigest()[:12]
+    return f"trainflow-local/python-torch:{recipe}"
+
+
 def local_base_image(engine: Engine, log: Log) -> str:
     """A base image with Debian's Python 3.11 and the pinned torch in /opt/venv, made here once.
 
     Its tag is a hash of the recipe (packages, mirror, torch pins), so a changed pin makes a new one."""
-    pins = (CONTAINERS / "requirements" / "torch.txt").read_text()
-    recipe = hashlib.sha256(f"bookworm\n{BASE_PACKAGES}\n{DEBIAN_MIRROR}\n{pins}".encode()).hexdigest()[:12]
-    tag = f"trainflow-local/python-torch:{recipe}"
+    tag = local_base_tag()
     if engine.has_image(tag):
         return tag
-    debian = f"trainflow-local/debian-python:{recipe}"
+    debian = f"trainflow-local/debian-python:{tag.rsplit(':', 1)[1]}"
     if not engine.has_image(debian):
         debootstrap_image(engine, debian, log)
     install_torch(engine, debian, tag, log)

@@ -70,11 +70,11 @@ def in_parallel(items: dict, work: Callable[[str, object, Path], None], tmp_root
         list(pool.map(one, items.items()))
 
 
-def print_summary_table(rows: list[dict], console: Console | None = None) -> None:
-    """One table of `Transfer.row()`s: files, bytes, seconds, MB/s and what was skipped, per step."""
-    table = Table(title="staging summary")
+def print_summary_table(rows: list[dict], console: Console | None = None, title: str = "staging summary") -> None:
+    """One table of rows (by default `Transfer.row()`s: files, bytes, seconds, MB/s and what was skipped, per step)."""
+    table = Table(title=title)
     for column in rows[0]:
-        table.add_column(column, justify="left" if column == "step" else "right")
+        table.add_column(column, justify="left" if column in ("step", "detail") else "right")
     for row in rows:
         table.add_row(*(str(v) for v in row.values()))
     (console or Console()).print(table)

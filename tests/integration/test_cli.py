@@ -17,7 +17,7 @@ QUICK = ["--model", "resnet18", "--epochs", "1", "--workers", "2", "--batch-size
 LEAVES = [["train"], ["stage"], ["data", "digits"], ["bench", "train"], ["bench", "staging"]]
 
 
-@pytest.mark.parametrize("command", [[], ["data"], ["bench"], ["build"], ["bench", "images"], *LEAVES])
+@pytest.mark.parametrize("command", [[], ["data"], ["bench"], ["build"], ["bench", "images"], ["run"], *LEAVES])
 def test_every_command_has_help(command):
     result = CliRunner().invoke(app, [*command, "--help"])
     assert result.exit_code == 0 and "Usage" in result.output
@@ -100,3 +100,11 @@ def test_the_cli_does_not_import_prefect_before_it_sets_prefects_settings():
     """Prefect reads its settings (home, timeouts) when first imported: the CLI sets them first."""
     code = "import sys, flows.cli; sys.exit('prefect' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_dry_run_on_a_fresh_workdir_writes_nothing(tmp_path):
+    done = run_cli("run", "--dry-run", "--workdir", str(tmp_path / "fresh"))
+    assert done.returncode == 0, done.stderr
+    for step in ("upload-scripts", "upload-dataset", "create-pool", "run-training", "collect-results"):
+        assert step in done.stdout
+    assert "write the digits set" in done.stdout and not (tmp_path / "fresh").exists()

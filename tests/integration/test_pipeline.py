@@ -18,6 +18,7 @@ from prefect.testing.utilities import prefect_test_harness
 
 from flows.config import PipelineConfig
 from flows.pipeline import train_pipeline
+from flows.plan import plan_run
 from infra.launcher import LaunchError
 from tests.conftest import image_config
 
@@ -46,8 +47,13 @@ def artifacts_of(run_id: str) -> dict[str, object]:
     return {a.key: a for a in asyncio.run(read())}
 
 
-def test_whole_flow_on_the_process_pool(prefect_server, digits, tmp_path):
-    result = train_pipeline(config(tmp_path / "work", digits))
+def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
+    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*") if p.is_file()}
+
+
+def test_whole_flow_on_the_process_pool_then_a_dry_run_plans_to_skip_staging(prefect_server, digits, tmp_path):
+    cfg = config(tmp_path / "work", digits)
+    result = train_pipeline(cfg)
     shared = tmp_path / "work" / "fileshare" / "results" / result["run_id"]
     metrics = json.loads((shared / "metrics.json").read_text())
     assert metrics["status"] == "complete" and metrics["world_size"] == 2
@@ -62,6 +68,11 @@ def test_whole_flow_on_the_process_pool(prefect_server, digits, tmp_path):
         assert needle in summary, needle
     assert "<polyline" in artifacts["training-plot"].data
     assert json.loads(artifacts["epochs"].data)[0]["epoch"] == 1
+    before = snapshot(tmp_path / "work")
+    plan = {row["step"]: row for row in plan_run(cfg)}
+    assert [plan[s]["action"] for s in ("upload-scripts", "upload-dataset", "sync-to-file-server")] == ["skip"] * 3
+    assert plan["run-training"]["action"] == "run" and "torch.distributed.run" in plan["run-training"]["detail"]
+    assert snapshot(tmp_path / "work") == before
 
 
 def kill_rank_one(done: threading.Event, times: int, ready) -> None:

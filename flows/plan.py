@@ -1,0 +1,92 @@
+"""`trainflow run --dry-run`: what each step would do and what it would skip, changing nothing.
+
+Every check reads only: the scripts' content version against the file share, the data folder's
+listing against the file server's current copy (paths and sizes; the real run compares SHA-256),
+the image's content tag against the local engine, the pool's slots against the workers.
+"""
+
+import tempfile
+from pathlib import Path
+
+from flows.config import PipelineConfig
+from infra.build_context import assemble_context, context_tag, wheel_cache
+from infra.container_nodes import horovod_on_nodes
+from infra.fileserver import FileServer
+from infra.fileshare import open_share
+from infra.images import Engine, ImageError
+from infra.launcher import launch_command
+from tasks.build_image import build_args
+from infra.local_docker import local_base_tag
+from tasks.manifest import check_names, relative_paths, sha256_file
+from tasks.upload_scripts import package_files, scripts_version
+
+
+def plan_run(cfg: PipelineConfig) -> list[dict]:
+    """One row per step: step, action (run or skip), and why."""
+    rows = [plan_scripts(cfg), *plan_data(cfg)]
+    if cfg.pool.backend == "docker":
+        rows.append(plan_image(cfg))
+    slots = cfg.pool.slots()
+    rows.append(row("create-pool", "run", f"{cfg.pool.backend} pool, {slots} slots for {cfg.training.workers} workers"))
+    rows.append(row("run-training", "run", " ".join(job_command(cfg))))
+    rows.append(row("collect-results", "run", "results/<run id>/ on the file share, the model to Blob"))
+    return rows
+
+
+def row(step: str, action: str, detail: str) -> dict:
+    return {"step": step, "action": action, "detail": detail}
+
+
+def plan_scripts(cfg: PipelineConfig) -> dict:
+    """Skip when the share already holds this content version of the scripts."""
+    files = package_files(cfg.fileshare.extra_files)
+    version = scripts_version({rel: sha256_file(path) for rel, path in files.items()})
+    if open_share(cfg.fileshare, cfg.workdir).exists(f"scripts/{version}/.complete"):
+        return row("upload-scripts", "skip", f"version {version} is already on the share")
+    return row("upload-scripts", "run", f"upload {len(files)} files as version {version}")
+
+
+def plan_data(cfg: PipelineConfig) -> list[dict]:
+    """Skip upload and sync when the file server's copy lists the same paths with the same sizes."""
+    data, name = Path(cfg.data), cfg.dataset_name()
+    if not data.exists():  # the digits set, not written yet
+        what = f"write the digits set to {data}, then stage it (never staged)"
+        return [row("upload-dataset", "run", what), row("sync-to-file-server", "run", what)]
+    check_names(relative_paths(data))
+    local = {rel: (data / rel).stat().st_size for rel in relative_paths(data)}
+    current = FileServer(cfg.export_dir()).current_manifest(name)
+    served = {f["path"]: f["size"] for f in current[1]["files"]} if current else {}
+    changed = sum(1 for rel, size in local.items() if served.get(rel) != size) + len(served.keys() - local.keys())
+    if current and not changed:
+        why = f"the file server's copy of {name} has the same {len(local)} files (paths and sizes)"
+        return [row("upload-dataset", "skip", why), row("sync-to-file-server", "skip", why)]
+    what = f"{changed} of {len(local)} files new, changed or removed" if current else f"{len(local)} files, never staged"
+    return [row("upload-dataset", "run", f"{name}: {what}"), row("sync-to-file-server", "run", f"{name}: {what}")]
+
+
+def plan_image(cfg: PipelineConfig) -> dict:
+    """Skip the build when the local engine already holds the content tag (the push is checked at run time)."""
+    image = cfg.image
+    base = local_base_tag() if image.base_image == "local" else image.base_image
+    with tempfile.TemporaryDirectory() as tmp:
+        tag = context_tag(assemble_context(image.flavour, Path(tmp) / "ctx", image.python, wheel_cache()),
+                          build_args(image, base))
+    name = f"{image.image_name()}:{tag}"
+    try:
+        built = Engine(image.engine).has_image(name)
+    except ImageError as exc:
+        return row("build-image", "run", f"{name}; {exc}")
+    push = f", push unless {image.registry} has it" if image.registry else ""
+    return row("build-image", "skip" if built and not image.registry else "run",
+               f"{name}: {'already built' if built else 'build'}{push}")
+
+
+def job_command(cfg: PipelineConfig) -> list[str]:
+    """The launcher command the job would run (container paths on the docker pool)."""
+    if cfg.pool.backend == "docker":
+        from infra.container_nodes import ContainerNodes
+
+        nodes = ContainerNodes(None, "<run id>", [f"node{i}" for i in range(cfg.pool.nodes)])
+        return horovod_on_nodes(cfg.training, nodes, cfg.pool.slots_per_node)
+    return launch_command(cfg.training, str(FileServer(cfg.export_dir()).current(cfg.dataset_name())),
+                          cfg.workdir / "runs" / "<run id>")
