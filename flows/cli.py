@@ -3,6 +3,7 @@
 import functools
 import logging
 import os
+import subprocess
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -163,6 +164,57 @@ def run(config: ConfigOpt = None, data: DataOpt = None, workdir: WorkdirOpt = No
     result = train_pipeline(cfg)
     print_summary(result["metrics"], Path(result["out"]))
     print(f"results on the file share: {result['results']['share']}")
+
+
+@app.command()
+@friendly_errors
+def deploy(
+    config: ConfigOpt = None, data: DataOpt = None, workdir: WorkdirOpt = None,
+    name: Annotated[str, typer.Option(help="Deployment name.")] = "scheduled",
+    cron: Annotated[Optional[str], typer.Option(help="Cron schedule, e.g. '0 2 * * *'; none: manual runs only.")] = None,
+    serve: Annotated[bool, typer.Option("--serve", help="Keep serving the deployment here (runs execute in this process).")] = False,
+) -> None:
+    """Create a deployment of the pipeline with the config as its parameters and an optional cron schedule."""
+    cfg = configure(config, data, workdir)
+    cfg = cfg.model_copy(update={"workdir": cfg.workdir.resolve()})
+    use_prefect(cfg.workdir)
+    if cron and not cron_valid(cron):
+        raise ConfigError(f"--cron {cron!r} is not a cron expression such as '0 2 * * *' (minute hour day month weekday)")
+    cfg = cfg.model_copy(update={"data": data_folder(cfg)})
+    from flows.deploy import deploy_pipeline
+
+    deployment_id = deploy_pipeline(cfg, name, cron, serve)
+    print(f"deployment train-pipeline/{name} ({deployment_id}); run it with "
+          f"`prefect deployment run 'train-pipeline/{name}'` or from the UI (`trainflow ui`)")
+
+
+def cron_valid(expression: str) -> bool:
+    """Whether `expression` is a cron expression (Prefect's own check)."""
+    from prefect.client.schemas.schedules import CronSchedule
+    from pydantic import ValidationError
+
+    try:
+        CronSchedule(cron=expression)
+        return True
+    except ValidationError:
+        return False
+
+
+@app.command()
+@friendly_errors
+def ui(
+    workdir: WorkdirOpt = None,
+    port: Annotated[int, typer.Option(help="Port of the UI and API.")] = 4200,
+) -> None:
+    """Start the Prefect server and UI on this machine (state under the workdir) until Ctrl-C."""
+    cfg = configure(None, None, workdir)
+    home = cfg.workdir.resolve() / "prefect"
+    home.mkdir(parents=True, exist_ok=True)
+    print(f"Prefect UI at http://127.0.0.1:{port}  (for trainflow run/deploy against it: "
+          f"export PREFECT_API_URL=http://127.0.0.1:{port}/api)", flush=True)
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    prefect = str(Path(sys.executable).parent / "prefect")
+    sys.exit(subprocess.call([prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port)], env=env))
 
 
 @app.command()

@@ -8,6 +8,8 @@ behind can be found and removed.
 """
 
 import json
+import os
+import socket
 import tempfile
 import time
 from contextlib import contextmanager
@@ -23,6 +25,7 @@ from infra.images import Engine, ImageError
 from infra.launcher import TrainingConfig, engine_argv, horovodrun_options, route_output
 
 LABEL = "trainflow.run"
+OWNER = "trainflow.owner"  # host:pid of the process that made the pool; a pool whose owner is gone is a leftover
 SSH_PORT = 2222
 IMAGE_ENGINE = "/opt/trainflow/trainer/train.py"  # where the images put the training package
 DATA, RESULTS = "/data", "/results"
@@ -100,7 +103,8 @@ def start_nodes(engine: Engine, image: str, count: int, run_id: str, mounts: lis
     nodes = ContainerNodes(engine, run_id)
     remove_nodes(engine, run_id)  # what an earlier crashed run with this id left behind
     try:
-        engine.client.networks.create(nodes.network, driver="bridge", labels={LABEL: run_id})
+        labels = {LABEL: run_id, OWNER: owner()}
+        engine.client.networks.create(nodes.network, driver="bridge", labels=labels)
         with tempfile.TemporaryDirectory(prefix="trainflow-ssh-") as keys:
             write_key_pair(Path(keys))
             volumes = {str(m.source.resolve()): {"bind": m.target, "mode": "ro" if m.read_only else "rw"} for m in mounts}
@@ -109,12 +113,31 @@ def start_nodes(engine: Engine, image: str, count: int, run_id: str, mounts: lis
                 name = f"node{index}"
                 engine.client.containers.run(
                     image, ["sh", "-c", NODE_START], name=nodes.container(index), hostname=name, detach=True,
-                    network=nodes.network, labels={LABEL: run_id}, volumes=volumes, shm_size=shm_size)
+                    network=nodes.network, labels=labels, volumes=volumes, shm_size=shm_size)
                 nodes.names.append(name)
             wait_for_sshd(nodes, count)
     except APIError as exc:
         raise ImageError(f"starting {count} nodes of {image} failed: {exc.explanation or exc}") from None
     return nodes
+
+
+def owner() -> str:
+    """This process, as host:pid."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def owner_alive(label: str) -> bool:
+    """Whether the process named by an owner label still runs (owners on other hosts are assumed alive)."""
+    host, _, pid = label.rpartition(":")
+    if host != socket.gethostname():
+        return True
+    try:
+        os.kill(int(pid), 0)
+        return True
+    except (ProcessLookupError, ValueError):
+        return False
+    except PermissionError:
+        return True
 
 
 def wait_for_sshd(nodes: ContainerNodes, count: int, attempts: int = 100) -> None:

@@ -19,7 +19,7 @@ from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from infra.container_nodes import LABEL, ContainerNodes, Mount, remove_nodes, start_nodes
+from infra.container_nodes import LABEL, OWNER, ContainerNodes, Mount, owner, owner_alive, remove_nodes, start_nodes
 from infra.images import Engine
 
 
@@ -87,7 +87,7 @@ class ProcessPool:
 
     def create(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
-        (self.folder / "pool.json").write_text(json.dumps({LABEL: self.run_id, "backend": "process"}))
+        (self.folder / "pool.json").write_text(json.dumps({LABEL: self.run_id, OWNER: owner(), "backend": "process"}))
 
     def wait_until_ready(self) -> None:
         if not (self.folder / "pool.json").exists():
@@ -140,11 +140,15 @@ class DockerPool:
 
 
 def leftover_runs(root: Path, engine: Engine | None, keep: set[str]) -> set[str]:
-    """Run ids of pools (process marker folders and labelled containers) that are not in `keep`."""
-    found = {p.name for p in root.iterdir() if (p / "pool.json").exists()} if root.exists() else set()
+    """Run ids of pools whose owning process is gone (crashed runs), other than those in `keep`."""
+    found = set()
+    for marker in root.glob("*/pool.json") if root.exists() else []:
+        if not owner_alive(json.loads(marker.read_text()).get(OWNER, "")):
+            found.add(marker.parent.name)
     if engine is not None:
         for container in engine.client.containers.list(all=True, filters={"label": LABEL}):
-            found.add(container.labels[LABEL])
+            if not owner_alive(container.labels.get(OWNER, "")):
+                found.add(container.labels[LABEL])
     return found - keep
 
 

@@ -86,3 +86,19 @@ def test_docker_pool_needs_horovodrun():
     with pytest.raises(ConfigError, match="^invalid config: the docker pool launches .* set training.launcher: horovodrun"):
         load_config(None, {"pool": {"backend": "docker"}}, environ={})
     load_config(None, {"pool": {"backend": "docker"}, "training": {"launcher": "horovodrun"}}, environ={})
+
+
+def test_prefect_yaml_deploys_the_pipeline_with_valid_parameters():
+    import importlib
+
+    import yaml
+
+    from flows.config import PipelineConfig
+
+    repo = Path(__file__).resolve().parents[2]
+    for deployment in yaml.safe_load((repo / "prefect.yaml").read_text())["deployments"]:
+        path, name = deployment["entrypoint"].split(":")
+        flow = getattr(importlib.import_module(path.removesuffix(".py").replace("/", ".")), name)
+        assert flow.name == "train-pipeline"
+        PipelineConfig.model_validate(deployment["parameters"]["cfg"])
+        assert deployment["schedules"][0]["cron"]

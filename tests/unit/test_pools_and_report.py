@@ -1,10 +1,13 @@
 """Pool slots and leftovers, and the run report's pieces."""
 
+import json
+import socket
 import subprocess
 
 import pytest
 
 from flows.report import epoch_rows, summary_markdown, svg_plot
+from infra.container_nodes import OWNER
 from infra.pools import PoolConfig, PoolError, ProcessPool, check_fits, delete_leftovers, leftover_runs
 
 
@@ -21,12 +24,16 @@ def test_process_pool_lifecycle_and_leftovers(tmp_path):
     crashed.create()
     sleeper = subprocess.Popen(["sleep", "60"], start_new_session=True)
     crashed.record_process(sleeper.pid)
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # the crashed run's flow process: no longer running
+    marker = json.loads((crashed.folder / "pool.json").read_text())
+    (crashed.folder / "pool.json").write_text(json.dumps({**marker, OWNER: f"{socket.gethostname()}:{gone.pid}"}))
     pool = ProcessPool(PoolConfig(), "this-run", tmp_path)
     pool.create()
     pool.wait_until_ready()
     assert pool.describe()["state"] == "ready" and pool.describe()["slots"] == 2
-    assert leftover_runs(tmp_path, None, {"this-run"}) == {"crashed-run"}
-    assert delete_leftovers(tmp_path, None, {"this-run"}) == ["crashed-run"]
+    assert leftover_runs(tmp_path, None, set()) == {"crashed-run"}  # a live owner's pool (this run) is kept
+    assert delete_leftovers(tmp_path, None, set()) == ["crashed-run"]
     assert sleeper.wait(timeout=10) != 0 and not crashed.folder.exists()
     pool.delete()
     assert pool.describe()["state"] == "deleted"
