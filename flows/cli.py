@@ -307,6 +307,21 @@ def bench_images(
     run_bench(load_config(config, {"workdir": workdir}), json_out)
 
 
+@bench_app.command("pipeline")
+@friendly_errors
+def bench_pipeline(
+    config: ConfigOpt = None, data: DataOpt = None, workdir: WorkdirOpt = None,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the figures to this JSON file.")] = None,
+) -> None:
+    """The same job directly (torchrun) and through the whole flow with every earlier step cached: the flow's overhead."""
+    cfg = configure(config, data, workdir)
+    cfg = cfg.model_copy(update={"data": data_folder(cfg), "workdir": cfg.workdir.resolve()})
+    use_prefect(cfg.workdir)
+    from flows.benchmarks import bench_pipeline as run_bench
+
+    run_bench(cfg, json_out)
+
+
 def main() -> None:
     """Entry point for `python -m flows.cli`."""
     sys.exit(app())

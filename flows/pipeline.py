@@ -31,5 +31,4 @@ def train_pipeline(cfg: PipelineConfig) -> dict:
         results = collect_results_task(out, run_id, cfg.fileshare, cfg.storage, port, cfg.workdir)
     summary = {"run_id": run_id, "dataset": cfg.dataset_name(), "pool": described, "image": image and image["image"],
                "metrics": metrics, "results": results, "out": str(out), "steps": [scripts, upload, synced]}
-    publish_report_task(summary)
-    return summary
+    return {**summary, "step_seconds": publish_report_task(summary)}

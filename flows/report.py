@@ -69,12 +69,15 @@ def svg_plot(rows: list[dict], width: int = 480, height: int = 160) -> str:
 
 
 @task(name="publish-report", retries=2, retry_delay_seconds=5)
-def publish_report_task(summary: dict) -> None:
-    """Prefect step: the run's artifacts: summary, epochs table, plot (also saved as plot.svg), link to the results."""
+def publish_report_task(summary: dict) -> dict[str, float]:
+    """Prefect step: the run's artifacts (summary, epochs table, plot, also saved as plot.svg, link to the
+    results); returns the seconds of each step."""
     rows = epoch_rows(summary["metrics"])
     plot = svg_plot(rows)
     (Path(summary["out"]) / "plot.svg").write_text(plot)
-    create_markdown_artifact(key="run-summary", markdown=summary_markdown(summary, step_durations(summary["run_id"])))
+    durations = step_durations(summary["run_id"])
+    create_markdown_artifact(key="run-summary", markdown=summary_markdown(summary, durations))
     create_table_artifact(key="epochs", table=rows, description="Per-epoch metrics")
     create_markdown_artifact(key="training-plot", markdown=f"# Loss, accuracy and throughput per epoch\n\n{plot}\n")
     create_link_artifact(key="results", link=summary["results"]["share"], link_text="results of this run")
+    return durations

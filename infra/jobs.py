@@ -17,7 +17,7 @@ from typing import Callable, Iterator, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from infra.container_nodes import IMAGE_ENGINE, ContainerNodes, split_lines
+from infra.container_nodes import ContainerNodes, split_lines
 from infra.launcher import LaunchError, route_output
 from infra.pools import ProcessPool
 
@@ -96,9 +96,10 @@ class ContainerJob:
         return None if state["Running"] else state["ExitCode"]
 
     def cancel(self) -> None:
+        # On every node: SIGTERM to every process but the node's init (sshd), so launcher and workers stop.
         for index in range(len(self.nodes.names)):
             self.nodes.engine.api.exec_start(self.nodes.engine.api.exec_create(
-                self.nodes.container(index), ["pkill", "-TERM", "-f", f"horovodrun|torchrun|{IMAGE_ENGINE}"])["Id"])
+                self.nodes.container(index), ["sh", "-c", "kill -TERM -1"])["Id"])
 
 
 def run_job(job: Job, log_dir: Path, echo: Callable[[str], None], timeout_s: float) -> int:
