@@ -21,16 +21,14 @@ from azure.core.exceptions import (
 from azure.storage.blob import BlobServiceClient, ContainerClient, ExponentialRetry
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from infra.errors import StepError
+
 CONTAINER_NAME = re.compile(r"^(?=.{3,63}$)[a-z0-9](?:[a-z0-9]|-(?!-))*[a-z0-9]$")
 SECRET_PATTERNS = [re.compile(p) for p in (r"(sig=)[^&\s'\"]+", r"(AccountKey=)[^;\s'\"]+", r"(SharedAccessSignature=)[^;\s'\"]+")]
 
 
-class StorageError(Exception):
+class StorageError(StepError):
     """A storage operation failed; `permanent` errors (credentials, names) are not worth a retry."""
-
-    def __init__(self, message: str, permanent: bool = False):
-        super().__init__(message)
-        self.permanent = permanent
 
 
 class StorageConfig(BaseModel):

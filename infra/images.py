@@ -14,6 +14,8 @@ import docker
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 from pydantic import BaseModel, ConfigDict, field_validator
 
+from infra.errors import StepError
+
 # The grammar of github.com/distribution/reference: lowercase path components joined by / and a
 # registry host[:port] in front.
 PATH_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
@@ -24,12 +26,8 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")  # colour codes in build output
 Log = Callable[[str], None]
 
 
-class ImageError(Exception):
+class ImageError(StepError):
     """Building, pushing or pulling an image failed; `permanent` errors are not worth a retry."""
-
-    def __init__(self, message: str, permanent: bool = False):
-        super().__init__(message)
-        self.permanent = permanent
 
 
 class ImageConfig(BaseModel):

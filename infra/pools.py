@@ -20,15 +20,12 @@ from typing import Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field
 
 from infra.container_nodes import LABEL, OWNER, ContainerNodes, Mount, owner, owner_alive, remove_nodes, start_nodes
+from infra.errors import StepError
 from infra.images import Engine
 
 
-class PoolError(Exception):
+class PoolError(StepError):
     """A pool could not be created or used; `permanent` errors are not worth a retry."""
-
-    def __init__(self, message: str, permanent: bool = False):
-        super().__init__(message)
-        self.permanent = permanent
 
 
 class PoolConfig(BaseModel):
