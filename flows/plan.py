@@ -10,13 +10,13 @@ from pathlib import Path
 
 from flows.config import PipelineConfig
 from infra.build_context import assemble_context, context_tag, wheel_cache
-from infra.container_nodes import horovod_on_nodes
+from infra.container_nodes import ContainerNodes, horovod_on_nodes
 from infra.fileserver import FileServer
 from infra.fileshare import open_share
 from infra.images import Engine, ImageError
 from infra.launcher import launch_command
-from tasks.build_image import build_args
 from infra.local_docker import local_base_tag
+from tasks.build_image import build_args
 from tasks.manifest import check_names, relative_paths, sha256_file
 from tasks.upload_scripts import package_files, scripts_version
 
@@ -84,8 +84,6 @@ def plan_image(cfg: PipelineConfig) -> dict:
 def job_command(cfg: PipelineConfig) -> list[str]:
     """The launcher command the job would run (container paths on the docker pool)."""
     if cfg.pool.backend == "docker":
-        from infra.container_nodes import ContainerNodes
-
         nodes = ContainerNodes(None, "<run id>", [f"node{i}" for i in range(cfg.pool.nodes)])
         return horovod_on_nodes(cfg.training, nodes, cfg.pool.slots_per_node)
     return launch_command(cfg.training, str(FileServer(cfg.export_dir()).current(cfg.dataset_name())),
