@@ -103,7 +103,7 @@ def killing_rank_one(times: int, ready=lambda: True):
 
 
 def test_a_job_retried_after_a_worker_died_resumes_from_its_checkpoint(prefect_server, digits, tmp_path):
-    with killing_rank_one(times=1, ready=lambda: any((tmp_path / "work" / "runs").glob("*/checkpoints/*"))):
+    with killing_rank_one(times=1, ready=lambda: any((tmp_path / "work" / "runs").glob("*/checkpoints/step-*.pt"))):
         result = train_pipeline(config(tmp_path / "work", digits, training={"epochs": 2, "checkpoint_every": 5}))
     metrics = result["metrics"]
     assert metrics["status"] == "complete" and metrics["resumed_from_steps"] and metrics["resumed_from_steps"][0] >= 5
