@@ -12,11 +12,11 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
-from flows.config import ConfigError, PipelineConfig, load_config
+from flows.config import STAGED, ConfigError, PipelineConfig, load_config
 from infra.blobstore import StorageError
 from infra.fileserver import FileServerError
 from infra.images import ImageError
-from infra.pools import PoolError, check_fits
+from infra.pools import PoolError, check_fits, share_on_this_machine
 from infra.launcher import LaunchError, train_locally
 from infra.sample_data import write_digits
 from infra.services import ServiceError
@@ -70,9 +70,9 @@ def configure(config: Path | None, data: str | None, workdir: Path | None, train
 
 
 def data_folder(cfg: PipelineConfig) -> str:
-    """The data to train on: the configured folder, 'synthetic', or the digits set (written once)."""
+    """The data to train on: the configured folder, 'synthetic', 'staged', or the digits set (written once)."""
     if cfg.data:
-        return cfg.data if cfg.data == "synthetic" else str(Path(cfg.data).resolve())
+        return cfg.data if cfg.data in ("synthetic", STAGED) else str(Path(cfg.data).resolve())
     return str(digits_at(cfg.workdir / "data" / "digits"))
 
 
@@ -83,6 +83,12 @@ def digits_at(dest: Path) -> Path:
     except OSError as exc:
         raise ConfigError(f"cannot write the digits set to {dest} ({exc.strerror}); "
                           "pass a writable --workdir or --data") from None
+
+
+def check_data_names(cfg: PipelineConfig) -> None:
+    """Refuse a local data folder whose file names cannot be staged (nothing to check for staged data)."""
+    if cfg.data and cfg.data != STAGED:
+        check_names(relative_paths(Path(cfg.data)))
 
 
 def echo_line(line: str) -> None:
@@ -125,8 +131,8 @@ def print_summary(metrics: dict, out: Path) -> None:
 def stage(config: ConfigOpt = None, data: DataOpt = None, workdir: WorkdirOpt = None) -> None:
     """Stage the data as a Prefect flow: scripts to the file share, data set to Blob, Blob to the file server."""
     cfg = configure(config, data, workdir)
-    if cfg.data == "synthetic":
-        raise ConfigError("synthetic data lives in the training engine and has nothing to stage; pass --data DIR")
+    if cfg.data in ("synthetic", STAGED):
+        raise ConfigError(f"data: {cfg.data} has nothing to stage; pass --data DIR")
     cfg = cfg.model_copy(update={"data": data_folder(cfg), "workdir": cfg.workdir.resolve()})
     check_names(relative_paths(Path(cfg.data)))  # bad data fails here, before any service starts
     use_prefect(cfg.workdir)
@@ -148,16 +154,16 @@ def run(config: ConfigOpt = None, data: DataOpt = None, workdir: WorkdirOpt = No
     if cfg.data == "synthetic":
         raise ConfigError("the pipeline trains on staged data; pass --data DIR (or nothing, for the digits set)")
     check_fits(cfg.pool, cfg.training.workers)
+    share_on_this_machine(cfg.pool, cfg.fileshare, cfg.workdir)
     if dry_run:  # nothing is written, not even the digits set
         from flows.plan import plan_run
         from tasks.progress import print_summary_table
 
-        if cfg.data:
-            check_names(relative_paths(Path(cfg.data)))
+        check_data_names(cfg)
         planned = cfg.model_copy(update={"data": cfg.data or str(cfg.workdir / "data" / "digits")})
         return print_summary_table(plan_run(planned), title="trainflow run --dry-run: the plan (nothing was changed)")
     cfg = cfg.model_copy(update={"data": data_folder(cfg), "workdir": cfg.workdir.resolve()})
-    check_names(relative_paths(Path(cfg.data)))  # bad data fails here, before any service starts
+    check_data_names(cfg)  # bad data fails here, before any service starts
     use_prefect(cfg.workdir)
     from flows.pipeline import train_pipeline
 

@@ -20,6 +20,7 @@ from infra.launcher import TrainingConfig
 from infra.pools import PoolConfig
 
 ENV_PREFIX = "TRAINFLOW_"
+STAGED = "staged"  # data: train on the data set already in Blob storage under `dataset`
 
 
 class ConfigError(Exception):
@@ -34,7 +35,9 @@ class PipelineConfig(BaseModel):
     workdir: Path = Path(".trainflow")
     """Root of all local state: data, file share, file server, storage emulator data, results."""
     data: str | None = None
-    """ImageNet-layout folder, or "synthetic"; unset: the small digits set, written under workdir on first use."""
+    """ImageNet-layout folder; "synthetic"; "staged": the data set already in Blob under `dataset`, nothing
+    uploaded (scheduled runs on a machine without the local copy); unset: the small digits set, written under
+    workdir on first use."""
     dataset: str | None = None
     """Name of the data set in Blob and on the file server; unset: the data folder's name."""
     training: TrainingConfig = TrainingConfig()
@@ -57,6 +60,13 @@ class PipelineConfig(BaseModel):
         if self.pool.backend == "docker" and self.training.launcher != "horovodrun":
             raise ValueError("the docker pool launches its workers with horovodrun across the container nodes; "
                              "set training.launcher: horovodrun")
+        return self
+
+    @model_validator(mode="after")
+    def _staged_data_is_named(self) -> "PipelineConfig":
+        if self.data == STAGED and not self.dataset:
+            raise ValueError("data: staged trains on a data set already in Blob storage; name it with dataset: NAME "
+                             "(TRAINFLOW_DATASET=NAME)")
         return self
 
     def dataset_name(self) -> str:

@@ -8,7 +8,7 @@ the image's content tag against the local engine, the pool's slots against the w
 import tempfile
 from pathlib import Path
 
-from flows.config import PipelineConfig
+from flows.config import STAGED, PipelineConfig
 from infra.build_context import assemble_context, context_tag, wheel_cache
 from infra.container_nodes import ContainerNodes, horovod_on_nodes
 from infra.fileserver import FileServer
@@ -16,16 +16,17 @@ from infra.fileshare import open_share
 from infra.images import Engine, ImageError
 from infra.launcher import launch_command
 from infra.local_docker import local_base_tag
+from infra.pools import share_on_this_machine
 from tasks.build_image import build_args
 from tasks.manifest import check_names, relative_paths, sha256_file
+from tasks.train_on_pool import engine_on
 from tasks.upload_scripts import package_files, scripts_version
 
 
 def plan_run(cfg: PipelineConfig) -> list[dict]:
     """One row per step: step, action (run or skip), and why."""
-    rows = [plan_scripts(cfg), *plan_data(cfg)]
-    if cfg.pool.backend == "docker":
-        rows.append(plan_image(cfg))
+    rows = [plan_image(cfg)] if cfg.pool.backend == "docker" else []
+    rows += [plan_scripts(cfg), *plan_data(cfg)]
     slots = cfg.pool.slots()
     rows.append(row("create-pool", "run", f"{cfg.pool.backend} pool, {slots} slots for {cfg.training.workers} workers"))
     rows.append(row("run-training", "run", " ".join(job_command(cfg))))
@@ -37,10 +38,15 @@ def row(step: str, action: str, detail: str) -> dict:
     return {"step": step, "action": action, "detail": detail}
 
 
+def planned_version(cfg: PipelineConfig) -> tuple[dict[str, Path], str]:
+    """The scripts' files and the content version they would be uploaded as."""
+    files = package_files(cfg.fileshare.extra_files)
+    return files, scripts_version({rel: sha256_file(path) for rel, path in files.items()})
+
+
 def plan_scripts(cfg: PipelineConfig) -> dict:
     """Skip when the share already holds this content version of the scripts."""
-    files = package_files(cfg.fileshare.extra_files)
-    version = scripts_version({rel: sha256_file(path) for rel, path in files.items()})
+    files, version = planned_version(cfg)
     if open_share(cfg.fileshare, cfg.workdir).exists(f"scripts/{version}/.complete"):
         return row("upload-scripts", "skip", f"version {version} is already on the share")
     return row("upload-scripts", "run", f"upload {len(files)} files as version {version}")
@@ -49,6 +55,9 @@ def plan_scripts(cfg: PipelineConfig) -> dict:
 def plan_data(cfg: PipelineConfig) -> list[dict]:
     """Skip upload and sync when the file server's copy lists the same paths with the same sizes."""
     data, name = Path(cfg.data), cfg.dataset_name()
+    if cfg.data == STAGED:
+        return [row("upload-dataset", "skip", f"data: staged, {name} is used as Blob storage holds it"),
+                row("sync-to-file-server", "run", f"bring the file server's copy of {name} up to Blob's manifest")]
     if not data.exists():  # the digits set, not written yet
         what = f"write the digits set to {data}, then stage it (never staged)"
         return [row("upload-dataset", "run", what), row("sync-to-file-server", "run", what)]
@@ -67,6 +76,8 @@ def plan_data(cfg: PipelineConfig) -> list[dict]:
 def plan_image(cfg: PipelineConfig) -> dict:
     """Skip the build when the local engine already holds the content tag (the push is checked at run time)."""
     image = cfg.image
+    if image.use:
+        return row("build-image", "skip", f"image.use: {image.use} (its registry is checked when the run starts)")
     base = local_base_tag() if image.base_image == "local" else image.base_image
     with tempfile.TemporaryDirectory() as tmp:
         tag = context_tag(assemble_context(image.flavour, Path(tmp) / "ctx", image.python, wheel_cache()),
@@ -82,9 +93,12 @@ def plan_image(cfg: PipelineConfig) -> dict:
 
 
 def job_command(cfg: PipelineConfig) -> list[str]:
-    """The launcher command the job would run (container paths on the docker pool)."""
+    """The launcher command the job would run, with the engine of the scripts version (container paths on
+    the docker pool)."""
+    scripts = share_on_this_machine(cfg.pool, cfg.fileshare, cfg.workdir) / f"scripts/{planned_version(cfg)[1]}"
+    script = engine_on(cfg.pool.backend, scripts)
     if cfg.pool.backend == "docker":
         nodes = ContainerNodes(None, "<run id>", [f"node{i}" for i in range(cfg.pool.nodes)])
-        return horovod_on_nodes(cfg.training, nodes, cfg.pool.slots_per_node)
+        return horovod_on_nodes(cfg.training, nodes, cfg.pool.slots_per_node, script)
     return launch_command(cfg.training, str(FileServer(cfg.export_dir()).current(cfg.dataset_name())),
-                          cfg.workdir / "runs" / "<run id>")
+                          cfg.workdir / "runs" / "<run id>", script=script)

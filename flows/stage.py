@@ -7,8 +7,9 @@ from typing import Iterator
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from flows.config import PipelineConfig
+from flows.config import STAGED, PipelineConfig
 from infra.azurite import running_azurite
+from tasks.progress import Transfer
 from tasks.sync_file_server import sync_to_file_server_task
 from tasks.upload_dataset import upload_dataset_task
 from tasks.upload_scripts import upload_scripts_task
@@ -28,7 +29,10 @@ def stage_steps(cfg: PipelineConfig, port: int | None) -> tuple[dict, dict, dict
     """The three staging tasks in order: scripts, data set upload, sync to the file server."""
     name = cfg.dataset_name()
     scripts = upload_scripts_task(cfg.fileshare, cfg.workdir)
-    dataset = upload_dataset_task(cfg.storage, port, Path(cfg.data), name, cfg.workdir)
+    if cfg.data == STAGED:  # the sync reads Blob's manifest, and says so when the data set was never staged
+        dataset = Transfer("data set -> blob (data: staged, nothing uploaded)").row()
+    else:
+        dataset = upload_dataset_task(cfg.storage, port, Path(cfg.data), name, cfg.workdir)
     synced = sync_to_file_server_task(cfg.storage, port, cfg.export_dir(), name, cfg.workdir)
     return scripts, dataset, synced
 

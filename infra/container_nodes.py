@@ -1,7 +1,7 @@
 """Nodes as containers: N containers of the training image on a Docker network of their own.
 
 Each container is a node, as on a cluster: it runs sshd, knows the others by name (node0, node1, ...)
-and mounts the data read-only and the results folder read-write. horovodrun on node0 starts the
+and mounts the data and the scripts share read-only and the results folder read-write. horovodrun on node0 starts the
 workers of the other nodes over SSH with a key made for this run, as Horovod does on Azure ML and
 Batch clusters. Everything carries the label trainflow.run=<run id>, so what a crashed run left
 behind can be found and removed.
@@ -28,7 +28,7 @@ LABEL = "trainflow.run"
 OWNER = "trainflow.owner"  # host:pid of the process that made the pool; a pool whose owner is gone is a leftover
 SSH_PORT = 2222
 IMAGE_ENGINE = "/opt/trainflow/trainer/train.py"  # where the images put the training package
-DATA, RESULTS = "/data", "/results"
+DATA, RESULTS, SCRIPTS = "/data", "/results", "/scripts"  # the file server, the results, the scripts share
 KEYS = "/etc/trainflow/ssh"
 # The node's start-up: install this run's key, trust the other nodes, and serve SSH in the foreground.
 NODE_START = (
@@ -180,9 +180,9 @@ def remove_nodes(engine: Engine, run_id: str) -> int:
     return len(containers)
 
 
-def horovod_on_nodes(cfg: TrainingConfig, nodes: ContainerNodes, slots: int) -> list[str]:
-    """horovodrun on node0: cfg.workers workers, `slots` per node, Gloo over the nodes' network (eth0)."""
-    engine = engine_argv(cfg, DATA, Path(RESULTS), script=IMAGE_ENGINE)
+def horovod_on_nodes(cfg: TrainingConfig, nodes: ContainerNodes, slots: int, script: str = IMAGE_ENGINE) -> list[str]:
+    """horovodrun on node0: cfg.workers workers of `script`, `slots` per node, Gloo over the nodes' network (eth0)."""
+    engine = engine_argv(cfg, DATA, Path(RESULTS), script=script)
     return ["horovodrun", *horovodrun_options(cfg.workers, nodes.hosts(slots), "eth0"), "-p", str(SSH_PORT),
             "python", *engine]
 

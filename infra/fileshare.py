@@ -89,10 +89,15 @@ class FileShareConfig(BaseModel):
     """Files sent with the training package (configs, label maps), placed beside it."""
 
 
+def local_root(workdir: Path) -> Path:
+    """The folder that stands in for the share on the local default."""
+    return workdir / "fileshare"
+
+
 def open_share(cfg: FileShareConfig, workdir: Path, environ: dict[str, str] | None = None) -> FileShare:
     """The configured share."""
     if cfg.backend == "local":
-        return LocalFolderShare(workdir / "fileshare")
+        return LocalFolderShare(local_root(workdir))
     from infra.azure_files import AzureFileShare
     from infra.blobstore import StorageError, secret
 

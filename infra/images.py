@@ -22,6 +22,8 @@ PATH_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 REPOSITORY = re.compile(rf"^{PATH_COMPONENT}(?:/{PATH_COMPONENT})*$")
 REGISTRY = re.compile(r"^(?:localhost|[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)+|"
                       r"\d{1,3}(?:\.\d{1,3}){3})(?::\d{1,5})?$|^localhost(?::\d{1,5})?$")
+TAG = r"[\w][\w.-]{0,127}"
+REFERENCE = re.compile(rf"^(?P<name>[^@\s]+?)(?::(?P<tag>{TAG}))?(?:@(?P<digest>sha256:[0-9a-f]{{64}}))?$")
 ANSI = re.compile(r"\x1b\[[0-9;]*m")  # colour codes in build output
 Log = Callable[[str], None]
 
@@ -59,6 +61,17 @@ class ImageConfig(BaseModel):
     """Name of a Prefect Secret block with the password, used when the environment variable is unset."""
     python: str = "3.11"
     """The base image's Python version: the wheels put into the build context are fetched for it."""
+    use: str | None = None
+    """An image already built, e.g. myregistry.azurecr.io/trainflow-gpu:v3 or .../trainflow-gpu@sha256:...,
+    to train with instead of building one; the run checks that its registry (or, with no registry host
+    in the name, the local engine) holds it before the pool starts."""
+
+    @field_validator("use")
+    @classmethod
+    def _use(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_reference(value)
+        return value
 
     @field_validator("registry")
     @classmethod
@@ -79,6 +92,18 @@ class ImageConfig(BaseModel):
         """registry/repository, or just the repository when nothing is pushed."""
         repository = self.repository or f"trainflow-{self.flavour}"
         return f"{self.registry}/{repository}" if self.registry else repository
+
+
+def parse_reference(reference: str) -> tuple[str | None, str, str | None, str | None]:
+    """(registry host or None, name, tag, digest) of an image reference; ValueError when it is not one."""
+    match = REFERENCE.match(reference)
+    first, _, rest = (match["name"] if match else "").partition("/")
+    host = first if rest and ("." in first or ":" in first or first == "localhost") else None
+    path = rest if host else (match["name"] if match else "")
+    if not match or not REPOSITORY.match(path) or (host and not REGISTRY.match(host)):
+        raise ValueError(f"{reference!r} is not an image reference such as myregistry.azurecr.io/trainflow-gpu:v3 "
+                         "or localhost:5000/trainflow-cpu@sha256:<64 hex digits>")
+    return host, match["name"], match["tag"], match["digest"]
 
 
 @dataclass(frozen=True)
@@ -146,17 +171,17 @@ class Engine:
         except APIError as exc:
             raise registry_error(registry, api_message(exc), username) from None
 
-    def registry_digest(self, ref: ImageRef, auth: dict | None) -> str | None:
-        """The digest of name:tag in its registry, or None if the registry does not have it."""
+    def registry_digest(self, reference: str, auth: dict | None) -> str | None:
+        """The digest of `reference` (name:tag or name@digest) in its registry, or None if the registry lacks it."""
         try:
-            return self.api.inspect_distribution(ref.tagged, auth_config=auth)["Descriptor"]["digest"]
+            return self.api.inspect_distribution(reference, auth_config=auth)["Descriptor"]["digest"]
         except NotFound:
             return None
         except APIError as exc:
             message = api_message(exc)
             if "manifest unknown" in message or "not found" in message.lower():
                 return None
-            raise registry_error(ref.name, message, (auth or {}).get("username")) from None
+            raise registry_error(reference, message, (auth or {}).get("username")) from None
 
     def push(self, ref: ImageRef, auth: dict | None, log: Log, advance: Callable[[int, int], None]) -> str:
         """Push name:tag; returns the registry's digest. `advance(bytes, layers)` is told of progress as it goes."""

@@ -133,9 +133,10 @@ def horovodrun_options(workers: int, hosts: str, nic: str) -> list[str]:
     return ["-np", str(workers), "-H", hosts, "--gloo", "--network-interfaces", nic]
 
 
-def launch_command(cfg: TrainingConfig, data: str, out: Path, python: str = sys.executable) -> list[str]:
-    """The torchrun or horovodrun command line that starts cfg.workers local workers."""
-    engine = engine_argv(cfg, data, out)
+def launch_command(cfg: TrainingConfig, data: str, out: Path, python: str = sys.executable,
+                   script: str | None = None) -> list[str]:
+    """The torchrun or horovodrun command line that starts cfg.workers local workers (of `script`, if given)."""
+    engine = engine_argv(cfg, data, out, script)
     n = str(cfg.workers)
     if cfg.launcher == "torchrun":
         return [python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", n, *engine]
@@ -143,15 +144,16 @@ def launch_command(cfg: TrainingConfig, data: str, out: Path, python: str = sys.
     return [horovodrun, *horovodrun_options(cfg.workers, f"localhost:{n}", "lo"), python, *engine]
 
 
-def check_command(cfg: TrainingConfig, data: str, out: Path, python: str = sys.executable) -> list[str]:
+def check_command(cfg: TrainingConfig, data: str, out: Path, python: str = sys.executable,
+                  script: str | None = None) -> list[str]:
     """One process that checks the arguments, output folder, data and model before any worker starts."""
     verify = ["--verify-images"] if cfg.verify_images else []
-    return [python, *engine_argv(cfg, data, out), "--check", "--check-workers", str(cfg.workers), *verify]
+    return [python, *engine_argv(cfg, data, out, script), "--check", "--check-workers", str(cfg.workers), *verify]
 
 
-def preflight(cfg: TrainingConfig, data: str, out: Path) -> None:
+def preflight(cfg: TrainingConfig, data: str, out: Path, script: str | None = None) -> None:
     """Run the engine's own checks in one process; raise BadInput with its one-line message."""
-    proc = subprocess.run(check_command(cfg, data, out), capture_output=True, text=True)
+    proc = subprocess.run(check_command(cfg, data, out, script=script), capture_output=True, text=True)
     if proc.returncode != 0:
         errors = [m.group(2) for m in map(ERROR_LINE.search, proc.stdout.splitlines()) if m]
         raise BadInput(errors[-1] if errors else f"training check failed:\n{proc.stdout}{proc.stderr}")

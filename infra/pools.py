@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from infra.container_nodes import LABEL, OWNER, ContainerNodes, Mount, owner, owner_alive, remove_nodes, start_nodes
 from infra.errors import StepError
+from infra.fileshare import FileShareConfig, local_root
 from infra.images import Engine
 
 
@@ -54,6 +55,14 @@ def check_fits(cfg: PoolConfig, workers: int) -> None:
                         f"({cfg.nodes if cfg.backend != 'process' else 1} node(s) x pool.slots_per_node "
                         f"{cfg.slots_per_node}); lower training.workers or raise pool.nodes / pool.slots_per_node",
                         permanent=True)
+
+
+def share_on_this_machine(cfg: PoolConfig, share: FileShareConfig, workdir: Path) -> Path:
+    """The file share's folder, which the local pools run the scripts from; an Azure share cannot be."""
+    if share.backend != "local":
+        raise PoolError(f"the {cfg.backend} pool runs the scripts from the local file share, but fileshare.backend "
+                        "is azure; set fileshare.backend: local to train on this machine", permanent=True)
+    return local_root(workdir)
 
 
 class Pool(Protocol):

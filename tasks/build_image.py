@@ -11,7 +11,7 @@ from pathlib import Path
 from prefect import get_run_logger, task
 
 from infra.build_context import assemble_context, context_tag
-from infra.images import Engine, ImageConfig, ImageError, ImageRef, Log, auth_config, layer_sizes
+from infra.images import Engine, ImageConfig, ImageError, ImageRef, Log, auth_config, layer_sizes, parse_reference
 from infra.local_docker import local_base_image
 from tasks.progress import Transfer, transfer_progress
 from tasks.retry import unless_permanent
@@ -57,7 +57,7 @@ def build_and_push(engine: Engine, cfg: ImageConfig, context_dir: Path, wheel_ca
     auth = auth_config(cfg.username, password)
     if cfg.registry and cfg.username:
         engine.login(cfg.registry, cfg.username, password)
-    digest = engine.registry_digest(ref, auth) if cfg.registry else None
+    digest = engine.registry_digest(ref.tagged, auth) if cfg.registry else None
     built = pushed = False
     if digest:
         log(f"{ref.tagged} is already in the registry: nothing to build or push")
@@ -70,6 +70,24 @@ def build_and_push(engine: Engine, cfg: ImageConfig, context_dir: Path, wheel_ca
     final = ImageRef(ref.name, ref.tag, digest)
     return {"image": final.reference, "name": final.name, "tag": final.tag, "digest": digest, "built": built,
             "pushed": pushed, "seconds": round(time.perf_counter() - started, 2)}
+
+
+def use_existing(engine: Engine, cfg: ImageConfig, password: str | None, log: Log) -> dict:
+    """The ready-made image of cfg.use, by digest when it is in a registry; a permanent ImageError when it is missing."""
+    host, name, tag, digest = parse_reference(cfg.use)
+    if host is None:
+        if not engine.has_image(cfg.use):
+            raise ImageError(f"image.use names {cfg.use}, which the local Docker engine does not hold; build it "
+                             "(`trainflow build`) or unset image.use to build the image in this run", permanent=True)
+        return {"image": cfg.use, "name": name, "tag": tag, "digest": digest, "built": False, "pushed": False}
+    if cfg.username:
+        engine.login(host, cfg.username, password)
+    found = engine.registry_digest(cfg.use, auth_config(cfg.username, password))
+    if found is None:
+        raise ImageError(f"image.use names {cfg.use}, which registry {host} does not hold; push it there (`trainflow "
+                         f"build --registry {host}`) or unset image.use to build the image in this run", permanent=True)
+    log(f"using {name}@{found} ({cfg.use}); nothing is built")
+    return {"image": f"{name}@{found}", "name": name, "tag": tag, "digest": found, "built": False, "pushed": False}
 
 
 def push(engine: Engine, ref: ImageRef, auth: dict | None, log: Log) -> str:
@@ -85,8 +103,10 @@ def push(engine: Engine, ref: ImageRef, auth: dict | None, log: Log) -> str:
 
 @task(name="build-image", retries=2, retry_delay_seconds=[5, 30], retry_condition_fn=unless_permanent)
 def build_image_task(cfg: ImageConfig, workdir: Path, wheel_cache: Path) -> dict:
-    """Prefect step: build and push the training image; build output streams into the run's log."""
+    """Prefect step: build and push the training image (or check image.use); build output streams into the log."""
     logger = get_run_logger()
     engine = Engine(cfg.engine)
+    if cfg.use:
+        return use_existing(engine, cfg, registry_password(cfg), logger.info)
     return build_and_push(engine, cfg, workdir / "build" / f"{cfg.flavour}-context", wheel_cache,
                           registry_password(cfg), logger.info)

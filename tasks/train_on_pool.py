@@ -5,13 +5,14 @@ the model also to Blob storage.
 """
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from infra.blobstore import StorageConfig
-from infra.container_nodes import DATA, RESULTS, Mount, horovod_on_nodes
+from infra.container_nodes import DATA, RESULTS, SCRIPTS, Mount, horovod_on_nodes
 from infra.fileshare import FileShareConfig, open_share
 from infra.images import Engine
 from infra.jobs import ContainerJob, Job, ProcessJob, run_job
@@ -21,21 +22,42 @@ from tasks.retry import unless_permanent
 from tasks.upload_dataset import connect
 
 
-def make_pool(cfg: PoolConfig, run_id: str, workdir: Path, image: str | None, data: Path, out: Path,
+TRAINER = "trainer/train.py"  # the engine inside a scripts version
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """The folders a job uses on this machine: the file server's data set, the scripts version on the
+    file share (scripts/<version>), and the run's results."""
+
+    data: Path
+    scripts: Path
+    out: Path
+
+
+def make_pool(cfg: PoolConfig, run_id: str, workdir: Path, image: str | None, paths: RunPaths,
               engine_url: str | None = None) -> Pool:
-    """The configured pool backend for this run (not yet created); the docker pool mounts `data` and `out`."""
+    """The configured pool backend for this run (not yet created); docker nodes mount data, scripts and results."""
     if cfg.backend == "process":
         return ProcessPool(cfg, run_id, workdir / "pools")
-    out.mkdir(parents=True, exist_ok=True)
-    mounts = [Mount(data, DATA), Mount(out, RESULTS, read_only=False)]
+    paths.out.mkdir(parents=True, exist_ok=True)
+    mounts = [Mount(paths.data, DATA), Mount(paths.scripts.parent, SCRIPTS), Mount(paths.out, RESULTS, read_only=False)]
     return DockerPool(cfg, run_id, Engine(engine_url), image, mounts)
 
 
-def make_job(pool: Pool, training: TrainingConfig, data: Path, out: Path) -> Job:
+def engine_on(backend: str, scripts: Path) -> str:
+    """The engine of the scripts version, where the workers of a `backend` pool see it."""
+    if backend == "process":
+        return str(scripts / TRAINER)
+    return f"{SCRIPTS}/{scripts.name}/{TRAINER}"
+
+
+def make_job(pool: Pool, training: TrainingConfig, paths: RunPaths) -> Job:
     """The launcher for `pool`: local torchrun/horovodrun, or horovodrun on the container nodes."""
+    script = engine_on(pool.cfg.backend, paths.scripts)
     if isinstance(pool, ProcessPool):
-        return ProcessJob(pool, launch_command(training, str(data), out))
-    return ContainerJob(pool.nodes, horovod_on_nodes(training, pool.nodes, pool.cfg.slots_per_node))
+        return ProcessJob(pool, launch_command(training, str(paths.data), paths.out, script=script))
+    return ContainerJob(pool.nodes, horovod_on_nodes(training, pool.nodes, pool.cfg.slots_per_node, script))
 
 
 @task(name="create-pool", retries=2, retry_delay_seconds=[5, 20], retry_condition_fn=unless_permanent,
@@ -53,13 +75,13 @@ def create_pool_task(pool: Pool, workers: int, pools_root: Path, keep_runs: set[
 
 @task(name="run-training", retries=1, retry_delay_seconds=5, retry_condition_fn=unless_permanent,
       cache_policy=NO_CACHE)
-def run_training_task(pool: Pool, training: TrainingConfig, data: Path, out: Path, timeout_s: float) -> dict:
+def run_training_task(pool: Pool, training: TrainingConfig, paths: RunPaths, timeout_s: float) -> dict:
     """Prefect step: run the job on the pool, each rank's lines into the run's log; a retry resumes from checkpoints."""
     logger = get_run_logger()
     if isinstance(pool, ProcessPool):
-        preflight(training, str(data), out)
-    run_job(make_job(pool, training, data, out), out / "logs", logger.info, timeout_s)
-    return json.loads((out / "metrics.json").read_text())
+        preflight(training, str(paths.data), paths.out, script=engine_on(pool.cfg.backend, paths.scripts))
+    run_job(make_job(pool, training, paths), paths.out / "logs", logger.info, timeout_s)
+    return json.loads((paths.out / "metrics.json").read_text())
 
 
 @task(name="delete-pool", retries=2, retry_delay_seconds=5, cache_policy=NO_CACHE)

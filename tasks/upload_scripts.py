@@ -75,7 +75,7 @@ def previous_hashes(share: FileShare) -> dict[str, tuple[str, str]]:
 
 @task(name="upload-scripts", retries=3, retry_delay_seconds=[2, 10, 30], retry_condition_fn=unless_permanent)
 def upload_scripts_task(cfg: FileShareConfig, workdir: Path) -> dict:
-    """Prefect step: upload the scripts; returns the transfer summary and the version's folder."""
+    """Prefect step: upload the scripts; returns the transfer summary, the version's folder and its URL."""
     share = open_share(cfg, workdir)
     transfer, folder = upload_scripts(share, package_files(cfg.extra_files))
-    return {**transfer.row(), "path": share.url(folder)}
+    return {**transfer.row(), "path": share.url(folder), "version": folder}
