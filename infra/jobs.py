@@ -22,6 +22,10 @@ from infra.launcher import LaunchError, route_output
 from infra.pools import ProcessPool
 
 
+class JobTimedOut(LaunchError):
+    """The job ran past job.timeout_s and was stopped; another attempt would too, so it is not retried."""
+
+
 class JobConfig(BaseModel):
     """How long a training job may run."""
 
@@ -119,7 +123,7 @@ def run_job(job: Job, log_dir: Path, echo: Callable[[str], None], timeout_s: flo
         return route_output(job.lines(), lambda: wait_for(job), log_dir, echo)
     except LaunchError as exc:
         if timed_out.is_set():
-            raise LaunchError(f"the job ran past its timeout of {timeout_s:g} s and was stopped; "
+            raise JobTimedOut(f"the job ran past its timeout of {timeout_s:g} s and was stopped; "
                               f"raise job.timeout_s or train for less. {exc}") from None
         raise
     except BaseException:  # cancelled (Prefect cancellation, Ctrl-C): stop the workers too

@@ -2,12 +2,13 @@
 
 from infra.errors import StepError
 from infra.fileserver import FileServerError
+from infra.jobs import JobTimedOut
 from infra.launcher import BadInput
 
 
 def is_permanent(exc: BaseException) -> bool:
     """Errors that the same attempt would meet again (a full disk stays full)."""
-    return isinstance(exc, (BadInput, FileServerError)) or (isinstance(exc, StepError) and exc.permanent)
+    return isinstance(exc, (BadInput, FileServerError, JobTimedOut)) or (isinstance(exc, StepError) and exc.permanent)
 
 
 def unless_permanent(task, task_run, state) -> bool:

@@ -373,6 +373,7 @@ def write_metrics(run: Run, status: str, **extra) -> None:
                "peak_lr": args.lr * run.backend.world_size, "global_step": run.step, "resumed_from_steps": run.resumed_from,
                "wall_seconds": run.wall_seconds(), "final_val_top1": last.get("val_top1"), "final_val_top5": last.get("val_top5"),
                "images_per_sec": last.get("images_per_sec"), "versions": metrics.library_versions(),
+               "engine": str(Path(__file__).resolve().parent),  # which scripts version trained the model
                "epochs": run.history, **extra}
     checkpoint.save_json(Path(args.out) / "metrics.json", summary)
 

@@ -9,8 +9,10 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import requests
+from prefect.states import Cancelling
 
 from infra.services import free_port
 
@@ -72,7 +74,7 @@ async def deployment_and_manual_run(api: str, name: str):
         return deployment, run
 
 
-def test_ui_deploy_schedule_and_client_runs(tmp_path, digits):
+def test_ui_deploy_schedule_client_runs_and_a_cancelled_run(tmp_path, digits):
     port, work = free_port(), tmp_path / "work"
     api = f"http://127.0.0.1:{port}/api"
     (tmp_path / "tiny.yaml").write_text(TINY)
@@ -89,6 +91,7 @@ def test_ui_deploy_schedule_and_client_runs(tmp_path, digits):
         assert deployment.schedules and deployment.schedules[0].schedule.cron == "* * * * *"
         runs = wait_for(lambda: completed(api, manual.id), 420, "a scheduled and a manual run to complete")
         assert any(r.auto_scheduled for r in runs) and any(r.id == manual.id for r in runs)
+        cancel_a_training_run(api, deployment, work)
     finally:
         for proc in (served, ui):
             if proc:
@@ -97,6 +100,41 @@ def test_ui_deploy_schedule_and_client_runs(tmp_path, digits):
                     proc.wait(timeout=30)
                 except subprocess.TimeoutExpired:
                     os.killpg(proc.pid, signal.SIGKILL)
+
+
+def cancel_a_training_run(api: str, deployment, work: Path) -> None:
+    """Start a long run, cancel it (as the UI's Cancel button does) once its workers train: they stop, the pool goes."""
+    cfg = {**deployment.parameters["cfg"]}
+    cfg["training"] = {**cfg["training"], "epochs": 100, "steps_per_epoch": 0}
+    run = asyncio.run(client_call(api, "create_flow_run_from_deployment", deployment.id, parameters={"cfg": cfg}))
+    wait_for(lambda: workers_of(run.id), 180, "the long run's workers")
+    asyncio.run(client_call(api, "set_flow_run_state", run.id, Cancelling(), force=True))
+    state = wait_for(lambda: final_state(api, run.id), 120, "the run to be cancelled")
+    assert state.is_cancelled(), state
+    wait_for(lambda: not workers_of(run.id), 30, "the workers to stop")
+    assert not (work / "pools" / str(run.id)).exists()
+
+
+async def client_call(api: str, method: str, *args, **kwargs):
+    from prefect.client.orchestration import PrefectClient
+
+    async with PrefectClient(api=api) as client:
+        return await getattr(client, method)(*args, **kwargs)
+
+
+def workers_of(run_id) -> list[psutil.Process]:
+    """The training processes of a flow run (their --out is runs/<run id>)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        argv = proc.info["cmdline"] or []
+        if any(a.endswith("train.py") for a in argv) and any(a.endswith(f"runs/{run_id}") for a in argv):
+            found.append(proc)
+    return found
+
+
+def final_state(api: str, run_id):
+    state = asyncio.run(client_call(api, "read_flow_run", run_id)).state
+    return state if state and state.is_final() else None
 
 
 def try_run(api: str):

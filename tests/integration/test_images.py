@@ -14,7 +14,7 @@ from infra.container_nodes import Mount, remove_nodes, running_nodes, train_on_n
 from infra.images import Engine, ImageError
 from infra.launcher import TrainingConfig
 from infra.services import free_port
-from tasks.build_image import build_and_push
+from tasks.build_image import build_and_push, use_existing
 from tests.conftest import Registry, image_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(3600)]  # a cold first build takes ~15 min
@@ -133,3 +133,9 @@ def test_password_from_a_prefect_secret_block(monkeypatch):
         missing = cfg.model_copy(update={"password_secret": "no-such-block"})
         with pytest.raises(ImageError, match="no Prefect Secret block named 'no-such-block'"):
             registry_password(missing)
+
+
+def test_a_ready_made_image_is_used_by_its_registry_digest(docker_engine, registry, cpu_image):
+    cfg = image_config(registry, use=f"{cpu_image['name']}:{cpu_image['tag']}")
+    used = use_existing(docker_engine, cfg, registry.password, print)
+    assert used["image"] == cpu_image["image"] and not used["built"] and not used["pushed"]

@@ -2,15 +2,16 @@
 
 import asyncio
 import json
-from contextlib import contextmanager
+import subprocess
+import sys
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from uuid import UUID
 
 import psutil
 import pytest
-from azure.storage.blob import BlobServiceClient
 from prefect import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, FlowRunFilter, TaskRunFilter
 from prefect.client.schemas.sorting import ArtifactSort
@@ -19,7 +20,10 @@ from prefect.testing.utilities import prefect_test_harness
 from flows.config import PipelineConfig
 from flows.pipeline import train_pipeline
 from flows.plan import plan_run
-from infra.launcher import LaunchError
+from infra.container_nodes import LABEL
+from infra.images import ImageError
+from infra.jobs import JobTimedOut
+from infra.launcher import REPO, BadInput, LaunchError
 from tests.conftest import image_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(3600)]
@@ -33,7 +37,7 @@ def prefect_server():
         yield
 
 
-def config(workdir: Path, data: Path, **sections) -> PipelineConfig:
+def config(workdir: Path, data: Path | str, **sections) -> PipelineConfig:
     values = {"workdir": workdir, "data": str(data), "training": {**SMALL, **sections.pop("training", {})}, **sections}
     return PipelineConfig.model_validate(values)
 
@@ -51,12 +55,14 @@ def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
     return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*") if p.is_file()}
 
 
-def test_whole_flow_on_the_process_pool_then_a_dry_run_plans_to_skip_staging(prefect_server, digits, tmp_path):
+def test_whole_flow_on_the_process_pool_then_a_cached_rerun_and_a_dry_run(prefect_server, digits, tmp_path):
     cfg = config(tmp_path / "work", digits)
     result = train_pipeline(cfg)
     shared = tmp_path / "work" / "fileshare" / "results" / result["run_id"]
     metrics = json.loads((shared / "metrics.json").read_text())
     assert metrics["status"] == "complete" and metrics["world_size"] == 2
+    scripts = tmp_path / "work" / "fileshare" / result["scripts"]
+    assert metrics["engine"] == str((scripts / "trainer").resolve())  # the version on the share, not the checkout
     assert (shared / "model.pt").exists() and (shared / "logs" / "rank1.log").read_text()
     assert list((shared / "checkpoints").iterdir())
     assert result["results"]["model_blob"] == f"results/{result['run_id']}/model.pt"
@@ -68,6 +74,10 @@ def test_whole_flow_on_the_process_pool_then_a_dry_run_plans_to_skip_staging(pre
         assert needle in summary, needle
     assert "<polyline" in artifacts["training-plot"].data
     assert json.loads(artifacts["epochs"].data)[0]["epoch"] == 1
+    again = train_pipeline(cfg)  # unchanged scripts and data: nothing moves, straight to training
+    assert [step["files"] for step in again["steps"]] == [0, 0, 0]
+    assert [step["skipped files"] > 0 for step in again["steps"]] == [True] * 3
+    assert again["metrics"]["status"] == "complete" and again["run_id"] != result["run_id"]
     before = snapshot(tmp_path / "work")
     plan = {row["step"]: row for row in plan_run(cfg)}
     assert [plan[s]["action"] for s in ("upload-scripts", "upload-dataset", "sync-to-file-server")] == ["skip"] * 3
@@ -116,14 +126,53 @@ def test_a_worker_killed_mid_run_fails_the_flow_and_leaves_no_pool(prefect_serve
     assert not [p for p in psutil.process_iter(["cmdline"]) if str(tmp_path) in " ".join(p.info["cmdline"] or [])]
 
 
+def test_a_job_past_its_timeout_is_stopped_and_not_retried(prefect_server, digits, tmp_path):
+    with pytest.raises(JobTimedOut, match="ran past its timeout of 8 s"):
+        train_pipeline(config(tmp_path / "work", digits, job={"timeout_s": 8}, training={"epochs": 200}))
+    assert not list((tmp_path / "work" / "pools").iterdir())
+    assert not [p for p in psutil.process_iter(["cmdline"]) if str(tmp_path) in " ".join(p.info["cmdline"] or [])]
+    assert len(list((tmp_path / "work" / "runs").iterdir())) == 1
+
+
+def test_a_data_set_never_staged_fails_before_any_pool(prefect_server, digits, tmp_path):
+    with pytest.raises(BadInput, match="data set 'never-uploaded' was never staged"):
+        train_pipeline(config(tmp_path / "work", "staged", dataset="never-uploaded"))
+    assert not (tmp_path / "work" / "pools").exists() and not (tmp_path / "work" / "runs").exists()
+
+
+def test_a_missing_image_fails_before_anything_moves(prefect_server, docker_engine, registry, digits, tmp_path,
+                                                     monkeypatch):
+    monkeypatch.setenv("REGISTRY_PASSWORD", registry.password)
+    for missing, where in ((f"{registry.host}/trainflow-cpu:never-pushed", f"registry {registry.host} does not hold"),
+                           ("trainflow-cpu:never-built", "the local Docker engine does not hold")):
+        image = image_config(registry, use=missing).model_dump()
+        cfg = config(tmp_path / "work", digits, image=image, pool={"backend": "docker", "nodes": 2, "slots_per_node": 1},
+                     training={"launcher": "horovodrun"})
+        with pytest.raises(ImageError, match=where):
+            train_pipeline(cfg)
+    assert not (tmp_path / "work" / "fileshare").exists() and not (tmp_path / "work" / "pools").exists()
+
+
+def crash_with_a_pool(image: str, run_id: str) -> None:
+    """A process that starts a docker pool and dies without deleting it (a crashed run)."""
+    code = ("import os\nfrom infra.images import Engine\nfrom infra.pools import DockerPool, PoolConfig\n"
+            f"DockerPool(PoolConfig(backend='docker', nodes=1), {run_id!r}, Engine(), {image!r}, []).create()\n"
+            "os._exit(9)\n")
+    assert subprocess.run([sys.executable, "-c", code], cwd=REPO).returncode == 9
+
+
 def test_whole_flow_on_the_docker_pool(prefect_server, docker_engine, registry, cpu_image, digits, tmp_path, monkeypatch):
+    crash_with_a_pool(cpu_image["image"], "crashed-run")
+    assert docker_engine.client.containers.list(all=True, filters={"label": f"{LABEL}=crashed-run"})
     monkeypatch.setenv("REGISTRY_PASSWORD", registry.password)
     image = image_config(registry).model_dump()
     cfg = config(tmp_path / "work", digits, image=image, pool={"backend": "docker", "nodes": 2, "slots_per_node": 1},
                  training={"launcher": "horovodrun"})
     result = train_pipeline(cfg)
+    assert not docker_engine.client.containers.list(all=True, filters={"label": f"{LABEL}=crashed-run"})
     assert result["image"] == cpu_image["image"]
     assert result["metrics"]["backend"] == "horovod" and result["metrics"]["world_size"] == 2
+    assert result["metrics"]["engine"] == f"/scripts/{Path(result['scripts']).name}/trainer"
     shared = tmp_path / "work" / "fileshare" / "results" / result["run_id"]
     assert (shared / "model.pt").exists() and (shared / "logs" / "rank1.log").read_text()
     assert sorted(result["pool"]["nodes"]) == [f"trainflow-{result['run_id']}-node{i}" for i in range(2)]
