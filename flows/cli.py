@@ -16,7 +16,7 @@ from flows.config import STAGED, ConfigError, PipelineConfig, load_config
 from infra.blobstore import StorageError
 from infra.fileserver import FileServerError
 from infra.images import ImageError
-from infra.pools import PoolError, check_fits, share_on_this_machine
+from infra.pools import PoolError, check_fits, scripts_root
 from infra.launcher import LaunchError, train_locally
 from infra.sample_data import write_digits
 from infra.services import ServiceError
@@ -83,6 +83,16 @@ def digits_at(dest: Path) -> Path:
     except OSError as exc:
         raise ConfigError(f"cannot write the digits set to {dest} ({exc.strerror}); "
                           "pass a writable --workdir or --data") from None
+
+
+def print_azure_specs(cfg: PipelineConfig) -> None:
+    """The specs the azureml pool would send, each under a heading (YAML that `az ml ... create --file` takes)."""
+    from flows.plan import azure_specs
+
+    console = Console(highlight=False, soft_wrap=True)
+    for name, text in azure_specs(cfg).items():
+        console.rule(f"[bold]{name}")
+        console.print(text, markup=False, end="")
 
 
 def check_data_names(cfg: PipelineConfig) -> None:
@@ -154,14 +164,15 @@ def run(config: ConfigOpt = None, data: DataOpt = None, workdir: WorkdirOpt = No
     if cfg.data == "synthetic":
         raise ConfigError("the pipeline trains on staged data; pass --data DIR (or nothing, for the digits set)")
     check_fits(cfg.pool, cfg.training.workers)
-    share_on_this_machine(cfg.pool, cfg.fileshare, cfg.workdir)
+    scripts_root(cfg.pool, cfg.fileshare, cfg.workdir)
     if dry_run:  # nothing is written, not even the digits set
         from flows.plan import plan_run
         from tasks.progress import print_summary_table
 
         check_data_names(cfg)
         planned = cfg.model_copy(update={"data": cfg.data or str(cfg.workdir / "data" / "digits")})
-        return print_summary_table(plan_run(planned), title="trainflow run --dry-run: the plan (nothing was changed)")
+        print_summary_table(plan_run(planned), title="trainflow run --dry-run: the plan (nothing was changed)")
+        return print_azure_specs(planned) if cfg.pool.backend == "azureml" else None
     cfg = cfg.model_copy(update={"data": data_folder(cfg), "workdir": cfg.workdir.resolve()})
     check_data_names(cfg)  # bad data fails here, before any service starts
     use_prefect(cfg.workdir)

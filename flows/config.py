@@ -12,6 +12,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
+from infra.azureml import AzureMLConfig, check_world
 from infra.blobstore import StorageConfig
 from infra.fileshare import FileShareConfig
 from infra.images import ImageConfig
@@ -52,14 +53,18 @@ class PipelineConfig(BaseModel):
     """The training job's limits."""
     image: ImageConfig = ImageConfig()
     """The training image: Dockerfile flavour, base, registry and credentials."""
+    azureml: AzureMLConfig = AzureMLConfig()
+    """The Azure ML workspace and cluster (pool.backend azureml)."""
     fileserver_export: Path | None = None
     """The file server's export folder (on Azure: where the NFS share is mounted); unset: <workdir>/fileserver."""
 
     @model_validator(mode="after")
-    def _docker_pool_uses_horovod(self) -> "PipelineConfig":
+    def _pool_fits_the_launcher(self) -> "PipelineConfig":
         if self.pool.backend == "docker" and self.training.launcher != "horovodrun":
             raise ValueError("the docker pool launches its workers with horovodrun across the container nodes; "
                              "set training.launcher: horovodrun")
+        if self.pool.backend == "azureml":
+            check_world(self.pool, self.training.workers)
         return self
 
     @model_validator(mode="after")

@@ -12,7 +12,7 @@ from flows.config import PipelineConfig
 from flows.report import publish_report_task
 from flows.stage import blob_endpoint, stage_steps
 from infra.build_context import wheel_cache
-from infra.pools import share_on_this_machine
+from infra.pools import scripts_root
 from tasks.build_image import build_image_task
 from tasks.train_on_pool import (RunPaths, collect_results_task, create_pool_task, delete_pool_task, make_pool,
                                   run_training_task)
@@ -22,12 +22,13 @@ from tasks.train_on_pool import (RunPaths, collect_results_task, create_pool_tas
 def train_pipeline(cfg: PipelineConfig) -> dict:
     """Build (or check) the image, stage, create the pool, train, collect; the pool is deleted whatever happens."""
     run_id = flow_run.get_id() or "local"
-    share = share_on_this_machine(cfg.pool, cfg.fileshare, cfg.workdir)
-    image = build_image_task(cfg.image, cfg.workdir, wheel_cache()) if cfg.pool.backend == "docker" else None
+    share = scripts_root(cfg.pool, cfg.fileshare, cfg.workdir)
+    image = build_image_task(cfg.image, cfg.workdir, wheel_cache()) if cfg.pool.backend != "process" else None
     with blob_endpoint(cfg) as port:
         scripts, upload, synced = stage_steps(cfg, port)
-        paths = RunPaths(Path(synced["path"]).resolve(), share / scripts["version"], cfg.workdir / "runs" / run_id)
-        pool = make_pool(cfg.pool, run_id, cfg.workdir, image and image["image"], paths, cfg.image.engine)
+        paths = RunPaths(Path(synced["path"]).resolve(), share / scripts["version"], cfg.workdir / "runs" / run_id,
+                         cfg.dataset_name())
+        pool = make_pool(cfg.pool, run_id, cfg.workdir, image and image["image"], paths, cfg.image.engine, cfg.azureml)
         try:
             described = create_pool_task(pool, cfg.training.workers, cfg.workdir / "pools", set())
             metrics = run_training_task(pool, cfg.training, paths, cfg.job.timeout_s)

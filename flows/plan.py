@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 
 from flows.config import STAGED, PipelineConfig
+from infra.azureml import JobPlan, compute_spec, environment_spec, job_spec, yaml_text
 from infra.build_context import assemble_context, context_tag, wheel_cache
 from infra.container_nodes import ContainerNodes, horovod_on_nodes
 from infra.fileserver import FileServer
@@ -16,8 +17,9 @@ from infra.fileshare import open_share
 from infra.images import Engine, ImageError
 from infra.launcher import launch_command
 from infra.local_docker import local_base_tag
-from infra.pools import share_on_this_machine
+from infra.pools import scripts_root
 from tasks.build_image import build_args
+from tasks import manifest as mf
 from tasks.manifest import check_names, relative_paths, sha256_file
 from tasks.train_on_pool import engine_on
 from tasks.upload_scripts import package_files, scripts_version
@@ -25,11 +27,18 @@ from tasks.upload_scripts import package_files, scripts_version
 
 def plan_run(cfg: PipelineConfig) -> list[dict]:
     """One row per step: step, action (run or skip), and why."""
-    rows = [plan_image(cfg)] if cfg.pool.backend == "docker" else []
+    rows = [plan_image(cfg)] if cfg.pool.backend != "process" else []
     rows += [plan_scripts(cfg), *plan_data(cfg)]
-    slots = cfg.pool.slots()
-    rows.append(row("create-pool", "run", f"{cfg.pool.backend} pool, {slots} slots for {cfg.training.workers} workers"))
-    rows.append(row("run-training", "run", " ".join(job_command(cfg))))
+    if cfg.pool.backend == "azureml":
+        azure = cfg.azureml
+        rows.append(row("create-pool", "run", f"AmlCompute {azure.compute} ({azure.vm_size}), created or reused, at "
+                        f"least {cfg.pool.nodes} nodes; after the run: {azure.at_end.replace('_', ' ')}"))
+        rows.append(row("run-training", "run", f"Azure ML command job on {cfg.pool.nodes} nodes x "
+                        f"{cfg.pool.slots_per_node} processes (the job spec below)"))
+    else:
+        slots = cfg.pool.slots()
+        rows.append(row("create-pool", "run", f"{cfg.pool.backend} pool, {slots} slots for {cfg.training.workers} workers"))
+        rows.append(row("run-training", "run", " ".join(job_command(cfg))))
     rows.append(row("collect-results", "run", "results/<run id>/ on the file share, the model to Blob"))
     return rows
 
@@ -45,8 +54,11 @@ def planned_version(cfg: PipelineConfig) -> tuple[dict[str, Path], str]:
 
 
 def plan_scripts(cfg: PipelineConfig) -> dict:
-    """Skip when the share already holds this content version of the scripts."""
+    """Skip when the share already holds this content version of the scripts (an Azure share is not asked)."""
     files, version = planned_version(cfg)
+    if cfg.fileshare.backend == "azure":
+        return row("upload-scripts", "run", f"upload {len(files)} files as scripts/{version} to "
+                   f"{cfg.fileshare.account_url}/{cfg.fileshare.share} unless it holds that version")
     if open_share(cfg.fileshare, cfg.workdir).exists(f"scripts/{version}/.complete"):
         return row("upload-scripts", "skip", f"version {version} is already on the share")
     return row("upload-scripts", "run", f"upload {len(files)} files as version {version}")
@@ -78,11 +90,7 @@ def plan_image(cfg: PipelineConfig) -> dict:
     image = cfg.image
     if image.use:
         return row("build-image", "skip", f"image.use: {image.use} (its registry is checked when the run starts)")
-    base = local_base_tag() if image.base_image == "local" else image.base_image
-    with tempfile.TemporaryDirectory() as tmp:
-        tag = context_tag(assemble_context(image.flavour, Path(tmp) / "ctx", image.python, wheel_cache()),
-                          build_args(image, base))
-    name = f"{image.image_name()}:{tag}"
+    name = planned_image(cfg)
     try:
         built = Engine(image.engine).has_image(name)
     except ImageError as exc:
@@ -92,10 +100,48 @@ def plan_image(cfg: PipelineConfig) -> dict:
                f"{name}: {'already built' if built else 'build'}{push}")
 
 
+def planned_image(cfg: PipelineConfig) -> str:
+    """image.use, or name:<content tag> of the image the build step would make (its digest comes at push)."""
+    image = cfg.image
+    if image.use:
+        return image.use
+    base = local_base_tag() if image.base_image == "local" else image.base_image
+    with tempfile.TemporaryDirectory() as tmp:
+        tag = context_tag(assemble_context(image.flavour, Path(tmp) / "ctx", image.python, wheel_cache()),
+                          build_args(image, base))
+    return f"{image.image_name()}:{tag}"
+
+
+def azure_specs(cfg: PipelineConfig) -> dict[str, str]:
+    """The exact specs the azureml pool would send, as YAML (`az ml compute/environment/job create --file`)."""
+    scripts = scripts_root(cfg.pool, cfg.fileshare, cfg.workdir) / f"scripts/{planned_version(cfg)[1]}"
+    plan = JobPlan("<run id>", planned_image(cfg), scripts.as_posix(), cfg.dataset_name())
+    job = job_spec(cfg.training, cfg.azureml, cfg.pool, plan, cfg.job.timeout_s)
+    return {"compute": yaml_text(compute_spec(cfg.azureml, cfg.pool.nodes)),
+            "environment": yaml_text(environment_spec(plan.image)), "job": yaml_text(job),
+            "storage": "\n".join(storage_operations(cfg, plan.scripts)) + "\n"}
+
+
+def storage_operations(cfg: PipelineConfig, scripts: str) -> list[str]:
+    """The storage operations of a run, in order, with where and how they are authorised (never a secret)."""
+    name, share, blob = cfg.dataset_name(), cfg.fileshare, cfg.storage
+    container = f"{blob.account_url}/{blob.container}"
+    return [
+        f"- put scripts: {share.account_url}/{share.share}/{scripts}/ (auth: {share.auth}), .complete written last",
+        f"- put blobs: {container}/{mf.dataset_prefix(name)}shards/*.tar, then {mf.manifest_blob(name)} "
+        f"(auth: {blob.auth})",
+        f"- get blobs: {container}/{mf.dataset_prefix(name)} -> {cfg.export_dir()}/datasets/{name}/<version>, "
+        "then `current` switched to it",
+        f"- job output: azureml://datastores/{cfg.azureml.datastore}/paths/results/<run id> (written by the job), "
+        "downloaded to the run folder",
+        f"- put results: {share.account_url}/{share.share}/results/<run id>/ and {container}/results/<run id>/model.pt",
+    ]
+
+
 def job_command(cfg: PipelineConfig) -> list[str]:
     """The launcher command the job would run, with the engine of the scripts version (container paths on
     the docker pool)."""
-    scripts = share_on_this_machine(cfg.pool, cfg.fileshare, cfg.workdir) / f"scripts/{planned_version(cfg)[1]}"
+    scripts = scripts_root(cfg.pool, cfg.fileshare, cfg.workdir) / f"scripts/{planned_version(cfg)[1]}"
     script = engine_on(cfg.pool.backend, scripts)
     if cfg.pool.backend == "docker":
         nodes = ContainerNodes(None, "<run id>", [f"node{i}" for i in range(cfg.pool.nodes)])

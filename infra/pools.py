@@ -34,12 +34,13 @@ class PoolConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
-    backend: Literal["process", "docker"] = "process"
-    """process: local worker processes; docker: one container per node from the training image."""
+    backend: Literal["process", "docker", "azureml"] = "process"
+    """process: local worker processes; docker: one container per node from the training image;
+    azureml: an Azure ML compute cluster (settings in the azureml section)."""
     nodes: int = Field(1, ge=1)
     """Nodes in the pool (the process pool is always this one machine)."""
     slots_per_node: int = Field(2, ge=1)
-    """Workers one node runs at most."""
+    """Workers one node runs at most (azureml: GPUs per node, the processes each node starts)."""
     shm_size: str = "1g"
     """/dev/shm of each container node (data loaders share batches through it)."""
 
@@ -57,8 +58,14 @@ def check_fits(cfg: PoolConfig, workers: int) -> None:
                         permanent=True)
 
 
-def share_on_this_machine(cfg: PoolConfig, share: FileShareConfig, workdir: Path) -> Path:
-    """The file share's folder, which the local pools run the scripts from; an Azure share cannot be."""
+def scripts_root(cfg: PoolConfig, share: FileShareConfig, workdir: Path) -> Path:
+    """Where the pool finds the file share that holds scripts/<version>: the local share's folder for the
+    local pools, the root of the Azure Files datastore (a relative path) for Azure ML."""
+    if cfg.backend == "azureml":
+        if share.backend != "azure":
+            raise PoolError("the azureml pool reads the scripts from the Azure Files share; set fileshare.backend: "
+                            "azure (and azureml.datastore to the datastore registered for that share)", permanent=True)
+        return Path()
     if share.backend != "local":
         raise PoolError(f"the {cfg.backend} pool runs the scripts from the local file share, but fileshare.backend "
                         "is azure; set fileshare.backend: local to train on this machine", permanent=True)

@@ -11,6 +11,7 @@ from pathlib import Path
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from infra.azureml import AzureMLConfig, AzureMLJob, AzureMLPool, JobPlan, job_spec, ml_client
 from infra.blobstore import StorageConfig
 from infra.container_nodes import DATA, RESULTS, SCRIPTS, Mount, horovod_on_nodes
 from infra.fileshare import FileShareConfig, open_share
@@ -33,13 +34,16 @@ class RunPaths:
     data: Path
     scripts: Path
     out: Path
+    dataset: str = ""
 
 
 def make_pool(cfg: PoolConfig, run_id: str, workdir: Path, image: str | None, paths: RunPaths,
-              engine_url: str | None = None) -> Pool:
+              engine_url: str | None = None, azure: AzureMLConfig | None = None) -> Pool:
     """The configured pool backend for this run (not yet created); docker nodes mount data, scripts and results."""
     if cfg.backend == "process":
         return ProcessPool(cfg, run_id, workdir / "pools")
+    if cfg.backend == "azureml":
+        return AzureMLPool(cfg, run_id, azure, ml_client(azure), image)
     paths.out.mkdir(parents=True, exist_ok=True)
     mounts = [Mount(paths.data, DATA), Mount(paths.scripts.parent, SCRIPTS), Mount(paths.out, RESULTS, read_only=False)]
     return DockerPool(cfg, run_id, Engine(engine_url), image, mounts)
@@ -52,8 +56,11 @@ def engine_on(backend: str, scripts: Path) -> str:
     return f"{SCRIPTS}/{scripts.name}/{TRAINER}"
 
 
-def make_job(pool: Pool, training: TrainingConfig, paths: RunPaths) -> Job:
-    """The launcher for `pool`: local torchrun/horovodrun, or horovodrun on the container nodes."""
+def make_job(pool: Pool, training: TrainingConfig, paths: RunPaths, timeout_s: float = 0) -> Job:
+    """The launcher for `pool`: local torchrun/horovodrun, horovodrun on the container nodes, or an Azure ML job."""
+    if isinstance(pool, AzureMLPool):
+        plan = JobPlan(pool.run_id, pool.image, paths.scripts.as_posix(), paths.dataset)
+        return AzureMLJob(pool.client, job_spec(training, pool.azure, pool.cfg, plan, timeout_s), paths.out)
     script = engine_on(pool.cfg.backend, paths.scripts)
     if isinstance(pool, ProcessPool):
         return ProcessJob(pool, launch_command(training, str(paths.data), paths.out, script=script))
@@ -80,7 +87,7 @@ def run_training_task(pool: Pool, training: TrainingConfig, paths: RunPaths, tim
     logger = get_run_logger()
     if isinstance(pool, ProcessPool):
         preflight(training, str(paths.data), paths.out, script=engine_on(pool.cfg.backend, paths.scripts))
-    run_job(make_job(pool, training, paths), paths.out / "logs", logger.info, timeout_s)
+    run_job(make_job(pool, training, paths, timeout_s), paths.out / "logs", logger.info, timeout_s)
     return json.loads((paths.out / "metrics.json").read_text())
 
 

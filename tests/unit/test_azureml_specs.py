@@ -1,0 +1,109 @@
+"""The Azure ML specs that trainflow would send, rendered with no network and read back by azure-ai-ml's own
+loaders (the schemas `az ml job create` validates against)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from azure.ai.ml import load_compute, load_environment, load_job
+
+from flows.config import ConfigError, load_config
+from flows.plan import azure_specs
+from infra.azureml import NFS_MOUNT, AzureMLConfig, AzureMLPool, infiniband, nccl_environment
+from infra.launcher import REPO
+from infra.pools import PoolConfig
+from tasks.train_on_pool import RunPaths, make_job
+
+AZURE = REPO / "flows" / "configs" / "azure.yaml"
+DIGEST = "myregistry.azurecr.io/trainflow-gpu@sha256:" + "ab" * 32
+
+
+def rendered(tmp_path: Path, **overrides) -> dict:
+    cfg = load_config(AZURE, {"workdir": tmp_path, **overrides}, environ={})
+    return {name: text for name, text in azure_specs(cfg).items()}
+
+
+def loaded_job(text: str, tmp_path: Path):
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    return load_job(path)
+
+
+@pytest.mark.parametrize("launcher", ["horovodrun", "torchrun"])
+def test_nodes_times_processes_per_node_is_the_world_size(tmp_path, launcher):
+    specs = rendered(tmp_path, training={"launcher": launcher, "workers": 12}, pool={"nodes": 3, "slots_per_node": 4})
+    job = loaded_job(specs["job"], tmp_path)
+    assert job.resources.instance_count == 3
+    if launcher == "horovodrun":  # Azure ML's mpirun starts 4 engine processes on each of the 3 nodes
+        assert job.distribution.type == "mpi" and job.distribution.process_count_per_instance == 4
+        assert " python ${{inputs.scripts}}/trainer/train.py " in job.command
+    else:  # one torchrun per node, 4 workers each
+        assert job.distribution.type == "pytorch" and job.distribution.process_count_per_instance == 1
+        argv = job.command.split("&& ")[-1].split()
+        assert argv[:11] == ["torchrun", "--nnodes", "3", "--nproc_per_node", "4", "--node_rank", "$NODE_RANK",
+                             "--master_addr", "$MASTER_ADDR", "--master_port", "$MASTER_PORT"]
+
+
+def test_a_world_the_nodes_do_not_make_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match=r"training.workers is 6 but the azureml pool starts .* = 8 processes"):
+        load_config(AZURE, {"workdir": tmp_path, "training": {"workers": 6}}, environ={})
+
+
+def test_the_data_mount_is_the_folder_the_engine_reads(tmp_path):
+    job = loaded_job(rendered(tmp_path)["job"], tmp_path)
+    mount, engine = job.command.split(" && python ")
+    assert mount.split()[-1] == NFS_MOUNT and "mount -t nfs" in mount and " ro," in mount
+    data = engine.split("--data ")[1].split()[0]
+    assert data == f"{NFS_MOUNT}/datasets/imagenet/current"
+    assert engine.split("--out ")[1].split()[0] == "${{outputs.results}}"
+    by_datastore = loaded_job(rendered(tmp_path, azureml={"data_source": "datastore"})["job"], tmp_path)
+    assert "--data ${{inputs.data}}" in by_datastore.command and "mount" not in by_datastore.command
+    assert by_datastore.inputs["data"].path == "azureml://datastores/trainflow_files/paths/fileserver/datasets/imagenet/current"
+    assert by_datastore.inputs["data"].mode == "ro_mount"
+
+
+def test_the_job_runs_the_scripts_version_and_image_the_earlier_steps_made(tmp_path):
+    cfg = load_config(AZURE, {"workdir": tmp_path}, environ={})
+    pool = AzureMLPool(cfg.pool, "run-1", cfg.azureml, client=None, image=DIGEST)  # what build-image returned
+    job = make_job(pool, cfg.training, RunPaths(Path("/x"), Path("scripts/0123abcd"), tmp_path, "imagenet"), 3600)
+    spec = job.spec._to_job()
+    assert spec.environment.image == DIGEST
+    assert spec.inputs["scripts"].path == "azureml://datastores/trainflow_files/paths/scripts/0123abcd"
+    assert spec.outputs["results"].path == "azureml://datastores/trainflow_files/paths/results/run-1"
+    assert spec.limits.timeout == 3600 and spec.resources.shm_size == "64g" and spec.name == "trainflow-run-1"
+
+
+def test_compute_environment_and_storage_specs(tmp_path):
+    specs = rendered(tmp_path)
+    (tmp_path / "compute.yaml").write_text(specs["compute"])
+    compute = load_compute(tmp_path / "compute.yaml")
+    assert (compute.size, compute.min_instances, compute.max_instances, compute.tier) == ("Standard_ND96asr_v4", 0, 4, "dedicated")
+    assert compute.idle_time_before_scale_down == 600 and compute.network_settings.subnet.endswith("/subnets/compute")
+    grown = yaml.safe_load(rendered(tmp_path, pool={"nodes": 6}, training={"workers": 24},
+                                    azureml={"low_priority": True})["compute"])
+    assert grown["max_instances"] == 6 and grown["tier"] == "low_priority"
+    (tmp_path / "env.yaml").write_text(specs["environment"])
+    assert load_environment(tmp_path / "env.yaml").image.startswith("myregistry.azurecr.io/trainflow-gpu:")
+    assert "sig=" not in specs["storage"] and "datasets/imagenet/manifest.json" in specs["storage"]
+
+
+def test_infiniband_follows_the_vm_size():
+    assert infiniband(AzureMLConfig(vm_size="Standard_ND96asr_v4"))
+    assert infiniband(AzureMLConfig(vm_size="Standard_ND96isr_H100_v5"))
+    assert not infiniband(AzureMLConfig(vm_size="Standard_NC24ads_A100_v4"))
+    assert not infiniband(AzureMLConfig(vm_size="Standard_ND96asr_v4", infiniband="off"))
+    assert nccl_environment(AzureMLConfig(vm_size="Standard_NC6s_v3"))["NCCL_IB_DISABLE"] == "1"
+
+
+def test_dry_run_prints_the_specs_and_touches_nothing(tmp_path, digits):
+    work = tmp_path / "work"
+    proc = subprocess.run([str(Path(sys.executable).parent / "trainflow"), "run", "--config", str(AZURE), "--data",
+                           str(digits), "--workdir", str(work), "--dry-run"], capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr
+    for heading in ("compute", "environment", "job", "storage"):
+        assert f" {heading} " in proc.stdout
+    assert "type: command" in proc.stdout and "process_count_per_instance: 4" in proc.stdout
+    assert not work.exists()
