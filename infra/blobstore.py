@@ -40,10 +40,15 @@ class StorageConfig(BaseModel):
     """azurite: the local emulator, started under the workdir; azure: a real storage account."""
     account_url: str | None = None
     """https://<account>.blob.core.windows.net (azure only). Plain http is refused except to loopback."""
-    auth: Literal["sas", "connection_string", "default"] = "sas"
-    """azure only: a SAS token (preferred), a connection string, or DefaultAzureCredential."""
+    auth: Literal["sas", "key", "connection_string", "default"] = "sas"
+    """azure only: a SAS token; key: the account key signs a SAS per step (least privilege, short expiry)
+    and never authorises a request itself; a connection string; or DefaultAzureCredential."""
     sas_token_env: str = "AZURE_STORAGE_SAS_TOKEN"
     """Environment variable holding the SAS token."""
+    account_key_env: str = "AZURE_STORAGE_KEY"
+    """auth key: environment variable holding the account key."""
+    sas_minutes: float = Field(120, gt=0)
+    """auth key: lifetime of the SAS tokens trainflow signs (a step's retries sign a new one)."""
     connection_string_env: str = "AZURE_STORAGE_CONNECTION_STRING"
     """Environment variable holding the connection string."""
     container: str = "trainflow"
@@ -112,8 +117,9 @@ class BlobStore:
 
     @classmethod
     def connect(cls, cfg: StorageConfig, environ: dict[str, str] | None = None,
-                connection_string: str | None = None) -> "BlobStore":
-        """A store for cfg's container; `connection_string` is Azurite's (the local default)."""
+                connection_string: str | None = None, access: str = "stage") -> "BlobStore":
+        """A store for cfg's container; `connection_string` is Azurite's (the local default); `access`
+        (infra.sas.BLOB_ACCESS) is what a signed SAS allows with auth key."""
         # retry_total alone still caps 5xx, connect and read retries at 3 each: set them all.
         n = cfg.retry_total
         retry = ExponentialRetry(initial_backoff=cfg.retry_initial_backoff, increment_base=2, retry_total=n,
@@ -123,7 +129,7 @@ class BlobStore:
         session.mount("https://", requests.adapters.HTTPAdapter(pool_maxsize=4 * cfg.upload_concurrency + 4))
         options = dict(retry_policy=retry, max_single_put_size=4 << 20, max_block_size=4 << 20,
                        connection_timeout=10, read_timeout=60, session=session)
-        service = service_client(cfg, os.environ if environ is None else environ, connection_string, options)
+        service = service_client(cfg, os.environ if environ is None else environ, connection_string, options, access)
         try:
             require_https_unless_loopback(service.url)  # a connection string names its own endpoint
         except ValueError as exc:
@@ -131,8 +137,13 @@ class BlobStore:
         return cls(service.get_container_client(cfg.container), cfg.upload_concurrency)
 
     def ensure_container(self) -> None:
-        """Create the container unless it exists."""
+        """Create the container unless it exists (a container-scoped SAS may list it but not create it)."""
         with self.errors("create the container"):
+            try:
+                next(iter(self.container.list_blobs(results_per_page=1).by_page()), None)
+                return
+            except ResourceNotFoundError:
+                pass
             try:
                 self.container.create_container()
             except ResourceExistsError:
@@ -200,7 +211,8 @@ def storage_errors(service: str, where: str, action: str) -> Iterator[None]:
                            permanent=exc.status_code in (400, 404, 409)) from None
 
 
-def service_client(cfg: StorageConfig, environ, connection_string: str | None, options: dict) -> BlobServiceClient:
+def service_client(cfg: StorageConfig, environ, connection_string: str | None, options: dict,
+                   access: str = "stage") -> BlobServiceClient:
     """A BlobServiceClient from the configured credential."""
     if cfg.backend == "azurite":
         if connection_string is None:
@@ -213,6 +225,11 @@ def service_client(cfg: StorageConfig, environ, connection_string: str | None, o
                            permanent=True)
     if cfg.auth == "sas":
         return BlobServiceClient(cfg.account_url, credential=secret(environ, cfg.sas_token_env).lstrip("?"), **options)
+    if cfg.auth == "key":
+        from infra.sas import container_sas
+
+        token = container_sas(cfg.account_url, cfg.container, secret(environ, cfg.account_key_env), access, cfg.sas_minutes)
+        return BlobServiceClient(cfg.account_url, credential=token, **options)
     from azure.identity import DefaultAzureCredential
 
     return BlobServiceClient(cfg.account_url, credential=DefaultAzureCredential(), **options)

@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 from typing import Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class FileShare(Protocol):
@@ -81,10 +81,15 @@ class FileShareConfig(BaseModel):
     """https://<account>.file.core.windows.net (azure only)."""
     share: str = "trainflow"
     """Azure Files share name."""
-    auth: Literal["sas", "default"] = "sas"
-    """A SAS token from sas_token_env (preferred), or DefaultAzureCredential."""
+    auth: Literal["sas", "key", "default"] = "sas"
+    """A SAS token from sas_token_env; key: the account key signs a short-lived share SAS (read, create,
+    write, list) that is used instead; or DefaultAzureCredential."""
     sas_token_env: str = "AZURE_FILES_SAS_TOKEN"
     """Environment variable holding the share's SAS token."""
+    account_key_env: str = "AZURE_STORAGE_KEY"
+    """auth key: environment variable holding the account key."""
+    sas_minutes: float = Field(120, gt=0)
+    """auth key: lifetime of the SAS tokens trainflow signs."""
     extra_files: list[Path] = []
     """Files sent with the training package (configs, label maps), placed beside it."""
 
@@ -107,6 +112,10 @@ def open_share(cfg: FileShareConfig, workdir: Path, environ: dict[str, str] | No
     env = os.environ if environ is None else environ
     if cfg.auth == "sas":
         credential = secret(env, cfg.sas_token_env).lstrip("?")
+    elif cfg.auth == "key":
+        from infra.sas import share_sas
+
+        credential = share_sas(cfg.account_url, cfg.share, secret(env, cfg.account_key_env), cfg.sas_minutes)
     else:
         from azure.identity import DefaultAzureCredential
 

@@ -86,5 +86,5 @@ def fetch_shards(store: BlobStore, name: str, needed: dict, dest: Path, workdir:
 @task(name="sync-to-file-server", retries=3, retry_delay_seconds=[2, 10, 30], retry_condition_fn=unless_permanent)
 def sync_to_file_server_task(cfg: StorageConfig, azurite_port: int | None, export: Path, name: str, workdir: Path) -> dict:
     """Prefect step: sync; returns the transfer summary and the folder training reads."""
-    transfer, current = sync_to_file_server(connect(cfg, azurite_port), FileServer(export), name, workdir)
+    transfer, current = sync_to_file_server(connect(cfg, azurite_port, "read"), FileServer(export), name, workdir)
     return {**transfer.row(), "path": str(current)}

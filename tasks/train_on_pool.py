@@ -105,6 +105,6 @@ def collect_results_task(out: Path, run_id: str, share_cfg: FileShareConfig, sto
     files = sorted(p for p in out.rglob("*") if p.is_file())
     for path in files:
         share.upload_file(path, f"results/{run_id}/{path.relative_to(out).as_posix()}")
-    store = connect(storage, azurite_port)
+    store = connect(storage, azurite_port, "results")
     store.upload_file(out / "model.pt", f"results/{run_id}/model.pt")
     return {"files": len(files), "share": share.url(f"results/{run_id}"), "model_blob": f"results/{run_id}/model.pt"}

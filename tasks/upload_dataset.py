@@ -124,8 +124,9 @@ def upload_dataset_task(cfg: StorageConfig, azurite_port: int | None, data_dir: 
     return upload_dataset(store, cfg, data_dir, name, workdir).row()
 
 
-def connect(cfg: StorageConfig, azurite_port: int | None) -> BlobStore:
-    """The blob store of the config (Azurite on `azurite_port` for the local default)."""
+def connect(cfg: StorageConfig, azurite_port: int | None, access: str = "stage") -> BlobStore:
+    """The blob store of the config (Azurite on `azurite_port` for the local default), for `access`."""
     if cfg.backend == "azurite" and azurite_port is None:
         raise StorageError("Azurite's port is unknown: the flow starts Azurite before staging", permanent=True)
-    return BlobStore.connect(cfg, connection_string=connection_string(azurite_port) if azurite_port else None)
+    return BlobStore.connect(cfg, connection_string=connection_string(azurite_port) if azurite_port else None,
+                             access=access)

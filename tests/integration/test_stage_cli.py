@@ -10,9 +10,12 @@ from pathlib import Path
 from urllib.parse import quote, unquote
 
 import pytest
-from azure.storage.blob import AccountSasPermissions, ResourceTypes, generate_account_sas
+from azure.storage.blob import AccountSasPermissions, BlobServiceClient, ResourceTypes, generate_account_sas
 
-from infra.azurite import ACCOUNT, DEV_KEY
+from infra.azurite import ACCOUNT, DEV_KEY, connection_string
+from infra.blobstore import BlobStore, StorageConfig, StorageError
+from infra.sas import container_sas
+from tasks.manifest import manifest_blob
 from infra.services import free_port
 
 pytestmark = pytest.mark.integration
@@ -102,3 +105,27 @@ def test_unreachable_storage_fails_fast_with_one_line(tmp_path, digits):
     assert result.returncode == 1
     errors = [l for l in result.stderr.splitlines() if l.startswith("error: ")]
     assert len(errors) == 1 and "cannot reach blob storage at http://127.0.0.1" in errors[0]
+
+
+def test_an_account_key_only_signs_least_privilege_short_lived_tokens(tmp_path, azurite_port, digits):
+    container = f"c-{uuid.uuid4().hex[:10]}"
+    url = f"http://127.0.0.1:{azurite_port}/{ACCOUNT}"
+    BlobServiceClient.from_connection_string(connection_string(azurite_port)).create_container(container)  # as Bicep does
+    config = tmp_path / "key.yaml"
+    config.write_text(f"storage:\n  backend: azure\n  account_url: {url}\n  auth: key\n  container: {container}\n"
+                      "  shard_mb: 0.5\n  sas_minutes: 30\n")
+    work = tmp_path / "work"
+    result = subprocess.run([TRAINFLOW, "stage", "--config", str(config), "--data", str(digits), "--workdir", str(work)],
+                            capture_output=True, text=True, env={**os.environ, "AZURE_STORAGE_KEY": DEV_KEY}, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert not leaks([DEV_KEY], result, work)
+    cfg = StorageConfig(backend="azure", account_url=url, auth="key", container=container, sas_minutes=30)
+    reader = BlobStore.connect(cfg, environ={"AZURE_STORAGE_KEY": DEV_KEY}, access="read")
+    assert reader.read_text(manifest_blob("digits"))  # the sync's token reads and lists ...
+    with pytest.raises(StorageError, match="refused the credentials"):  # ... and cannot write
+        reader.write_text("datasets/digits/manifest.json", "{}")
+    token = container_sas(url, container, DEV_KEY, "read", 30)
+    fields = dict(part.split("=", 1) for part in token.split("&"))
+    expiry = datetime.fromisoformat(unquote(fields["se"]).replace("Z", "+00:00"))
+    assert fields["sp"] == "rl" and fields["sr"] == "c"
+    assert timedelta(minutes=29) < expiry - datetime.now(timezone.utc) <= timedelta(minutes=30)

@@ -3,6 +3,7 @@ loaders (the schemas `az ml job create` validates against)."""
 
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ from azure.ai.ml import load_compute, load_environment, load_job
 
 from flows.config import ConfigError, load_config
 from flows.plan import azure_specs
-from infra.azureml import NFS_MOUNT, AzureMLConfig, AzureMLPool, infiniband, nccl_environment
+from infra.azureml import NFS_MOUNT, AzureMLConfig, AzureMLPool, infiniband, nccl_environment, printed_lines
 from infra.launcher import REPO
 from infra.pools import PoolConfig
 from tasks.train_on_pool import RunPaths, make_job
@@ -107,3 +108,22 @@ def test_dry_run_prints_the_specs_and_touches_nothing(tmp_path, digits):
         assert f" {heading} " in proc.stdout
     assert "type: command" in proc.stdout and "process_count_per_instance: 4" in proc.stdout
     assert not work.exists()
+
+
+def test_what_one_thread_prints_becomes_lines_and_the_others_print_through(capsys):
+    caught: list[str] = []
+
+    def streamer():
+        with printed_lines(caught.append):
+            print("[rank 0] epoch 1", flush=True)
+            sys.stdout.write("[rank 1] half a ")
+            other = threading.Thread(target=print, args=("from another thread",))
+            other.start()
+            other.join()
+            sys.stdout.write("line\n[rank 0] no newline at the end")
+
+    thread = threading.Thread(target=streamer)
+    thread.start()
+    thread.join()
+    assert caught == ["[rank 0] epoch 1\n", "[rank 1] half a line\n", "[rank 0] no newline at the end\n"]
+    assert capsys.readouterr().out == "from another thread\n"

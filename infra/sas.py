@@ -1,0 +1,52 @@
+"""SAS tokens that trainflow signs itself: least privilege for the one step that uses it, short expiry.
+
+With `auth: key` the account key (from an environment variable) never authorises a request: it signs
+a container or share SAS that allows only what the step does (the sync reads and lists; the upload
+also adds, creates, writes and deletes its stale shards) and expires after `sas_minutes`.
+"""
+
+from datetime import datetime, timedelta, timezone
+from urllib.parse import urlparse
+
+from azure.storage.blob import ContainerSasPermissions, generate_container_sas
+from azure.storage.fileshare import ShareSasPermissions, generate_share_sas
+
+# What each kind of step may do in the blob container (r read, a add, c create, w write, d delete, l list).
+BLOB_ACCESS = {"stage": "racwdl", "read": "rl", "results": "rcw"}
+SHARE_ACCESS = "rcwl"  # the scripts and results: read, create, write, list; never delete
+CLOCK_SKEW = timedelta(minutes=5)  # a token valid from a little before now, for clocks that run behind
+
+
+def account_name(account_url: str) -> str:
+    """The storage account of https://<account>.blob.core.windows.net, or of a path-style loopback URL
+    (http://127.0.0.1:10000/<account>, as Azurite serves it)."""
+    parsed = urlparse(account_url)
+    if parsed.hostname in ("127.0.0.1", "localhost") and parsed.path.strip("/"):
+        return parsed.path.strip("/").split("/")[0]
+    return (parsed.hostname or "").split(".")[0]
+
+
+def validity(minutes: float, now: datetime | None = None) -> tuple[datetime, datetime]:
+    """(start, expiry) of a token made now that lasts `minutes`."""
+    now = now or datetime.now(timezone.utc)
+    return now - CLOCK_SKEW, now + timedelta(minutes=minutes)
+
+
+def container_sas(account_url: str, container: str, key: str, access: str, minutes: float) -> str:
+    """A SAS for one container allowing the operations of `access` (a BLOB_ACCESS key) for `minutes`."""
+    start, expiry = validity(minutes)
+    return generate_container_sas(account_name(account_url), container, account_key=key, start=start, expiry=expiry,
+                                  permission=ContainerSasPermissions.from_string(BLOB_ACCESS[access]),
+                                  protocol=protocol(account_url))
+
+
+def share_sas(account_url: str, share: str, key: str, minutes: float) -> str:
+    """A SAS for one file share: read, create, write and list for `minutes`."""
+    start, expiry = validity(minutes)
+    return generate_share_sas(account_name(account_url), share, account_key=key, start=start, expiry=expiry,
+                              permission=ShareSasPermissions.from_string(SHARE_ACCESS), protocol=protocol(account_url))
+
+
+def protocol(account_url: str) -> str:
+    """https only, except for the loopback emulator that speaks plain http."""
+    return "https" if urlparse(account_url).scheme == "https" else "https,http"
