@@ -28,7 +28,7 @@ def train_pipeline(cfg: PipelineConfig) -> dict:
         scripts, upload, synced = stage_steps(cfg, port)
         paths = RunPaths(Path(synced["path"]).resolve(), share / scripts["version"], cfg.workdir / "runs" / run_id,
                          cfg.dataset_name())
-        pool = make_pool(cfg.pool, run_id, cfg.workdir, image and image["image"], paths, cfg.image.engine, cfg.azureml)
+        pool = make_pool(cfg.pool, run_id, cfg.workdir, image and image["image"], paths, cfg.image, cfg.azureml)
         try:
             described = create_pool_task(pool, cfg.training.workers, cfg.workdir / "pools", set())
             metrics = run_training_task(pool, cfg.training, paths, cfg.job.timeout_s)

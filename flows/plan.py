@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 
 from flows.config import STAGED, PipelineConfig
-from infra.azureml import JobPlan, compute_spec, environment_spec, job_spec, yaml_text
+from infra.azureml import JobPlan, compute_spec, environment_spec, job_spec, registry_connection_spec, yaml_text
 from infra.build_context import assemble_context, context_tag, wheel_cache
 from infra.container_nodes import ContainerNodes, horovod_on_nodes
 from infra.fileserver import FileServer
@@ -117,9 +117,14 @@ def azure_specs(cfg: PipelineConfig) -> dict[str, str]:
     scripts = scripts_root(cfg.pool, cfg.fileshare, cfg.workdir) / f"scripts/{planned_version(cfg)[1]}"
     plan = JobPlan("<run id>", planned_image(cfg), scripts.as_posix(), cfg.dataset_name())
     job = job_spec(cfg.training, cfg.azureml, cfg.pool, plan, cfg.job.timeout_s)
-    return {"compute": yaml_text(compute_spec(cfg.azureml, cfg.pool.nodes)),
-            "environment": yaml_text(environment_spec(plan.image)), "job": yaml_text(job),
-            "storage": "\n".join(storage_operations(cfg, plan.scripts)) + "\n"}
+    specs = {"compute": yaml_text(compute_spec(cfg.azureml, cfg.pool.nodes)),
+             "environment": yaml_text(environment_spec(plan.image)), "job": yaml_text(job),
+             "storage": "\n".join(storage_operations(cfg, plan.scripts)) + "\n"}
+    if cfg.azureml.registry_access == "connection":  # the password is read at run time, never shown
+        placeholder = f"<the value of ${cfg.image.password_env}>"
+        specs["registry connection"] = yaml_text(registry_connection_spec(cfg.image.registry, cfg.image.username,
+                                                                          placeholder))
+    return specs
 
 
 def storage_operations(cfg: PipelineConfig, scripts: str) -> list[str]:

@@ -67,6 +67,10 @@ class AzureMLConfig(BaseModel):
     """The NFS file server as host:/path, e.g. <account>.file.core.windows.net:/<account>/<share>."""
     data_path: str = "fileserver/datasets/{dataset}/current"
     """data_source datastore: the data set's folder in the datastore ({dataset} is replaced)."""
+    registry_access: Literal["workspace", "connection"] = "workspace"
+    """How Azure ML pulls the image. workspace: with the workspace's identity (the registry that infra/azure
+    attaches to it, AcrPull); connection: through a workspace connection holding image.username and the
+    registry password (any other registry)."""
     experiment: str = "trainflow"
     """Azure ML experiment the jobs are filed under."""
     shm_size: str = "32g"
@@ -123,6 +127,15 @@ def environment_spec(image: str):
     from azure.ai.ml.entities import Environment
 
     return Environment(image=image, description="trainflow training image (pushed by build-image)")
+
+
+def registry_connection_spec(registry: str, username: str, password: str):
+    """The workspace connection through which Azure ML pulls from a registry that is not the workspace's."""
+    from azure.ai.ml.entities import UsernamePasswordConfiguration, WorkspaceConnection
+
+    return WorkspaceConnection(name=f"trainflow-{registry.split('.')[0].split(':')[0]}", type="container_registry",
+                               target=registry, credentials=UsernamePasswordConfiguration(username=username,
+                                                                                          password=password))
 
 
 def engine_command(training: TrainingConfig, pool: PoolConfig, data: str) -> str:
@@ -203,8 +216,11 @@ class AzureMLPool:
     azure: AzureMLConfig
     client: object
     image: str
+    connection: object = None  # registry_connection_spec(...) when the workspace cannot pull by itself
 
     def create(self) -> None:
+        if self.connection is not None:
+            self.client.connections.create_or_update(self.connection)
         self.client.compute.begin_create_or_update(compute_spec(self.azure, self.cfg.nodes)).result()
 
     def wait_until_ready(self) -> None:

@@ -11,14 +11,15 @@ from pathlib import Path
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from infra.azureml import AzureMLConfig, AzureMLJob, AzureMLPool, JobPlan, job_spec, ml_client
+from infra.azureml import AzureMLConfig, AzureMLJob, AzureMLPool, JobPlan, job_spec, ml_client, registry_connection_spec
 from infra.blobstore import StorageConfig
 from infra.container_nodes import DATA, RESULTS, SCRIPTS, Mount, horovod_on_nodes
 from infra.fileshare import FileShareConfig, open_share
-from infra.images import Engine
+from infra.images import Engine, ImageConfig
 from infra.jobs import ContainerJob, Job, ProcessJob, run_job
 from infra.launcher import TrainingConfig, launch_command, preflight
 from infra.pools import DockerPool, Pool, PoolConfig, ProcessPool, check_fits, delete_leftovers
+from tasks.build_image import registry_password
 from tasks.retry import unless_permanent
 from tasks.upload_dataset import connect
 
@@ -38,15 +39,18 @@ class RunPaths:
 
 
 def make_pool(cfg: PoolConfig, run_id: str, workdir: Path, image: str | None, paths: RunPaths,
-              engine_url: str | None = None, azure: AzureMLConfig | None = None) -> Pool:
+              image_cfg: ImageConfig | None = None, azure: AzureMLConfig | None = None) -> Pool:
     """The configured pool backend for this run (not yet created); docker nodes mount data, scripts and results."""
     if cfg.backend == "process":
         return ProcessPool(cfg, run_id, workdir / "pools")
     if cfg.backend == "azureml":
-        return AzureMLPool(cfg, run_id, azure, ml_client(azure), image)
+        connection = None
+        if azure.registry_access == "connection":
+            connection = registry_connection_spec(image_cfg.registry, image_cfg.username, registry_password(image_cfg))
+        return AzureMLPool(cfg, run_id, azure, ml_client(azure), image, connection)
     paths.out.mkdir(parents=True, exist_ok=True)
     mounts = [Mount(paths.data, DATA), Mount(paths.scripts.parent, SCRIPTS), Mount(paths.out, RESULTS, read_only=False)]
-    return DockerPool(cfg, run_id, Engine(engine_url), image, mounts)
+    return DockerPool(cfg, run_id, Engine(image_cfg and image_cfg.engine), image, mounts)
 
 
 def engine_on(backend: str, scripts: Path) -> str:

@@ -110,6 +110,14 @@ def test_dry_run_prints_the_specs_and_touches_nothing(tmp_path, digits):
     assert not work.exists()
 
 
+def test_a_registry_connection_is_rendered_without_the_password(tmp_path):
+    specs = rendered(tmp_path, azureml={"registry_access": "connection"})
+    connection = yaml.safe_load(specs["registry connection"])
+    assert connection["type"] == "container_registry" and connection["target"] == "myregistry.azurecr.io"
+    assert connection["credentials"] == {"type": "username_password", "username": "myregistry",
+                                         "password": "<the value of $REGISTRY_PASSWORD>"}
+
+
 def test_what_one_thread_prints_becomes_lines_and_the_others_print_through(capsys):
     caught: list[str] = []
 
