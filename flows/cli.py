@@ -12,12 +12,12 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
-from flows.config import STAGED, ConfigError, PipelineConfig, load_config
+from flows.config import LOCAL_DATA_FREE, ConfigError, PipelineConfig, load_config, smoke_config
 from infra.blobstore import StorageError
 from infra.fileserver import FileServerError
 from infra.images import ImageError
 from infra.pools import PoolError, check_fits, scripts_root
-from infra.launcher import LaunchError, train_locally
+from infra.launcher import SYNTHETIC, LaunchError, train_locally
 from infra.sample_data import write_digits
 from infra.services import ServiceError
 from tasks.manifest import ChangedWhileStaging, check_names, relative_paths
@@ -72,7 +72,7 @@ def configure(config: Path | None, data: str | None, workdir: Path | None, train
 def data_folder(cfg: PipelineConfig) -> str:
     """The data to train on: the configured folder, 'synthetic', 'staged', or the digits set (written once)."""
     if cfg.data:
-        return cfg.data if cfg.data in ("synthetic", STAGED) else str(Path(cfg.data).resolve())
+        return cfg.data if cfg.data in LOCAL_DATA_FREE else str(Path(cfg.data).resolve())
     return str(digits_at(cfg.workdir / "data" / "digits"))
 
 
@@ -96,8 +96,8 @@ def print_azure_specs(cfg: PipelineConfig) -> None:
 
 
 def check_data_names(cfg: PipelineConfig) -> None:
-    """Refuse a local data folder whose file names cannot be staged (nothing to check for staged data)."""
-    if cfg.data and cfg.data != STAGED:
+    """Refuse a local data folder whose file names cannot be staged (nothing to check for staged or synthetic data)."""
+    if cfg.data and cfg.data not in LOCAL_DATA_FREE:
         check_names(relative_paths(Path(cfg.data)))
 
 
@@ -141,7 +141,7 @@ def print_summary(metrics: dict, out: Path) -> None:
 def stage(config: ConfigOpt = None, data: DataOpt = None, workdir: WorkdirOpt = None) -> None:
     """Stage the data as a Prefect flow: scripts to the file share, data set to Blob, Blob to the file server."""
     cfg = configure(config, data, workdir)
-    if cfg.data in ("synthetic", STAGED):
+    if cfg.data in LOCAL_DATA_FREE:
         raise ConfigError(f"data: {cfg.data} has nothing to stage; pass --data DIR")
     cfg = cfg.model_copy(update={"data": data_folder(cfg), "workdir": cfg.workdir.resolve()})
     check_names(relative_paths(Path(cfg.data)))  # bad data fails here, before any service starts
@@ -159,10 +159,21 @@ def stage(config: ConfigOpt = None, data: DataOpt = None, workdir: WorkdirOpt = 
 def run(config: ConfigOpt = None, data: DataOpt = None, workdir: WorkdirOpt = None,
         dry_run: Annotated[bool, typer.Option("--dry-run", help="Print what each step would do or skip; change nothing.")] = False,
         ) -> None:
-    """The whole pipeline as one Prefect flow: stage, build (docker pool), pool, train, collect; prints the summary."""
-    cfg = configure(config, data, workdir)
-    if cfg.data == "synthetic":
-        raise ConfigError("the pipeline trains on staged data; pass --data DIR (or nothing, for the digits set)")
+    """The whole pipeline as one Prefect flow: build, stage, pool, train, collect; prints the summary."""
+    run_pipeline(configure(config, data, workdir), dry_run)
+
+
+@app.command()
+@friendly_errors
+def smoke(config: ConfigOpt = None, data: DataOpt = None, workdir: WorkdirOpt = None,
+          dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan and specs; change nothing.")] = False,
+          ) -> None:
+    """The pipeline on 1 node x 1 worker for about a minute (synthetic data unless --data): checks a deployment."""
+    run_pipeline(smoke_config(configure(config, data or SYNTHETIC, workdir)), dry_run)
+
+
+def run_pipeline(cfg: PipelineConfig, dry_run: bool) -> None:
+    """Plan (dry run) or run the train-pipeline flow for `cfg` and print its summary."""
     check_fits(cfg.pool, cfg.training.workers)
     scripts_root(cfg.pool, cfg.fileshare, cfg.workdir)
     if dry_run:  # nothing is written, not even the digits set

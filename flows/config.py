@@ -17,11 +17,12 @@ from infra.blobstore import StorageConfig
 from infra.fileshare import FileShareConfig
 from infra.images import ImageConfig
 from infra.jobs import JobConfig
-from infra.launcher import TrainingConfig
+from infra.launcher import SYNTHETIC, TrainingConfig
 from infra.pools import PoolConfig
 
 ENV_PREFIX = "TRAINFLOW_"
 STAGED = "staged"  # data: train on the data set already in Blob storage under `dataset`
+LOCAL_DATA_FREE = (SYNTHETIC, STAGED)  # values of `data` that name no local folder
 
 
 class ConfigError(Exception):
@@ -75,7 +76,9 @@ class PipelineConfig(BaseModel):
         return self
 
     def dataset_name(self) -> str:
-        """The data set's name: configured, else the data folder's name, lowercased to [a-z0-9-]."""
+        """The data set's name: synthetic, configured, else the data folder's name, lowercased to [a-z0-9-]."""
+        if self.data == SYNTHETIC:
+            return SYNTHETIC
         if self.dataset:
             return self.dataset
         base = re.sub(r"[^a-z0-9-]+", "-", Path(self.data or "digits").name.lower()).strip("-")
@@ -84,6 +87,15 @@ class PipelineConfig(BaseModel):
     def export_dir(self) -> Path:
         """The file server's export folder."""
         return self.fileserver_export or self.workdir / "fileserver"
+
+
+def smoke_config(cfg: PipelineConfig) -> PipelineConfig:
+    """`cfg` cut down to 1 node x 1 worker and about a minute of training: the run that checks a deployment."""
+    values = cfg.model_dump()
+    values["pool"].update(nodes=1, slots_per_node=1)
+    values["training"].update(workers=1, epochs=1, steps_per_epoch=100, checkpoint_every=50, log_every=10)
+    values["job"].update(timeout_s=1800)
+    return PipelineConfig.model_validate(values)
 
 
 def load_config(path: Path | None, overrides: dict, environ: dict[str, str] | None = None) -> PipelineConfig:

@@ -3,8 +3,6 @@
 The image comes first: a missing or unbuildable image fails the run before any data moves.
 """
 
-from pathlib import Path
-
 from prefect import flow
 from prefect.runtime import flow_run
 
@@ -14,8 +12,8 @@ from flows.stage import blob_endpoint, stage_steps
 from infra.build_context import wheel_cache
 from infra.pools import scripts_root
 from tasks.build_image import build_image_task
-from tasks.train_on_pool import (RunPaths, collect_results_task, create_pool_task, delete_pool_task, make_pool,
-                                  run_training_task)
+from tasks.train_on_pool import (RunPaths, collect_results_task, create_pool_task, data_version, delete_pool_task,
+                                  make_pool, run_training_task)
 
 
 @flow(name="train-pipeline")
@@ -26,7 +24,7 @@ def train_pipeline(cfg: PipelineConfig) -> dict:
     image = build_image_task(cfg.image, cfg.workdir, wheel_cache()) if cfg.pool.backend != "process" else None
     with blob_endpoint(cfg) as port:
         scripts, upload, synced = stage_steps(cfg, port)
-        paths = RunPaths(Path(synced["path"]).resolve(), share / scripts["version"], cfg.workdir / "runs" / run_id,
+        paths = RunPaths(data_version(synced["path"]), share / scripts["version"], cfg.workdir / "runs" / run_id,
                          cfg.dataset_name())
         pool = make_pool(cfg.pool, run_id, cfg.workdir, image and image["image"], paths, cfg.image, cfg.azureml)
         try:

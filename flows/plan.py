@@ -8,10 +8,10 @@ the image's content tag against the local engine, the pool's slots against the w
 import tempfile
 from pathlib import Path
 
-from flows.config import STAGED, PipelineConfig
+from flows.config import STAGED, SYNTHETIC, PipelineConfig
 from infra.azureml import JobPlan, compute_spec, environment_spec, job_spec, registry_connection_spec, yaml_text
 from infra.build_context import assemble_context, context_tag, wheel_cache
-from infra.container_nodes import ContainerNodes, horovod_on_nodes
+from infra.container_nodes import DATA, ContainerNodes, horovod_on_nodes
 from infra.fileserver import FileServer
 from infra.fileshare import open_share
 from infra.images import Engine, ImageError
@@ -67,6 +67,8 @@ def plan_scripts(cfg: PipelineConfig) -> dict:
 def plan_data(cfg: PipelineConfig) -> list[dict]:
     """Skip upload and sync when the file server's copy lists the same paths with the same sizes."""
     data, name = Path(cfg.data), cfg.dataset_name()
+    if cfg.data == SYNTHETIC:
+        return [row("upload-dataset", "skip", "data: synthetic"), row("sync-to-file-server", "skip", "data: synthetic")]
     if cfg.data == STAGED:
         return [row("upload-dataset", "skip", f"data: staged, {name} is used as Blob storage holds it"),
                 row("sync-to-file-server", "run", f"bring the file server's copy of {name} up to Blob's manifest")]
@@ -150,6 +152,7 @@ def job_command(cfg: PipelineConfig) -> list[str]:
     script = engine_on(cfg.pool.backend, scripts)
     if cfg.pool.backend == "docker":
         nodes = ContainerNodes(None, "<run id>", [f"node{i}" for i in range(cfg.pool.nodes)])
-        return horovod_on_nodes(cfg.training, nodes, cfg.pool.slots_per_node, script)
-    return launch_command(cfg.training, str(FileServer(cfg.export_dir()).current(cfg.dataset_name())),
-                          cfg.workdir / "runs" / "<run id>", script=script)
+        return horovod_on_nodes(cfg.training, nodes, cfg.pool.slots_per_node, script,
+                                SYNTHETIC if cfg.data == SYNTHETIC else DATA)
+    data = SYNTHETIC if cfg.data == SYNTHETIC else str(FileServer(cfg.export_dir()).current(cfg.dataset_name()))
+    return launch_command(cfg.training, data, cfg.workdir / "runs" / "<run id>", script=script)

@@ -18,7 +18,7 @@ from typing import Iterator, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from infra.launcher import TrainingConfig
+from infra.launcher import SYNTHETIC, TrainingConfig
 from infra.pools import PoolConfig, PoolError
 
 # Azure ML job statuses that end a job, and the exit status each maps to.
@@ -154,6 +154,8 @@ def data_input(cfg: AzureMLConfig, dataset: str) -> tuple[str, dict, str]:
     """(shell prefix, inputs, --data path): the NFS file server mounted by the command, or a datastore mount."""
     from azure.ai.ml import Input
 
+    if dataset == SYNTHETIC:
+        return "", {}, SYNTHETIC
     if cfg.data_source == "nfs":
         if not cfg.nfs_export:
             raise ValueError("azureml.data_source is nfs but azureml.nfs_export is not set; set it to "

@@ -180,9 +180,10 @@ def remove_nodes(engine: Engine, run_id: str) -> int:
     return len(containers)
 
 
-def horovod_on_nodes(cfg: TrainingConfig, nodes: ContainerNodes, slots: int, script: str = IMAGE_ENGINE) -> list[str]:
+def horovod_on_nodes(cfg: TrainingConfig, nodes: ContainerNodes, slots: int, script: str = IMAGE_ENGINE,
+                     data: str = DATA) -> list[str]:
     """horovodrun on node0: cfg.workers workers of `script`, `slots` per node, Gloo over the nodes' network (eth0)."""
-    engine = engine_argv(cfg, DATA, Path(RESULTS), script=script)
+    engine = engine_argv(cfg, data, Path(RESULTS), script=script)
     return ["horovodrun", *horovodrun_options(cfg.workers, nodes.hosts(slots), "eth0"), "-p", str(SSH_PORT),
             "python", *engine]
 

@@ -15,6 +15,7 @@ from typing import Callable, Iterable, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 REPO = Path(__file__).resolve().parents[1]
+SYNTHETIC = "synthetic"  # the engine's word for generated images (no data folder)
 RANK_LINE = re.compile(r"\[rank (\d+)\]")
 ERROR_LINE = re.compile(r"\[rank (\d+)\].* ERROR error: (.*)")
 # How the launchers report a worker that died without a word: torchrun's failure summary, horovodrun's line.

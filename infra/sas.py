@@ -12,7 +12,7 @@ from azure.storage.blob import ContainerSasPermissions, generate_container_sas
 from azure.storage.fileshare import ShareSasPermissions, generate_share_sas
 
 # What each kind of step may do in the blob container (r read, a add, c create, w write, d delete, l list).
-BLOB_ACCESS = {"stage": "racwdl", "read": "rl", "results": "rcw"}
+BLOB_ACCESS = {"stage": "racwdl", "read": "rl", "results": "rcwl"}
 SHARE_ACCESS = "rcwl"  # the scripts and results: read, create, write, list; never delete
 CLOCK_SKEW = timedelta(minutes=5)  # a token valid from a little before now, for clocks that run behind
 

@@ -17,7 +17,7 @@ from infra.container_nodes import DATA, RESULTS, SCRIPTS, Mount, horovod_on_node
 from infra.fileshare import FileShareConfig, open_share
 from infra.images import Engine, ImageConfig
 from infra.jobs import ContainerJob, Job, ProcessJob, run_job
-from infra.launcher import TrainingConfig, launch_command, preflight
+from infra.launcher import SYNTHETIC, TrainingConfig, launch_command, preflight
 from infra.pools import DockerPool, Pool, PoolConfig, ProcessPool, check_fits, delete_leftovers
 from tasks.build_image import registry_password
 from tasks.retry import unless_permanent
@@ -38,6 +38,12 @@ class RunPaths:
     dataset: str = ""
 
 
+def data_version(synced: str) -> Path:
+    """The data set version the job reads: `current` resolved, so a sync during training cannot change it
+    (synthetic data stays the engine's word)."""
+    return Path(synced) if synced == SYNTHETIC else Path(synced).resolve()
+
+
 def make_pool(cfg: PoolConfig, run_id: str, workdir: Path, image: str | None, paths: RunPaths,
               image_cfg: ImageConfig | None = None, azure: AzureMLConfig | None = None) -> Pool:
     """The configured pool backend for this run (not yet created); docker nodes mount data, scripts and results."""
@@ -49,7 +55,8 @@ def make_pool(cfg: PoolConfig, run_id: str, workdir: Path, image: str | None, pa
             connection = registry_connection_spec(image_cfg.registry, image_cfg.username, registry_password(image_cfg))
         return AzureMLPool(cfg, run_id, azure, ml_client(azure), image, connection)
     paths.out.mkdir(parents=True, exist_ok=True)
-    mounts = [Mount(paths.data, DATA), Mount(paths.scripts.parent, SCRIPTS), Mount(paths.out, RESULTS, read_only=False)]
+    mounts = [Mount(paths.scripts.parent, SCRIPTS), Mount(paths.out, RESULTS, read_only=False)]
+    mounts += [] if str(paths.data) == SYNTHETIC else [Mount(paths.data, DATA)]
     return DockerPool(cfg, run_id, Engine(image_cfg and image_cfg.engine), image, mounts)
 
 
@@ -68,7 +75,8 @@ def make_job(pool: Pool, training: TrainingConfig, paths: RunPaths, timeout_s: f
     script = engine_on(pool.cfg.backend, paths.scripts)
     if isinstance(pool, ProcessPool):
         return ProcessJob(pool, launch_command(training, str(paths.data), paths.out, script=script))
-    return ContainerJob(pool.nodes, horovod_on_nodes(training, pool.nodes, pool.cfg.slots_per_node, script))
+    data = SYNTHETIC if str(paths.data) == SYNTHETIC else DATA
+    return ContainerJob(pool.nodes, horovod_on_nodes(training, pool.nodes, pool.cfg.slots_per_node, script, data))
 
 
 @task(name="create-pool", retries=2, retry_delay_seconds=[5, 20], retry_condition_fn=unless_permanent,
@@ -110,5 +118,6 @@ def collect_results_task(out: Path, run_id: str, share_cfg: FileShareConfig, sto
     for path in files:
         share.upload_file(path, f"results/{run_id}/{path.relative_to(out).as_posix()}")
     store = connect(storage, azurite_port, "results")
+    store.ensure_container()  # a run on synthetic data has staged nothing there
     store.upload_file(out / "model.pt", f"results/{run_id}/model.pt")
     return {"files": len(files), "share": share.url(f"results/{run_id}"), "model_blob": f"results/{run_id}/model.pt"}

@@ -108,3 +108,14 @@ def test_dry_run_on_a_fresh_workdir_writes_nothing(tmp_path):
     for step in ("upload-scripts", "upload-dataset", "create-pool", "run-training", "collect-results"):
         assert step in done.stdout
     assert "write the digits set" in done.stdout and not (tmp_path / "fresh").exists()
+
+
+def test_smoke_runs_one_worker_on_synthetic_data_through_the_whole_pipeline(tmp_path):
+    (tmp_path / "tiny.yaml").write_text("training: {model: resnet18, image_size: 32, batch_size: 8, num_classes: 4, "
+                                        "loader_workers: 0, threads: 1, warmup_epochs: 0}\n")
+    done = run_cli("smoke", "--config", str(tmp_path / "tiny.yaml"), "--workdir", str(tmp_path / "work"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "on 1 workers" in done.stdout and "results on the file share" in done.stdout
+    metrics = next((tmp_path / "work" / "fileshare" / "results").glob("*/metrics.json")).read_text()
+    assert '"data": "synthetic"' in metrics and '"global_step": 100' in metrics
+    assert not (tmp_path / "work" / "fileserver").exists()  # nothing staged

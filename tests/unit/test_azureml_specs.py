@@ -1,6 +1,7 @@
 """The Azure ML specs that trainflow would send, rendered with no network and read back by azure-ai-ml's own
 loaders (the schemas `az ml job create` validates against)."""
 
+import re
 import subprocess
 import sys
 import threading
@@ -14,7 +15,6 @@ from flows.config import ConfigError, load_config
 from flows.plan import azure_specs
 from infra.azureml import NFS_MOUNT, AzureMLConfig, AzureMLPool, infiniband, nccl_environment, printed_lines
 from infra.launcher import REPO
-from infra.pools import PoolConfig
 from tasks.train_on_pool import RunPaths, make_job
 
 AZURE = REPO / "flows" / "configs" / "azure.yaml"
@@ -98,15 +98,21 @@ def test_infiniband_follows_the_vm_size():
     assert nccl_environment(AzureMLConfig(vm_size="Standard_NC6s_v3"))["NCCL_IB_DISABLE"] == "1"
 
 
+def printed_specs(stdout: str) -> dict[str, str]:
+    """The specs the dry run printed, by their headings (rich rules: ──── name ────)."""
+    parts = re.split(r"^─+ ([\w ]+?) ─+$", stdout, flags=re.M)
+    return dict(zip(parts[1::2], parts[2::2]))
+
+
 def test_dry_run_prints_the_specs_and_touches_nothing(tmp_path, digits):
     work = tmp_path / "work"
     proc = subprocess.run([str(Path(sys.executable).parent / "trainflow"), "run", "--config", str(AZURE), "--data",
                            str(digits), "--workdir", str(work), "--dry-run"], capture_output=True, text=True,
                           env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
     assert proc.returncode == 0, proc.stderr
-    for heading in ("compute", "environment", "job", "storage"):
-        assert f" {heading} " in proc.stdout
-    assert "type: command" in proc.stdout and "process_count_per_instance: 4" in proc.stdout
+    specs = printed_specs(proc.stdout)
+    assert set(specs) == {"compute", "environment", "job", "storage"}
+    assert loaded_job(specs["job"], tmp_path).distribution.process_count_per_instance == 4
     assert not work.exists()
 
 
@@ -135,3 +141,14 @@ def test_what_one_thread_prints_becomes_lines_and_the_others_print_through(capsy
     thread.join()
     assert caught == ["[rank 0] epoch 1\n", "[rank 1] half a line\n", "[rank 0] no newline at the end\n"]
     assert capsys.readouterr().out == "from another thread\n"
+
+
+def test_the_smoke_run_is_one_node_one_gpu_on_synthetic_data(tmp_path):
+    proc = subprocess.run([str(Path(sys.executable).parent / "trainflow"), "smoke", "--config", str(AZURE),
+                           "--workdir", str(tmp_path / "work"), "--dry-run"], capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr
+    job = loaded_job(printed_specs(proc.stdout)["job"], tmp_path)
+    assert job.resources.instance_count == 1 and job.distribution.process_count_per_instance == 1
+    assert "--data synthetic" in job.command and "mount" not in job.command and "--steps-per-epoch 100" in job.command
+    assert job.limits.timeout == 1800
