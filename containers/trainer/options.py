@@ -40,6 +40,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-classes", type=int, default=1000, help="classes of synthetic data (real data: the class folders)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--verify-images", action=argparse.BooleanOptionalAction, default=False, help="decode every image before training")
+    p.add_argument("--parallel", choices=["data", "pipeline"], default="data",
+                   help="data: every worker holds the model; pipeline: the model split into --stages (torchrun only)")
+    p.add_argument("--stages", type=int, default=1, help="pipeline: stages the model is split into; the world is stages x replicas")
+    p.add_argument("--microbatches", type=int, default=1, help="pipeline: micro-batches per step (must divide --batch-size)")
+    p.add_argument("--pipeline-schedule", choices=["gpipe", "1f1b"], default="gpipe", help="pipeline: the micro-batch schedule")
+    p.add_argument("--balance", choices=["params", "time"], default="params",
+                   help="pipeline: balance the stages by parameter count or by measured forward+backward time")
     p.add_argument("--check", action="store_true", help="check the arguments, output folder, data and model in one process, then exit")
     p.add_argument("--check-workers", type=int, default=1, help="with --check: the number of workers the run will have")
     return p
@@ -47,7 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def check_args(args: argparse.Namespace) -> None:
     """Reject values that cannot train, naming the option and a valid range."""
-    positive = ["epochs", "batch_size", "image_size", "keep_checkpoints", "log_every", "num_classes"]
+    positive = ["epochs", "batch_size", "image_size", "keep_checkpoints", "log_every", "num_classes", "stages",
+                "microbatches"]
     for name in positive:
         if getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(args, name)})")
@@ -59,6 +67,10 @@ def check_args(args: argparse.Namespace) -> None:
     if not 0 < args.min_crop_scale <= 1:
         raise UsageError(f"--min-crop-scale must be in (0, 1] (got {args.min_crop_scale})")
     decay_epochs(args.lr_decay_epochs)
+    if args.parallel == "data" and (args.stages > 1 or args.microbatches > 1):
+        raise UsageError("--stages and --microbatches need --parallel pipeline")
+    if args.parallel == "pipeline" and args.backend == "horovod":
+        raise UsageError("Horovod has no pipeline parallelism; run --parallel pipeline under torchrun")
 
 
 def decay_epochs(text: str) -> tuple[float, ...]:

@@ -23,6 +23,7 @@ one-line message. Run with --help for every option.
 
 import logging
 import os
+import resource
 import sys
 import time
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ from trainer.distributed import Backend, make_backend, pick_device
 from trainer.errors import UsageError
 from trainer.models import build_model, check_model_name
 from trainer.options import SYNTHETIC, build_parser, check_args, check_output_folder, decay_epochs
+from trainer.pipeline import Pipeline, blocks_of, check_layout, microbatch_sample, theoretical_bubble
 from trainer.schedule import Schedule, lr_factor
 
 log = logging.getLogger("trainer")
@@ -66,6 +68,17 @@ class Run:
     resumed_from: list[int] = field(default_factory=list)
     wall_before: float = 0.0  # seconds spent by the attempts before a resume
     started: float = field(default_factory=time.perf_counter)
+    pipeline: Pipeline | None = None  # --parallel pipeline: this rank's stage
+
+    @property
+    def replicas(self) -> int:
+        """Model replicas, each on its own shard of the data (the workers, or the pipelines)."""
+        return self.pipeline.replicas if self.pipeline else self.backend.world_size
+
+    @property
+    def reports_loss(self) -> bool:
+        """Whether this rank logs the loss: rank 0, or in pipeline mode the last stage of replica 0."""
+        return self.backend.rank == (self.pipeline.stages - 1 if self.pipeline else 0)
 
     def wall_seconds(self) -> float:
         """Wall time of the whole run, over every resumed attempt."""
@@ -104,16 +117,29 @@ def check_only(args) -> int:
     """Validate the arguments, output folder, data (decoding every image with --verify-images) and model."""
     check_model_name(args.model)
     check_output_folder(args.out)
-    num_classes = args.num_classes
+    num_classes, replicas = args.num_classes, args.check_workers
+    if args.parallel == "pipeline":
+        check_layout(args.check_workers, args.stages, args.batch_size, args.microbatches)
+        replicas = args.check_workers // args.stages
     if args.data != SYNTHETIC:
         train_split, val_split = data.index_folder(Path(args.data))
-        data.check_batch_fits(args.batch_size, args.check_workers, len(train_split.samples))
+        data.check_batch_fits(args.batch_size, replicas, len(train_split.samples))
         if args.verify_images:
             data.verify_images(train_split.samples + (val_split.samples if val_split else []))
         num_classes = len(train_split.classes)
         log.info("data ok: %d training images in %d classes", len(train_split.samples), num_classes)
     try_one_step(args, num_classes)
+    if args.parallel == "pipeline":
+        check_splittable(args, num_classes)
     return 0
+
+
+def check_splittable(args, num_classes: int) -> None:
+    """The model splits into at least --stages blocks."""
+    blocks = blocks_of(build_model(args.model, num_classes))
+    if args.stages > len(blocks):
+        raise UsageError(f"--stages {args.stages} is more than the {len(blocks)} blocks {args.model} splits into; "
+                         f"use at most {len(blocks)}")
 
 
 def try_one_step(args, num_classes: int) -> None:
@@ -139,13 +165,14 @@ def train(args) -> None:
     run = set_up(args)
     while run.epoch < args.epochs:
         row = train_epoch(run)
+        gather_model(run)
         average_buffers(run)
         row.update(evaluate(run))
         run.history.append(row)
         run.epoch += 1
         log_epoch(run, row)
+        save_checkpoint(run, step_in_epoch=0)
         if run.master:
-            save_checkpoint(run, step_in_epoch=0)
             write_metrics(run, status="running")
     finish(run)
 
@@ -161,14 +188,16 @@ def set_up(args) -> Run:
     torch.manual_seed(args.seed)
     if backend.rank == 0:
         check_output_folder(args.out)
-    train_batches, val_batches, classes = make_batches(args, backend, device)
+    replica, replicas = data_shard(args, backend)
+    train_batches, val_batches, classes = make_batches(args, backend, device, replica, replicas)
     model = build_model(args.model, len(classes)).to(device)
     channels_last = resolve(args.channels_last, device)
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
+    pipeline = split_for_pipeline(args, backend, model, device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
     run = Run(args, backend, device, model, model, optimizer, None, train_batches, val_batches, classes,
-              amp=resolve_precision(args.precision, device) == "bf16", channels_last=channels_last)
+              amp=resolve_precision(args.precision, device) == "bf16", channels_last=channels_last, pipeline=pipeline)
     state = load_latest_checkpoint(run)
     wrap_for_backend(run, state)
     run.scheduler = make_scheduler(run)
@@ -177,19 +206,43 @@ def set_up(args) -> Run:
     return run
 
 
-def make_batches(args, backend: Backend, device: torch.device):
-    """This worker's training batches (a sharded loader or a fixed synthetic batch), val batches, classes."""
+def data_shard(args, backend: Backend) -> tuple[int, int]:
+    """(this worker's shard, shards) of the training data: one per worker, or one per pipeline replica (its
+    stages see the same batches)."""
+    if args.parallel != "pipeline":
+        return backend.rank, backend.world_size
+    if backend.name != "ddp":
+        raise UsageError("--parallel pipeline runs on torch.distributed: start it with torchrun (Horovod has no "
+                         "pipeline parallelism)")
+    check_layout(backend.world_size, args.stages, args.batch_size, args.microbatches)
+    return backend.rank // args.stages, backend.world_size // args.stages
+
+
+def split_for_pipeline(args, backend: Backend, model: torch.nn.Module, device: torch.device) -> Pipeline | None:
+    """This rank's stage of the split model (--parallel pipeline), with the split printed once."""
+    if args.parallel != "pipeline":
+        return None
+    pipeline = Pipeline(model, args, backend.rank, backend.world_size, device)
+    if backend.rank == 0:
+        log.info("pipeline: %d stages x %d replicas, %d micro-batches (%s), balanced by %s: %s", pipeline.stages,
+                 pipeline.replicas, pipeline.microbatches, args.pipeline_schedule, args.balance,
+                 pipeline.split.describe(args.balance))
+    return pipeline
+
+
+def make_batches(args, backend: Backend, device: torch.device, shard: int, shards: int):
+    """This worker's training batches (shard `shard` of `shards`, or a fixed synthetic batch), val batches, classes."""
     if args.data == SYNTHETIC:
         steps = args.steps_per_epoch or 100
-        batches = data.SyntheticBatches(args.batch_size, args.image_size, args.num_classes, steps, args.seed + backend.rank)
+        batches = data.SyntheticBatches(args.batch_size, args.image_size, args.num_classes, steps, args.seed + shard)
         return batches, None, [str(i) for i in range(args.num_classes)]
     train_split, val_split = data.index_folder(Path(args.data))
     if args.verify_images:
         data.verify_images(train_split.samples, backend.rank, backend.world_size)
-    data.check_batch_fits(args.batch_size, backend.world_size, len(train_split.samples))
+    data.check_batch_fits(args.batch_size, shards, len(train_split.samples))
     pin = resolve(args.pin_memory, device)
     train_set = data.ImageFiles(train_split, data.train_transform(args.image_size, args.min_crop_scale, args.hflip))
-    sampler = data.ResumableSampler(train_set, backend.world_size, backend.rank, shuffle=True, seed=args.seed)
+    sampler = data.ResumableSampler(train_set, shards, shard, shuffle=True, seed=args.seed)
     train_batches = data.make_loader(train_set, args.batch_size, sampler, args.loader_workers, pin, drop_last=True)
     if val_split is None:
         log.warning("no val/ folder in %s: training without validation", args.data)
@@ -213,8 +266,10 @@ def load_latest_checkpoint(run: Run) -> dict | None:
 
 
 def wrap_for_backend(run: Run, state: dict | None) -> None:
-    """Wrap model and optimizer for the backend, restore the optimizer, and sync rank 0's state."""
-    run.model, run.optimizer = run.backend.wrap(run.raw_model, run.optimizer)
+    """Wrap model and optimizer for the backend, restore the optimizer, and sync rank 0's state (in pipeline
+    mode the stages average their gradients themselves, and every rank starts from the same seed)."""
+    if run.pipeline is None:
+        run.model, run.optimizer = run.backend.wrap(run.raw_model, run.optimizer)
     if state is not None:  # after wrapping: Horovod's optimizer starts with empty state of its own
         run.optimizer.load_state_dict(state["optimizer"])
     run.backend.broadcast_state(run.raw_model, run.optimizer)
@@ -223,7 +278,7 @@ def wrap_for_backend(run: Run, state: dict | None) -> None:
 def make_scheduler(run: Run) -> torch.optim.lr_scheduler.LambdaLR:
     """Warmup plus decay, per optimizer step, as a factor on the one-worker rate."""
     args = run.args
-    sched = Schedule(steps_per_epoch(run), args.epochs, run.backend.world_size, args.warmup_epochs,
+    sched = Schedule(steps_per_epoch(run), args.epochs, run.replicas, args.warmup_epochs,
                      args.schedule, decay_epochs(args.lr_decay_epochs))
     return torch.optim.lr_scheduler.LambdaLR(run.optimizer, lambda s: lr_factor(s, sched))
 
@@ -236,7 +291,7 @@ def restore_progress(run: Run, state: dict) -> None:
     run.step, run.epoch, run.history = state["step"], state["epoch"], state["history"]
     run.wall_before = state["wall_seconds"]
     run.resumed_from = state["resumed_from"] + [run.step]
-    run.skip_steps = state["samples_in_epoch"] // (run.args.batch_size * run.backend.world_size)
+    run.skip_steps = state["samples_in_epoch"] // (run.args.batch_size * run.replicas)
 
 
 def check_resumable(state: dict, run: Run) -> None:
@@ -270,13 +325,16 @@ def train_epoch(run: Run) -> dict:
         if done >= steps_per_epoch(run):
             break
         loss = train_step(run, images, targets)
+        done, run.step = done + 1, run.step + 1
+        if args.checkpoint_every and run.step % args.checkpoint_every == 0:
+            save_checkpoint(run, step_in_epoch=done)  # every rank: pipeline stages gather the whole model
+        if loss is None:  # a pipeline stage before the last: the last one counts the images and the loss
+            continue
         loss_sum += loss * len(targets)
-        seen, done, run.step = seen + len(targets), done + 1, run.step + 1
-        if run.master and run.step % args.log_every == 0:
+        seen += len(targets)
+        if run.reports_loss and run.step % args.log_every == 0:
             log.info("epoch %d step %d (%d/%d) loss %.4f lr %.5f", run.epoch + 1, run.step, done,
                      steps_per_epoch(run), loss, run.scheduler.get_last_lr()[0])
-        if run.master and args.checkpoint_every and run.step % args.checkpoint_every == 0:
-            save_checkpoint(run, step_in_epoch=done)
     seconds = time.perf_counter() - started
     totals = run.backend.all_reduce_sum(torch.tensor([float(loss_sum), seen, seen / max(seconds, 1e-9)], dtype=torch.float64))
     return {"epoch": run.epoch + 1, "step": run.step, "train_loss": totals[0].item() / max(totals[1].item(), 1),
@@ -284,16 +342,22 @@ def train_epoch(run: Run) -> dict:
             "epoch_seconds": seconds, "lr": run.scheduler.get_last_lr()[0]}
 
 
-def train_step(run: Run, images: torch.Tensor, targets: torch.Tensor) -> float:
-    """Forward, backward (gradients averaged across workers by the backend) and an optimizer step."""
+def train_step(run: Run, images: torch.Tensor, targets: torch.Tensor) -> float | None:
+    """Forward, backward (gradients averaged across workers by the backend, or across pipeline replicas) and
+    an optimizer step; the loss (None on a pipeline stage before the last)."""
     images, targets = to_device(run, images, targets)
-    with torch.autocast(run.device.type, dtype=torch.bfloat16, enabled=run.amp):
-        loss = torch.nn.functional.cross_entropy(logits(run.model(images)), targets)
     run.optimizer.zero_grad()  # Horovod's optimizer takes no set_to_none; None is the default
-    loss.backward()
+    with torch.autocast(run.device.type, dtype=torch.bfloat16, enabled=run.amp):
+        if run.pipeline:
+            loss = run.pipeline.step(images, targets)
+        else:
+            loss = torch.nn.functional.cross_entropy(logits(run.model(images)), targets)
+    if not run.pipeline:
+        loss.backward()
+        loss = loss.item()
     run.optimizer.step()
     run.scheduler.step()
-    return loss.item()
+    return loss
 
 
 @torch.no_grad()
@@ -333,12 +397,24 @@ def to_device(run: Run, images: torch.Tensor, targets: torch.Tensor):
     return images.to(run.device, non_blocking=True, memory_format=fmt), targets.to(run.device, non_blocking=True)
 
 
+def gather_model(run: Run) -> None:
+    """Pipeline mode: every rank's model made whole from its replica's stages (nothing to do otherwise)."""
+    if run.pipeline:
+        run.pipeline.gather_model(run.raw_model)
+
+
 def save_checkpoint(run: Run, step_in_epoch: int) -> None:
-    """Rank 0: model, optimizer, schedule and progress, enough to resume mid-epoch."""
+    """Called on every rank; rank 0 writes model, optimizer, schedule and progress, enough to resume mid-epoch.
+    Pipeline stages first gather the whole model and every stage's optimizer state: the checkpoint is the
+    single-device model's."""
+    gather_model(run)
+    optimizer = run.pipeline.gather_optimizer(run.optimizer) if run.pipeline else run.optimizer.state_dict()
+    if not run.master:
+        return
     state = {"arch": run.args.model, "classes": run.classes, "model": run.raw_model.state_dict(),
-             "optimizer": run.optimizer.state_dict(), "scheduler": run.scheduler.state_dict(),
+             "optimizer": optimizer, "scheduler": run.scheduler.state_dict(),
              "epoch": run.epoch, "step": run.step, "history": run.history, "resumed_from": run.resumed_from,
-             "samples_in_epoch": step_in_epoch * run.args.batch_size * run.backend.world_size,
+             "samples_in_epoch": step_in_epoch * run.args.batch_size * run.replicas,
              "wall_seconds": run.wall_seconds()}
     checkpoint.save_checkpoint(args_checkpoints(run.args), state, run.step, run.args.keep_checkpoints)
 
@@ -350,6 +426,8 @@ def args_checkpoints(args) -> Path:
 
 def finish(run: Run) -> None:
     """Check that all workers hold the same parameters; rank 0 writes model.pt and metrics.json."""
+    gather_model(run)
+    extra = {"peak_memory_mb": per_rank(run, peak_memory_mb(run.device)), **pipeline_report(run)}
     digest = metrics.parameter_digest(run.raw_model)
     chunks = torch.tensor(metrics.digest_chunks(digest), dtype=torch.float64)
     sums = run.backend.all_reduce_sum(torch.stack([chunks, chunks**2]))
@@ -358,9 +436,37 @@ def finish(run: Run) -> None:
     if run.master:
         checkpoint.save_torch(Path(run.args.out) / "model.pt", {"arch": run.args.model, "classes": run.classes,
                               "image_size": run.args.image_size, "state_dict": run.raw_model.state_dict()})
-        write_metrics(run, status="complete", parameters_in_sync=in_sync, parameter_digest=digest)
+        write_metrics(run, status="complete", parameters_in_sync=in_sync, parameter_digest=digest, **extra)
         log.info("results in %s", Path(run.args.out).resolve())
     run.backend.shutdown()
+
+
+def per_rank(run: Run, value: float) -> list[float]:
+    """`value` of every rank, in rank order (a sum of one-hot vectors)."""
+    mine = torch.zeros(run.backend.world_size, dtype=torch.float64)
+    mine[run.backend.rank] = value
+    return run.backend.all_reduce_sum(mine).tolist()
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """This process's peak memory: GPU memory allocated on CUDA, resident set size on the CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def pipeline_report(run: Run) -> dict:
+    """Pipeline mode: the split, the schedule and each rank's measured idle share beside GPipe's theory."""
+    if not run.pipeline:
+        return {"parallel": "data"}
+    p, args = run.pipeline, run.args
+    idle = per_rank(run, p.idle_fraction(run.raw_model, microbatch_sample(args, run.device)))
+    steps = p.step_seconds[1:] or p.step_seconds
+    return {"parallel": "pipeline", "pipeline": {
+        "stages": p.stages, "replicas": p.replicas, "microbatches": p.microbatches, "schedule": args.pipeline_schedule,
+        "balance": args.balance, "split": p.split.names, "stage_params": p.split.params,
+        "step_seconds_mean": sum(steps) / len(steps), "idle_fraction_per_rank": idle,
+        "idle_fraction_measured": sum(idle) / len(idle), "idle_fraction_theoretical": theoretical_bubble(p.stages, p.microbatches)}}
 
 
 def write_metrics(run: Run, status: str, **extra) -> None:
@@ -369,8 +475,8 @@ def write_metrics(run: Run, status: str, **extra) -> None:
     summary = {"status": status, "model": args.model, "data": str(args.data), "num_classes": len(run.classes),
                "world_size": run.backend.world_size, "backend": run.backend.name, "device": str(run.device),
                "precision": "bf16" if run.amp else "fp32", "batch_size_per_worker": args.batch_size,
-               "global_batch_size": args.batch_size * run.backend.world_size, "base_lr": args.lr,
-               "peak_lr": args.lr * run.backend.world_size, "global_step": run.step, "resumed_from_steps": run.resumed_from,
+               "global_batch_size": args.batch_size * run.replicas, "base_lr": args.lr,
+               "peak_lr": args.lr * run.replicas, "global_step": run.step, "resumed_from_steps": run.resumed_from,
                "wall_seconds": run.wall_seconds(), "final_val_top1": last.get("val_top1"), "final_val_top5": last.get("val_top5"),
                "images_per_sec": last.get("images_per_sec"), "versions": metrics.library_versions(),
                "engine": str(Path(__file__).resolve().parent),  # which scripts version trained the model
