@@ -156,7 +156,8 @@ def describe(exc: ValidationError, path: Path | None) -> str:
         if not where:  # a rule across sections: its message says which settings
             lines.append(f"invalid config: {err['msg'].removeprefix('Value error, ')}")
             continue
-        # an unknown key's value is not shown: it may be a secret set under the wrong name
-        given = f" = {err['input']!r}" if err["type"] not in ("missing", "extra_forbidden") else ""
-        lines.append(f"invalid setting {where}{given}: {err['msg']}")
+        # an unknown key's value is not shown (it may be a secret set under the wrong name), nor a whole section
+        shown = err["type"] not in ("missing", "extra_forbidden") and not isinstance(err["input"], dict)
+        given = f" = {err['input']!r}" if shown else ""
+        lines.append(f"invalid setting {where}{given}: {err['msg'].removeprefix('Value error, ')}")
     return "; ".join(lines) + source

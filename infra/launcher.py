@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Iterable, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 REPO = Path(__file__).resolve().parents[1]
 SYNTHETIC = "synthetic"  # the engine's word for generated images (no data folder)
@@ -85,9 +85,35 @@ class TrainingConfig(BaseModel):
     """Classes of synthetic data (real data takes them from its class folders)."""
     seed: int = 0
     """Seed of initialisation, shuffling and augmentation."""
+    parallel: Literal["data", "pipeline"] = "data"
+    """data: every worker holds the whole model; pipeline: the model split into `stages` over that many
+    workers, workers / stages replicas (torchrun only: Horovod has no pipeline parallelism)."""
+    stages: int = Field(1, ge=1)
+    """Pipeline stages (pipeline mode)."""
+    microbatches: int = Field(1, ge=1)
+    """Micro-batches per step: pipelined in pipeline mode, gradient accumulation in data mode."""
+    pipeline_schedule: Literal["gpipe", "1f1b"] = "gpipe"
+    """The pipeline's micro-batch schedule."""
+    balance: Literal["params", "time"] = "params"
+    """How the stages are balanced: parameter count, or forward+backward time measured per block."""
     verify_images: bool = True
     """Decode every image once before the workers start, so a corrupt file fails fast, by name
     (the other checks always run)."""
+
+    @model_validator(mode="after")
+    def _pipeline_layout(self) -> "TrainingConfig":
+        if self.batch_size % self.microbatches:
+            raise ValueError(f"training.batch_size {self.batch_size} is not divisible by training.microbatches "
+                             f"{self.microbatches}")
+        if self.parallel == "data" and self.stages > 1:
+            raise ValueError("training.stages needs training.parallel: pipeline")
+        if self.parallel == "pipeline" and self.launcher == "horovodrun":
+            raise ValueError("Horovod has no pipeline parallelism: set training.launcher: torchrun for "
+                             "training.parallel: pipeline")
+        if self.workers % self.stages:
+            raise ValueError(f"training.workers {self.workers} is not a multiple of training.stages {self.stages}: "
+                             "the workers form stages x replicas")
+        return self
 
     def engine_args(self) -> list[str]:
         """The engine's command-line options for these settings (launcher and workers excluded)."""

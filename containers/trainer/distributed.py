@@ -8,6 +8,7 @@
 The training loop only calls the methods of `Backend`; every framework-specific line lives here.
 """
 
+import contextlib
 import datetime
 import os
 
@@ -25,9 +26,14 @@ class Backend:
     def setup(self, device: torch.device) -> None:
         """Join the process group."""
 
-    def wrap(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer):
-        """Make the model and optimizer average gradients across workers."""
+    def wrap(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, backward_passes: int = 1):
+        """Make the model and optimizer average gradients across workers (once per `backward_passes` backward
+        passes: gradient accumulation)."""
         return model, optimizer
+
+    def no_sync(self, model: torch.nn.Module):
+        """A context for a backward pass whose gradients are accumulated, not yet averaged."""
+        return contextlib.nullcontext()
 
     def broadcast_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """Make every worker start from rank 0's parameters and optimizer state."""
@@ -57,10 +63,13 @@ class DDP(Backend):
         self.device = device
         torch.distributed.init_process_group(backend, timeout=datetime.timedelta(minutes=10))
 
-    def wrap(self, model, optimizer):
+    def wrap(self, model, optimizer, backward_passes=1):
         # torch.distributed: DDP broadcasts rank 0's parameters and buffers when it wraps the model.
         ids = [self.device.index] if self.device.type == "cuda" else None
         return torch.nn.parallel.DistributedDataParallel(model, device_ids=ids), optimizer
+
+    def no_sync(self, model):
+        return model.no_sync()  # torch.distributed: skip the all-reduce of this backward pass
 
     def all_reduce_sum(self, tensor):
         # NCCL reduces device tensors only; gloo reduces CPU tensors.
@@ -88,10 +97,11 @@ class Horovod(Backend):
         self.rank, self.world_size = self.hvd.rank(), self.hvd.size()
         self.local_rank, self.local_world_size = self.hvd.local_rank(), self.hvd.local_size()
 
-    def wrap(self, model, optimizer):
-        # Horovod: average gradients across workers during backward.
+    def wrap(self, model, optimizer, backward_passes=1):
+        # Horovod: average gradients across workers during backward, once per `backward_passes` passes.
         optimizer = self.hvd.DistributedOptimizer(
-            optimizer, named_parameters=model.named_parameters(), op=self.hvd.Average
+            optimizer, named_parameters=model.named_parameters(), op=self.hvd.Average,
+            backward_passes_per_step=backward_passes,
         )
         return model, optimizer
 

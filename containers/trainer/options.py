@@ -43,7 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--parallel", choices=["data", "pipeline"], default="data",
                    help="data: every worker holds the model; pipeline: the model split into --stages (torchrun only)")
     p.add_argument("--stages", type=int, default=1, help="pipeline: stages the model is split into; the world is stages x replicas")
-    p.add_argument("--microbatches", type=int, default=1, help="pipeline: micro-batches per step (must divide --batch-size)")
+    p.add_argument("--microbatches", type=int, default=1,
+                   help="micro-batches per step (must divide --batch-size): pipelined, or gradient accumulation in data mode")
     p.add_argument("--pipeline-schedule", choices=["gpipe", "1f1b"], default="gpipe", help="pipeline: the micro-batch schedule")
     p.add_argument("--balance", choices=["params", "time"], default="params",
                    help="pipeline: balance the stages by parameter count or by measured forward+backward time")
@@ -67,8 +68,11 @@ def check_args(args: argparse.Namespace) -> None:
     if not 0 < args.min_crop_scale <= 1:
         raise UsageError(f"--min-crop-scale must be in (0, 1] (got {args.min_crop_scale})")
     decay_epochs(args.lr_decay_epochs)
-    if args.parallel == "data" and (args.stages > 1 or args.microbatches > 1):
-        raise UsageError("--stages and --microbatches need --parallel pipeline")
+    if args.parallel == "data" and args.stages > 1:
+        raise UsageError("--stages needs --parallel pipeline")
+    if args.batch_size % args.microbatches:
+        raise UsageError(f"--batch-size {args.batch_size} is not divisible by --microbatches {args.microbatches}; "
+                         "pick a batch size that is a multiple of the micro-batches")
     if args.parallel == "pipeline" and args.backend == "horovod":
         raise UsageError("Horovod has no pipeline parallelism; run --parallel pipeline under torchrun")
 

@@ -11,6 +11,7 @@ and the exported model: a checkpoint written with S stages loads into the single
 Horovod has no pipeline parallelism: this mode runs on torch.distributed only.
 """
 
+import copy
 import time
 from dataclasses import dataclass
 
@@ -73,7 +74,9 @@ def parameter_costs(blocks: list[tuple[str, torch.nn.Module]]) -> list[float]:
 
 
 def timed_costs(blocks: list[tuple[str, torch.nn.Module]], sample: torch.Tensor, repeats: int = 3) -> list[float]:
-    """Measured seconds of forward plus backward per block on `sample` (the median of `repeats`)."""
+    """Measured seconds of forward plus backward per block on `sample` (the median of `repeats`), on a copy:
+    the model's batch-norm statistics and gradients stay as they are."""
+    blocks = copy.deepcopy(blocks)
     times = [[] for _ in blocks]
     for _ in range(repeats):
         x = sample
@@ -84,13 +87,7 @@ def timed_costs(blocks: list[tuple[str, torch.nn.Module]], sample: torch.Tensor,
             y.float().sum().backward()
             times[i].append(time.perf_counter() - started)
             x = y
-    block_grads_cleared(blocks)
     return [sorted(t)[len(t) // 2] for t in times]
-
-
-def block_grads_cleared(blocks) -> None:
-    for _, block in blocks:
-        block.zero_grad(set_to_none=True)
 
 
 @dataclass

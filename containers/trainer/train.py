@@ -21,6 +21,7 @@ same OUT resumes from its newest checkpoint, mid-epoch included. Bad input exits
 one-line message. Run with --help for every option.
 """
 
+import contextlib
 import logging
 import os
 import resource
@@ -269,7 +270,7 @@ def wrap_for_backend(run: Run, state: dict | None) -> None:
     """Wrap model and optimizer for the backend, restore the optimizer, and sync rank 0's state (in pipeline
     mode the stages average their gradients themselves, and every rank starts from the same seed)."""
     if run.pipeline is None:
-        run.model, run.optimizer = run.backend.wrap(run.raw_model, run.optimizer)
+        run.model, run.optimizer = run.backend.wrap(run.raw_model, run.optimizer, run.args.microbatches)
     if state is not None:  # after wrapping: Horovod's optimizer starts with empty state of its own
         run.optimizer.load_state_dict(state["optimizer"])
     run.backend.broadcast_state(run.raw_model, run.optimizer)
@@ -347,17 +348,28 @@ def train_step(run: Run, images: torch.Tensor, targets: torch.Tensor) -> float |
     an optimizer step; the loss (None on a pipeline stage before the last)."""
     images, targets = to_device(run, images, targets)
     run.optimizer.zero_grad()  # Horovod's optimizer takes no set_to_none; None is the default
-    with torch.autocast(run.device.type, dtype=torch.bfloat16, enabled=run.amp):
-        if run.pipeline:
+    if run.pipeline:
+        with torch.autocast(run.device.type, dtype=torch.bfloat16, enabled=run.amp):
             loss = run.pipeline.step(images, targets)
-        else:
-            loss = torch.nn.functional.cross_entropy(logits(run.model(images)), targets)
-    if not run.pipeline:
-        loss.backward()
-        loss = loss.item()
+    else:
+        loss = accumulate_gradients(run, images, targets)
     run.optimizer.step()
     run.scheduler.step()
     return loss
+
+
+def accumulate_gradients(run: Run, images: torch.Tensor, targets: torch.Tensor) -> float:
+    """Forward and backward over --microbatches equal chunks of the batch (gradient accumulation: the same
+    gradient as one pass when there is no batch norm); the batch's mean loss. Workers average once, at the end."""
+    chunks = run.args.microbatches
+    total = 0.0
+    for i, (x, y) in enumerate(zip(images.chunk(chunks), targets.chunk(chunks))):
+        with run.backend.no_sync(run.model) if i < chunks - 1 else contextlib.nullcontext():
+            with torch.autocast(run.device.type, dtype=torch.bfloat16, enabled=run.amp):
+                loss = torch.nn.functional.cross_entropy(logits(run.model(x)), y) / chunks
+            loss.backward()
+        total += loss.item()
+    return total
 
 
 @torch.no_grad()
