@@ -335,6 +335,18 @@ def bench_images(
     run_bench(load_config(config, {"workdir": workdir}), json_out)
 
 
+@bench_app.command("parallel")
+@friendly_errors
+def bench_parallel(
+    config: ConfigOpt = None, workdir: WorkdirOpt = None,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the figures to this JSON file.")] = None,
+) -> None:
+    """Data-parallel (2 workers) against a 2-stage pipeline with 1, 2, 4, 8 micro-batches: images/s, memory, idle."""
+    from flows.bench_parallel import bench_parallel as run_bench
+
+    run_bench(load_config(config, {"workdir": workdir}), json_out)
+
+
 @bench_app.command("pipeline")
 @friendly_errors
 def bench_pipeline(

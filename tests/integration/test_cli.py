@@ -17,7 +17,8 @@ QUICK = ["--model", "resnet18", "--epochs", "1", "--workers", "2", "--batch-size
 LEAVES = [["train"], ["stage"], ["data", "digits"], ["bench", "train"], ["bench", "staging"]]
 
 
-@pytest.mark.parametrize("command", [[], ["data"], ["bench"], ["build"], ["bench", "images"], ["run"], *LEAVES])
+@pytest.mark.parametrize("command", [[], ["data"], ["bench"], ["build"], ["bench", "images"], ["run"], ["smoke"],
+                                     ["bench", "parallel"], *LEAVES])
 def test_every_command_has_help(command):
     result = CliRunner().invoke(app, [*command, "--help"])
     assert result.exit_code == 0 and "Usage" in result.output

@@ -152,3 +152,16 @@ def test_the_smoke_run_is_one_node_one_gpu_on_synthetic_data(tmp_path):
     assert job.resources.instance_count == 1 and job.distribution.process_count_per_instance == 1
     assert "--data synthetic" in job.command and "mount" not in job.command and "--steps-per-epoch 100" in job.command
     assert job.limits.timeout == 1800
+
+
+def test_pipeline_mode_runs_torchrun_with_the_processes_its_stages_and_replicas_need(tmp_path):
+    training = {"launcher": "torchrun", "workers": 8, "parallel": "pipeline", "stages": 4, "microbatches": 8}
+    job = loaded_job(rendered(tmp_path, training=training)["job"], tmp_path)  # 2 nodes x 4 GPUs: 2 replicas of 4 stages
+    assert job.distribution.type == "pytorch" and job.resources.instance_count * 4 == 8
+    assert "--nnodes 2 --nproc_per_node 4" in job.command
+    assert "--parallel pipeline --stages 4 --microbatches 8" in job.command
+
+
+def test_pipeline_mode_with_horovod_is_refused():
+    with pytest.raises(ConfigError, match="Horovod has no pipeline parallelism"):
+        load_config(AZURE, {"training": {"parallel": "pipeline", "stages": 2}}, environ={})
