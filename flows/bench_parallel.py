@@ -4,8 +4,9 @@ Data-parallel: 2 workers, each with half the global batch and the whole model. P
 into 2 stages over 2 workers, the whole global batch in M = 1, 2, 4, 8 micro-batches. Every run has the
 same workers and threads, so images/s are comparable; each is also given as a ratio to the data-parallel
 run of the same command. Peak memory is per worker (resident set on CPU, allocated memory on GPU). The
-pipeline's idle ("bubble") fraction is measured per stage as 1 - M x (the stage's forward and backward of
-one micro-batch, timed alone) / (its mean step time), beside GPipe's (S - 1) / (M + S - 1).
+pipeline's idle ("bubble") fraction is measured in training, per stage, as 1 - (time inside the stage's
+forward and backward passes) / (step time), averaged over the stages, beside GPipe's (S - 1) / (M + S - 1)
+for equal stages; the measured figure also holds the sends and receives and any imbalance between stages.
 """
 
 import json

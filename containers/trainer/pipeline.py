@@ -161,6 +161,7 @@ class Pipeline:
         stage = PipelineStage(self.module, self.stage, self.stages, device, group=self.pipeline_group)
         self.schedule = SCHEDULES[args.pipeline_schedule](stage, self.microbatches, loss_fn=cross_entropy)
         self.step_seconds: list[float] = []
+        self.clock = ComputeClock(self.module)
 
     @property
     def is_last(self) -> bool:
@@ -172,7 +173,10 @@ class Pipeline:
         started, losses = time.perf_counter(), []
         inputs = (images,) if self.stage == 0 else ()
         extra = {"target": targets, "losses": losses} if self.is_last else {}
+        if len(self.step_seconds) == 1:
+            self.clock.busy = 0.0  # the first step also infers the shapes: leave it out
         self.schedule.step(*inputs, **extra)
+        self.clock.close()
         self.average_gradients()
         self.step_seconds.append(time.perf_counter() - started)
         return torch.stack(losses).mean().item() if self.is_last else None
@@ -201,14 +205,45 @@ class Pipeline:
         dist.all_gather_object(parts, obj, group=self.pipeline_group)
         return parts
 
-    def idle_fraction(self, model: torch.nn.Module, sample: torch.Tensor) -> float:
-        """Measured share of a step this stage waited: 1 - M x (its forward and backward of one micro-batch,
-        timed alone) / (its mean step time in training)."""
-        blocks = blocks_of(model)
-        times = dict(zip((n for n, _ in blocks), timed_costs(blocks, sample)))
-        compute = sum(times[name] for name in self.split.names[self.stage])
-        steps = self.step_seconds[1:] or self.step_seconds  # the first step also infers the shapes
-        return max(0.0, 1.0 - self.microbatches * compute / (sum(steps) / len(steps)))
+    def idle_fraction(self) -> float:
+        """Measured share of the steps this stage was not computing: 1 - (time in its forward and backward
+        passes) / (time in the steps), the first step left out; waiting on the other stages is the bubble."""
+        steps = self.step_seconds[1:] or self.step_seconds
+        return max(0.0, 1.0 - self.clock.busy / sum(steps))
+
+
+class ComputeClock:
+    """Time a stage spends computing inside the schedule: its forward passes (module hooks) and its backward
+    passes (from the gradient reaching its output to the last gradient accumulated into its parameters)."""
+
+    def __init__(self, module: torch.nn.Module):
+        self.busy, self.started, self.backward_from, self.last_grad = 0.0, 0.0, None, 0.0
+        module.register_forward_pre_hook(self.forward_begins)
+        module.register_forward_hook(self.forward_ends)
+        for param in module.parameters():
+            param.register_post_accumulate_grad_hook(self.gradient_done)
+
+    def forward_begins(self, module, args) -> None:
+        self.close()
+        self.started = time.perf_counter()
+
+    def forward_ends(self, module, args, output) -> None:
+        self.busy += time.perf_counter() - self.started
+        if isinstance(output, torch.Tensor) and output.requires_grad:
+            output.register_hook(self.backward_begins)
+
+    def backward_begins(self, grad):
+        self.close()
+        self.backward_from = self.last_grad = time.perf_counter()
+
+    def gradient_done(self, param) -> None:
+        self.last_grad = time.perf_counter()
+
+    def close(self) -> None:
+        """Count the backward pass in progress, if any (it ended at its last accumulated gradient)."""
+        if self.backward_from is not None:
+            self.busy += self.last_grad - self.backward_from
+            self.backward_from = None
 
 
 def merged(parts: list[dict]) -> dict:

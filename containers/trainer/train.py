@@ -40,7 +40,7 @@ from trainer.distributed import Backend, make_backend, pick_device
 from trainer.errors import UsageError
 from trainer.models import build_model, check_model_name
 from trainer.options import SYNTHETIC, build_parser, check_args, check_output_folder, decay_epochs
-from trainer.pipeline import Pipeline, blocks_of, check_layout, microbatch_sample, theoretical_bubble
+from trainer.pipeline import Pipeline, blocks_of, check_layout, theoretical_bubble
 from trainer.schedule import Schedule, lr_factor
 
 log = logging.getLogger("trainer")
@@ -472,7 +472,7 @@ def pipeline_report(run: Run) -> dict:
     if not run.pipeline:
         return {"parallel": "data"}
     p, args = run.pipeline, run.args
-    idle = per_rank(run, p.idle_fraction(run.raw_model, microbatch_sample(args, run.device)))
+    idle = per_rank(run, p.idle_fraction())
     steps = p.step_seconds[1:] or p.step_seconds
     return {"parallel": "pipeline", "pipeline": {
         "stages": p.stages, "replicas": p.replicas, "microbatches": p.microbatches, "schedule": args.pipeline_schedule,
