@@ -177,3 +177,13 @@ def test_whole_flow_on_the_docker_pool(prefect_server, docker_engine, registry, 
     assert (shared / "model.pt").exists() and (shared / "logs" / "rank1.log").read_text()
     assert sorted(result["pool"]["nodes"]) == [f"trainflow-{result['run_id']}-node{i}" for i in range(2)]
     assert not docker_engine.client.containers.list(all=True, filters={"label": f"trainflow.run={result['run_id']}"})
+
+
+def test_the_flow_passes_the_pipeline_mode_to_the_job(prefect_server, digits, tmp_path):
+    cfg = config(tmp_path / "work", digits, training={"parallel": "pipeline", "stages": 2, "microbatches": 2,
+                                                      "steps_per_epoch": 4})
+    assert "--parallel pipeline --stages 2 --microbatches 2" in {r["step"]: r for r in plan_run(cfg)}["run-training"]["detail"]
+    result = train_pipeline(cfg)
+    metrics = result["metrics"]
+    assert metrics["parallel"] == "pipeline" and metrics["pipeline"]["stages"] == 2 and metrics["status"] == "complete"
+    assert metrics["world_size"] == 2 and metrics["pipeline"]["replicas"] == 1
