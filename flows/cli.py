@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from azure.core.exceptions import AzureError
 from rich.console import Console
 
 from flows.config import LOCAL_DATA_FREE, ConfigError, PipelineConfig, load_config, smoke_config
@@ -35,7 +36,9 @@ DataOpt = Annotated[Optional[str], typer.Option("--data", help="ImageNet-layout 
 WorkdirOpt = Annotated[Optional[Path], typer.Option("--workdir", help="Root of all local state (default .trainflow).")]
 
 
-RUN_FAILURES = (StorageError, FileServerError, ServiceError, ImageError, PoolError, FileNotFoundError, ChangedWhileStaging)
+# AzureError: what the Azure ML client raises (refused credentials, quota, a cluster that cannot be created)
+RUN_FAILURES = (StorageError, FileServerError, ServiceError, ImageError, PoolError, FileNotFoundError, ChangedWhileStaging,
+                AzureError)
 
 
 def exit_code(exc: Exception) -> int | None:

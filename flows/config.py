@@ -12,7 +12,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
-from infra.azureml import AzureMLConfig, check_world
+from infra.azureml import AzureMLConfig, check_complete, check_world
 from infra.blobstore import StorageConfig
 from infra.fileshare import FileShareConfig
 from infra.images import ImageConfig
@@ -66,6 +66,7 @@ class PipelineConfig(BaseModel):
                              "set training.launcher: horovodrun")
         if self.pool.backend == "azureml":
             check_world(self.pool, self.training.workers)
+            check_complete(self.azureml, reads_nfs=self.azureml.data_source == "nfs" and self.data != SYNTHETIC)
         return self
 
     @model_validator(mode="after")

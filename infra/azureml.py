@@ -77,6 +77,15 @@ class AzureMLConfig(BaseModel):
     """/dev/shm of the job's containers (data loader workers share batches through it)."""
 
 
+def check_complete(cfg: AzureMLConfig, reads_nfs: bool) -> None:
+    """Refuse an azureml section that lacks what a run needs, naming the settings."""
+    needed = ["subscription_id", "resource_group", "workspace"] + (["nfs_export"] if reads_nfs else [])
+    missing = [f"azureml.{name}" for name in needed if not getattr(cfg, name)]
+    if missing:
+        raise ValueError(f"the azureml pool needs {', '.join(missing)}; infra/azure/deploy.sh prints them "
+                         "for your deployment")
+
+
 @dataclass(frozen=True)
 class JobPlan:
     """What one training job needs besides the config: its run id, the image and the scripts version."""
@@ -157,9 +166,6 @@ def data_input(cfg: AzureMLConfig, dataset: str) -> tuple[str, dict, str]:
     if dataset == SYNTHETIC:
         return "", {}, SYNTHETIC
     if cfg.data_source == "nfs":
-        if not cfg.nfs_export:
-            raise ValueError("azureml.data_source is nfs but azureml.nfs_export is not set; set it to "
-                             "<account>.file.core.windows.net:/<account>/<share> (infra/azure deploy outputs it)")
         mount = (f"mkdir -p {NFS_MOUNT} && mount -t nfs -o ro,vers=4,minorversion=1,sec=sys "
                  f"{cfg.nfs_export} {NFS_MOUNT} && ")
         return mount, {}, f"{NFS_MOUNT}/datasets/{dataset}/current"
@@ -203,9 +209,7 @@ def ml_client(cfg: AzureMLConfig):
     from azure.ai.ml import MLClient
     from azure.identity import DefaultAzureCredential
 
-    missing = [name for name in ("subscription_id", "resource_group", "workspace") if not getattr(cfg, name)]
-    if missing:
-        raise ValueError(f"azureml.{', azureml.'.join(missing)} not set; the deploy outputs of infra/azure give them")
+    check_complete(cfg, reads_nfs=False)
     return MLClient(DefaultAzureCredential(), cfg.subscription_id, cfg.resource_group, cfg.workspace)
 
 
