@@ -11,7 +11,7 @@ from pathlib import Path
 from flows.config import STAGED, SYNTHETIC, PipelineConfig
 from infra.azureml import JobPlan, compute_spec, environment_spec, job_spec, registry_connection_spec, yaml_text
 from infra.build_context import assemble_context, context_tag, wheel_cache
-from infra.container_nodes import DATA, ContainerNodes, horovod_on_nodes
+from infra.container_nodes import ContainerNodes, horovod_on_nodes
 from infra.fileserver import FileServer
 from infra.fileshare import open_share
 from infra.images import Engine, ImageError
@@ -21,7 +21,7 @@ from infra.pools import scripts_root
 from tasks.build_image import build_args
 from tasks import manifest as mf
 from tasks.manifest import check_names, relative_paths, sha256_file
-from tasks.train_on_pool import engine_on
+from tasks.train_on_pool import data_on_nodes, engine_on
 from tasks.upload_scripts import package_files, scripts_version
 
 
@@ -51,6 +51,11 @@ def planned_version(cfg: PipelineConfig) -> tuple[dict[str, Path], str]:
     """The scripts' files and the content version they would be uploaded as."""
     files = package_files(cfg.fileshare.extra_files)
     return files, scripts_version({rel: sha256_file(path) for rel, path in files.items()})
+
+
+def planned_scripts(cfg: PipelineConfig) -> Path:
+    """scripts/<version> as the pool would find it on the file share."""
+    return scripts_root(cfg.pool, cfg.fileshare, cfg.workdir) / f"scripts/{planned_version(cfg)[1]}"
 
 
 def plan_scripts(cfg: PipelineConfig) -> dict:
@@ -116,7 +121,7 @@ def planned_image(cfg: PipelineConfig) -> str:
 
 def azure_specs(cfg: PipelineConfig) -> dict[str, str]:
     """The exact specs the azureml pool would send, as YAML (`az ml compute/environment/job create --file`)."""
-    scripts = scripts_root(cfg.pool, cfg.fileshare, cfg.workdir) / f"scripts/{planned_version(cfg)[1]}"
+    scripts = planned_scripts(cfg)
     plan = JobPlan("<run id>", planned_image(cfg), scripts.as_posix(), cfg.dataset_name())
     job = job_spec(cfg.training, cfg.azureml, cfg.pool, plan, cfg.job.timeout_s)
     specs = {"compute": yaml_text(compute_spec(cfg.azureml, cfg.pool.nodes)),
@@ -148,11 +153,10 @@ def storage_operations(cfg: PipelineConfig, scripts: str) -> list[str]:
 def job_command(cfg: PipelineConfig) -> list[str]:
     """The launcher command the job would run, with the engine of the scripts version (container paths on
     the docker pool)."""
-    scripts = scripts_root(cfg.pool, cfg.fileshare, cfg.workdir) / f"scripts/{planned_version(cfg)[1]}"
-    script = engine_on(cfg.pool.backend, scripts)
+    script = engine_on(cfg.pool.backend, planned_scripts(cfg))
     if cfg.pool.backend == "docker":
         nodes = ContainerNodes(None, "<run id>", [f"node{i}" for i in range(cfg.pool.nodes)])
         return horovod_on_nodes(cfg.training, nodes, cfg.pool.slots_per_node, script,
-                                SYNTHETIC if cfg.data == SYNTHETIC else DATA)
+                                data_on_nodes(cfg.data == SYNTHETIC))
     data = SYNTHETIC if cfg.data == SYNTHETIC else str(FileServer(cfg.export_dir()).current(cfg.dataset_name()))
     return launch_command(cfg.training, data, cfg.workdir / "runs" / "<run id>", script=script)

@@ -12,7 +12,7 @@ import shutil
 import sys
 import threading
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Literal
 
@@ -257,7 +257,6 @@ class AzureMLJob:
     spec: object
     out: Path
     name: str = ""
-    threads: list = field(default_factory=list, repr=False)
 
     def submit(self) -> None:
         self.name = self.client.jobs.create_or_update(self.spec).name
@@ -274,8 +273,7 @@ class AzureMLJob:
                     lines.put(f"[azureml] {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}\n")
             lines.put(None)
 
-        self.threads.append(threading.Thread(target=pump, daemon=True))
-        self.threads[-1].start()
+        threading.Thread(target=pump, daemon=True).start()
         return iter(lines.get, None)
 
     def poll(self) -> int | None:

@@ -37,6 +37,11 @@ class RunPaths:
     out: Path
     dataset: str = ""
 
+    @property
+    def synthetic(self) -> bool:
+        """Whether the engine generates its data (nothing to mount)."""
+        return str(self.data) == SYNTHETIC
+
 
 def data_version(synced: str) -> Path:
     """The data set version the job reads: `current` resolved, so a sync during training cannot change it
@@ -56,7 +61,7 @@ def make_pool(cfg: PoolConfig, run_id: str, workdir: Path, image: str | None, pa
         return AzureMLPool(cfg, run_id, azure, ml_client(azure), image, connection)
     paths.out.mkdir(parents=True, exist_ok=True)
     mounts = [Mount(paths.scripts.parent, SCRIPTS), Mount(paths.out, RESULTS, read_only=False)]
-    mounts += [] if str(paths.data) == SYNTHETIC else [Mount(paths.data, DATA)]
+    mounts += [] if paths.synthetic else [Mount(paths.data, DATA)]
     return DockerPool(cfg, run_id, Engine(image_cfg and image_cfg.engine), image, mounts)
 
 
@@ -67,6 +72,11 @@ def engine_on(backend: str, scripts: Path) -> str:
     return f"{SCRIPTS}/{scripts.name}/{TRAINER}"
 
 
+def data_on_nodes(synthetic: bool) -> str:
+    """The engine's --data on the container nodes: the mounted file server copy, or synthetic."""
+    return SYNTHETIC if synthetic else DATA
+
+
 def make_job(pool: Pool, training: TrainingConfig, paths: RunPaths, timeout_s: float = 0) -> Job:
     """The launcher for `pool`: local torchrun/horovodrun, horovodrun on the container nodes, or an Azure ML job."""
     if isinstance(pool, AzureMLPool):
@@ -75,8 +85,8 @@ def make_job(pool: Pool, training: TrainingConfig, paths: RunPaths, timeout_s: f
     script = engine_on(pool.cfg.backend, paths.scripts)
     if isinstance(pool, ProcessPool):
         return ProcessJob(pool, launch_command(training, str(paths.data), paths.out, script=script))
-    data = SYNTHETIC if str(paths.data) == SYNTHETIC else DATA
-    return ContainerJob(pool.nodes, horovod_on_nodes(training, pool.nodes, pool.cfg.slots_per_node, script, data))
+    return ContainerJob(pool.nodes, horovod_on_nodes(training, pool.nodes, pool.cfg.slots_per_node, script,
+                                                     data_on_nodes(paths.synthetic)))
 
 
 @task(name="create-pool", retries=2, retry_delay_seconds=[5, 20], retry_condition_fn=unless_permanent,

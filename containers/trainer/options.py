@@ -70,11 +70,16 @@ def check_args(args: argparse.Namespace) -> None:
     decay_epochs(args.lr_decay_epochs)
     if args.parallel == "data" and args.stages > 1:
         raise UsageError("--stages needs --parallel pipeline")
-    if args.batch_size % args.microbatches:
-        raise UsageError(f"--batch-size {args.batch_size} is not divisible by --microbatches {args.microbatches}; "
-                         "pick a batch size that is a multiple of the micro-batches")
+    check_microbatches(args.batch_size, args.microbatches)
     if args.parallel == "pipeline" and args.backend == "horovod":
         raise UsageError("Horovod has no pipeline parallelism; run --parallel pipeline under torchrun")
+
+
+def check_microbatches(batch: int, microbatches: int) -> None:
+    """Refuse a batch that the micro-batches do not divide."""
+    if batch % microbatches:
+        raise UsageError(f"--batch-size {batch} is not divisible by --microbatches {microbatches}; "
+                         "pick a batch size that is a multiple of the micro-batches")
 
 
 def decay_epochs(text: str) -> tuple[float, ...]:

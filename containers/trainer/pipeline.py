@@ -21,6 +21,7 @@ import torchvision
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
 from trainer.errors import UsageError
+from trainer.options import check_microbatches
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 # Models whose forward is features -> avgpool -> flatten -> classifier.
@@ -43,12 +44,12 @@ def blocks_of(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
                      f"MobileNet, EfficientNet), not {type(model).__name__}; pick one of those with --model")
 
 
-def partition(costs: list[float], stages: int) -> list[int]:
-    """Stage boundaries (start index of each stage) that split `costs` into contiguous parts with the smallest
-    largest part (linear partition by dynamic programming)."""
+def partition(costs: list[float], stages: int, model: str = "the model") -> list[int]:
+    """Stage boundaries (start index of each stage) that split `costs` (one per block of `model`) into contiguous
+    parts with the smallest largest part (linear partition by dynamic programming)."""
     n = len(costs)
     if stages > n:
-        raise UsageError(f"--stages {stages} is more than the {n} blocks the model splits into; use at most {n}")
+        raise UsageError(f"--stages {stages} is more than the {n} blocks {model} splits into; use at most {n}")
     prefix = [0.0]
     for c in costs:
         prefix.append(prefix[-1] + c)
@@ -117,14 +118,10 @@ def split_model(model, stages: int, costs: list[float]) -> tuple[Split, list[tor
 
 def check_layout(world: int, stages: int, batch: int, microbatches: int) -> None:
     """Refuse a world that the stages do not divide, or a batch that the micro-batches do not divide."""
-    if stages < 1 or microbatches < 1:
-        raise UsageError("--stages and --microbatches must be at least 1")
     if world % stages:
         raise UsageError(f"the world size {world} is not a multiple of --stages {stages}; start stages x replicas "
                          "processes")
-    if batch % microbatches:
-        raise UsageError(f"--batch-size {batch} is not divisible by --microbatches {microbatches}; "
-                         "pick a batch size that is a multiple of the micro-batches")
+    check_microbatches(batch, microbatches)
 
 
 def state_names(model: torch.nn.Module, part: torch.nn.Module) -> set[str]:
@@ -174,7 +171,7 @@ class Pipeline:
         inputs = (images,) if self.stage == 0 else ()
         extra = {"target": targets, "losses": losses} if self.is_last else {}
         if len(self.step_seconds) == 1:
-            self.clock.busy = 0.0  # the first step also infers the shapes: leave it out
+            self.clock.busy = 0.0  # the first step also infers the shapes: leave it out (see steady_steps)
         self.schedule.step(*inputs, **extra)
         self.clock.close()
         self.average_gradients()
@@ -208,8 +205,11 @@ class Pipeline:
     def idle_fraction(self) -> float:
         """Measured share of the steps this stage was not computing: 1 - (time in its forward and backward
         passes) / (time in the steps), the first step left out; waiting on the other stages is the bubble."""
-        steps = self.step_seconds[1:] or self.step_seconds
-        return max(0.0, 1.0 - self.clock.busy / sum(steps))
+        return max(0.0, 1.0 - self.clock.busy / sum(self.steady_steps()))
+
+    def steady_steps(self) -> list[float]:
+        """Seconds of each step after the first (which also infers the shapes between the stages)."""
+        return self.step_seconds[1:] or self.step_seconds
 
 
 class ComputeClock:

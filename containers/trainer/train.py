@@ -40,7 +40,7 @@ from trainer.distributed import Backend, make_backend, pick_device
 from trainer.errors import UsageError
 from trainer.models import build_model, check_model_name
 from trainer.options import SYNTHETIC, build_parser, check_args, check_output_folder, decay_epochs
-from trainer.pipeline import Pipeline, blocks_of, check_layout, theoretical_bubble
+from trainer.pipeline import Pipeline, blocks_of, check_layout, parameter_costs, partition, theoretical_bubble
 from trainer.schedule import Schedule, lr_factor
 
 log = logging.getLogger("trainer")
@@ -137,10 +137,7 @@ def check_only(args) -> int:
 
 def check_splittable(args, num_classes: int) -> None:
     """The model splits into at least --stages blocks."""
-    blocks = blocks_of(build_model(args.model, num_classes))
-    if args.stages > len(blocks):
-        raise UsageError(f"--stages {args.stages} is more than the {len(blocks)} blocks {args.model} splits into; "
-                         f"use at most {len(blocks)}")
+    partition(parameter_costs(blocks_of(build_model(args.model, num_classes))), args.stages, args.model)
 
 
 def try_one_step(args, num_classes: int) -> None:
@@ -472,8 +469,7 @@ def pipeline_report(run: Run) -> dict:
     if not run.pipeline:
         return {"parallel": "data"}
     p, args = run.pipeline, run.args
-    idle = per_rank(run, p.idle_fraction())
-    steps = p.step_seconds[1:] or p.step_seconds
+    idle, steps = per_rank(run, p.idle_fraction()), p.steady_steps()
     return {"parallel": "pipeline", "pipeline": {
         "stages": p.stages, "replicas": p.replicas, "microbatches": p.microbatches, "schedule": args.pipeline_schedule,
         "balance": args.balance, "split": p.split.names, "stage_params": p.split.params,
