@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from infra.azureml import AzureMLConfig, check_complete, check_world
 from infra.blobstore import StorageConfig
+from infra.container_nodes import torchrun_layout
 from infra.fileshare import FileShareConfig
 from infra.images import ImageConfig
 from infra.jobs import JobConfig
@@ -61,9 +62,8 @@ class PipelineConfig(BaseModel):
 
     @model_validator(mode="after")
     def _pool_fits_the_launcher(self) -> "PipelineConfig":
-        if self.pool.backend == "docker" and self.training.launcher != "horovodrun":
-            raise ValueError("the docker pool launches its workers with horovodrun across the container nodes; "
-                             "set training.launcher: horovodrun")
+        if self.pool.backend == "docker" and self.training.launcher == "torchrun":
+            torchrun_layout(self.training.workers, self.pool.slots_per_node)
         if self.pool.backend == "azureml":
             check_world(self.pool, self.training.workers)
             check_complete(self.azureml, reads_nfs=self.azureml.data_source == "nfs" and self.data != SYNTHETIC)

@@ -11,7 +11,7 @@ from pathlib import Path
 from flows.config import STAGED, SYNTHETIC, PipelineConfig
 from infra.azureml import JobPlan, compute_spec, environment_spec, job_spec, registry_connection_spec, yaml_text
 from infra.build_context import assemble_context, context_tag, wheel_cache
-from infra.container_nodes import ContainerNodes, horovod_on_nodes
+from infra.container_nodes import ContainerNodes, commands_on_nodes
 from infra.fileserver import FileServer
 from infra.fileshare import open_share
 from infra.images import Engine, ImageError
@@ -156,7 +156,8 @@ def job_command(cfg: PipelineConfig) -> list[str]:
     script = engine_on(cfg.pool.backend, planned_scripts(cfg))
     if cfg.pool.backend == "docker":
         nodes = ContainerNodes(None, "<run id>", [f"node{i}" for i in range(cfg.pool.nodes)])
-        return horovod_on_nodes(cfg.training, nodes, cfg.pool.slots_per_node, script,
-                                data_on_nodes(cfg.data == SYNTHETIC))
+        commands = commands_on_nodes(cfg.training, nodes, cfg.pool.slots_per_node, script,
+                                     data_on_nodes(cfg.data == SYNTHETIC))
+        return [word for i, argv in enumerate(commands) for word in (["|"] if i else []) + [f"node{i}:", *argv]]
     data = SYNTHETIC if cfg.data == SYNTHETIC else str(FileServer(cfg.export_dir()).current(cfg.dataset_name()))
     return launch_command(cfg.training, data, cfg.workdir / "runs" / "<run id>", script=script)

@@ -149,14 +149,14 @@ def registry_connection_spec(registry: str, username: str, password: str):
 
 def engine_command(training: TrainingConfig, pool: PoolConfig, data: str) -> str:
     """The command each node runs: the engine under MPI (Horovod) or under torchrun (one per node)."""
-    from infra.launcher import engine_argv
+    from infra.launcher import engine_argv, torchrun_options
 
     engine = " ".join(engine_argv(training, data, RESULTS_OUTPUT, script=f"{SCRIPTS_INPUT}/trainer/train.py"))
     if training.launcher == "horovodrun":  # Azure ML's mpirun starts gpus_per_node of these per node
         return f"python {engine}"
     # Azure ML's PyTorch distribution sets MASTER_ADDR, MASTER_PORT and NODE_RANK on every node
-    return (f"torchrun --nnodes {pool.nodes} --nproc_per_node {pool.slots_per_node} --node_rank $NODE_RANK "
-            f"--master_addr $MASTER_ADDR --master_port $MASTER_PORT {engine}")
+    options = torchrun_options(pool.nodes, pool.slots_per_node, "$NODE_RANK", "$MASTER_ADDR", "$MASTER_PORT")
+    return f"torchrun {' '.join(options)} {engine}"
 
 
 def data_input(cfg: AzureMLConfig, dataset: str) -> tuple[str, dict, str]:

@@ -22,11 +22,13 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from docker.errors import APIError, NotFound
 
 from infra.images import Engine, ImageError
-from infra.launcher import TrainingConfig, engine_argv, horovodrun_options, route_output
+from infra.launcher import TrainingConfig, engine_argv, horovodrun_options, route_output, torchrun_options
 
 LABEL = "trainflow.run"
 OWNER = "trainflow.owner"  # host:pid of the process that made the pool; a pool whose owner is gone is a leftover
 SSH_PORT = 2222
+TORCH_PORT = 29500  # torchrun's rendezvous on node0 (each pool has a network of its own)
+NODE_ENV = {"GLOO_SOCKET_IFNAME": "eth0"}  # the nodes' network, not loopback, for Gloo's connections
 IMAGE_ENGINE = "/opt/trainflow/trainer/train.py"  # where the images put the training package
 DATA, RESULTS, SCRIPTS = "/data", "/results", "/scripts"  # the file server, the results, the scripts share
 KEYS = "/etc/trainflow/ssh"
@@ -67,12 +69,16 @@ class ContainerNodes:
         """horovodrun's -H value: every node with `slots` workers."""
         return ",".join(f"{name}:{slots}" for name in self.names)
 
+    def start(self, index: int, argv: list[str], env: dict[str, str] | None = None) -> tuple[str, Iterator[bytes]]:
+        """Start `argv` on node `index`; returns the exec's id and its output as it comes."""
+        api = self.engine.api
+        exec_id = api.exec_create(self.container(index), argv, environment=env or {}, workdir="/opt/trainflow")["Id"]
+        return exec_id, api.exec_start(exec_id, stream=True)
+
     def exec_lines(self, argv: list[str], env: dict[str, str] | None = None) -> tuple[Iterator[str], Callable[[], int]]:
         """Run `argv` on node0; returns its output lines (as they come) and a function giving its exit status."""
-        api = self.engine.api
-        exec_id = api.exec_create(self.container(0), argv, environment=env or {}, workdir="/opt/trainflow")["Id"]
-        chunks = api.exec_start(exec_id, stream=True)
-        return split_lines(chunks), lambda: api.exec_inspect(exec_id)["ExitCode"]
+        exec_id, chunks = self.start(0, argv, env)
+        return split_lines(chunks), lambda: self.engine.api.exec_inspect(exec_id)["ExitCode"]
 
 
 def split_lines(chunks: Iterator[bytes]) -> Iterator[str]:
@@ -186,6 +192,33 @@ def horovod_on_nodes(cfg: TrainingConfig, nodes: ContainerNodes, slots: int, scr
     engine = engine_argv(cfg, data, Path(RESULTS), script=script)
     return ["horovodrun", *horovodrun_options(cfg.workers, nodes.hosts(slots), "eth0"), "-p", str(SSH_PORT),
             "python", *engine]
+
+
+def torchrun_layout(workers: int, slots: int) -> tuple[int, int]:
+    """(nodes, workers per node) for torchrun on container nodes: as few nodes as `slots` allows, as many
+    workers on each (torchrun starts the same number on every node)."""
+    nodes = -(-workers // slots)
+    if workers % nodes:
+        raise ValueError(f"torchrun starts the same number of workers on every node, and training.workers {workers} "
+                         f"does not split evenly over the {nodes} nodes it needs with pool.slots_per_node {slots}; "
+                         "make training.workers a multiple of pool.slots_per_node")
+    return nodes, workers // nodes
+
+
+def torchrun_on_nodes(cfg: TrainingConfig, slots: int, script: str = IMAGE_ENGINE, data: str = DATA) -> list[list[str]]:
+    """One torchrun per node (the i-th for node i), meeting at node0; Gloo over the nodes' network (eth0)."""
+    nodes, per_node = torchrun_layout(cfg.workers, slots)
+    engine = engine_argv(cfg, data, Path(RESULTS), script=script)
+    return [["python", "-m", "torch.distributed.run", *torchrun_options(nodes, per_node, rank, "node0", TORCH_PORT),
+             *engine] for rank in range(nodes)]
+
+
+def commands_on_nodes(cfg: TrainingConfig, nodes: ContainerNodes, slots: int, script: str = IMAGE_ENGINE,
+                      data: str = DATA) -> list[list[str]]:
+    """The launcher commands, the i-th run on node i: horovodrun on node0 alone, or torchrun on each node."""
+    if cfg.launcher == "horovodrun":
+        return [horovod_on_nodes(cfg, nodes, slots, script, data)]
+    return torchrun_on_nodes(cfg, slots, script, data)
 
 
 def train_on_nodes(engine: Engine, image: str, cfg: TrainingConfig, data: Path, out: Path, run_id: str,

@@ -13,11 +13,12 @@ import subprocess
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from queue import Queue
 from typing import Callable, Iterator, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from infra.container_nodes import ContainerNodes, split_lines
+from infra.container_nodes import NODE_ENV, ContainerNodes, split_lines
 from infra.launcher import LaunchError, route_output
 from infra.pools import ProcessPool
 
@@ -80,30 +81,72 @@ class ProcessJob:
 
 @dataclass
 class ContainerJob:
-    """The launcher run on node0 of a docker pool; it starts the other nodes' workers over SSH."""
+    """The launcher commands on a docker pool, the i-th on node i: horovodrun on node0 (which starts the other
+    nodes' workers over SSH), or one torchrun per node. A node whose command fails stops the others."""
 
     nodes: ContainerNodes
-    command: list[str]
-    exec_id: str | None = field(default=None, repr=False)
-    chunks: Iterator[bytes] | None = field(default=None, repr=False)
+    commands: list[list[str]]
+    execs: list[str] = field(default_factory=list, repr=False)
+    streams: list[Iterator[bytes]] = field(default_factory=list, repr=False)
 
     def submit(self) -> None:
-        api = self.nodes.engine.api
-        self.exec_id = api.exec_create(self.nodes.container(0), self.command, workdir="/opt/trainflow")["Id"]
-        self.chunks = api.exec_start(self.exec_id, stream=True)
+        for index, command in enumerate(self.commands):
+            exec_id, stream = self.nodes.start(index, command, NODE_ENV)
+            self.execs.append(exec_id)
+            self.streams.append(stream)
 
     def lines(self) -> Iterator[str]:
-        return split_lines(self.chunks)
+        return merged_lines([split_lines(stream) for stream in self.streams], self._stop_others_if_failed)
 
-    def poll(self) -> int | None:
-        state = self.nodes.engine.api.exec_inspect(self.exec_id)
+    def _stop_others_if_failed(self, index: int) -> None:
+        """Called when node `index`'s output ends: a failed node fails the job at once."""
+        for _ in range(100):  # its exit status follows the end of its output within moments
+            if (code := self._exit_code(self.execs[index])) is not None:
+                break
+            threading.Event().wait(0.05)
+        if code and any(self._exit_code(e) is None for e in self.execs):
+            self.cancel()
+
+    def _exit_code(self, exec_id: str) -> int | None:
+        state = self.nodes.engine.api.exec_inspect(exec_id)
         return None if state["Running"] else state["ExitCode"]
 
+    def poll(self) -> int | None:
+        codes = [self._exit_code(e) for e in self.execs]
+        return None if None in codes else next((c for c in codes if c), 0)
+
     def cancel(self) -> None:
-        # On every node: SIGTERM to every process but the node's init (sshd), so launcher and workers stop.
+        # On every node: SIGTERM to every process but the node's init (sshd), so launchers and workers stop.
         for index in range(len(self.nodes.names)):
             self.nodes.engine.api.exec_start(self.nodes.engine.api.exec_create(
                 self.nodes.container(index), ["sh", "-c", "kill -TERM -1"])["Id"])
+
+
+def merged_lines(sources: list[Iterator[str]], ended: Callable[[int], None]) -> Iterator[str]:
+    """The lines of every source as they come; `ended(i)` is called when source i has no more."""
+    if len(sources) == 1:
+        yield from sources[0]
+        ended(0)
+        return
+    queue: Queue[tuple[int, str | None]] = Queue()
+
+    def read(index: int) -> None:
+        try:
+            for line in sources[index]:
+                queue.put((index, line))
+        finally:
+            queue.put((index, None))
+
+    for index in range(len(sources)):
+        threading.Thread(target=read, args=(index,), daemon=True).start()
+    remaining = len(sources)
+    while remaining:
+        index, line = queue.get()
+        if line is None:
+            remaining -= 1
+            ended(index)
+        else:
+            yield line
 
 
 def run_job(job: Job, log_dir: Path, echo: Callable[[str], None], timeout_s: float) -> int:

@@ -160,6 +160,13 @@ def horovodrun_options(workers: int, hosts: str, nic: str) -> list[str]:
     return ["-np", str(workers), "-H", hosts, "--gloo", "--network-interfaces", nic]
 
 
+def torchrun_options(nodes: int | str, per_node: int, node_rank: int | str, master_addr: str,
+                     master_port: int | str) -> list[str]:
+    """torchrun's options for one node of a multi-node world (static rendezvous at master_addr:master_port)."""
+    return ["--nnodes", str(nodes), "--nproc_per_node", str(per_node), "--node_rank", str(node_rank),
+            "--master_addr", master_addr, "--master_port", str(master_port)]
+
+
 def launch_command(cfg: TrainingConfig, data: str, out: Path, python: str = sys.executable,
                    script: str | None = None) -> list[str]:
     """The torchrun or horovodrun command line that starts cfg.workers local workers (of `script`, if given)."""
@@ -200,7 +207,9 @@ def route_output(lines: Iterable[str], wait: Callable[[], int], log_dir: Path, e
     """Sort a launcher's output lines by rank into log_dir, then wait for its exit status (see run_workers)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     logs: dict[int, list[str]] = {}
-    died: list[int] = []
+    died: list[int] = []  # ranks the launcher reported dead, in order
+    roots: list[int] = []  # torchrun's "Root Cause" ranks; with one torchrun per node, the first node's comes first
+    root_next = False
     with open(log_dir / "launcher.log", "w") as all_lines:
         for line in lines:
             all_lines.write(line)
@@ -209,14 +218,15 @@ def route_output(lines: Iterable[str], wait: Callable[[], int], log_dir: Path, e
                 logs.setdefault(int(match.group(1)), []).append(line[match.start():])
                 echo(line[match.start():].rstrip("\n"))
             elif "Root Cause" in line:  # torchrun lists the first rank to fail last, after the others
-                died.clear()
+                root_next = True
             elif dead := DIED_LINE.search(line):
-                died.append(int(dead.group(1) or dead.group(2)))
+                (roots if root_next else died).append(int(dead.group(1) or dead.group(2)))
+                root_next = False
         code = wait()
     for rank, lines in logs.items():
         (log_dir / f"rank{rank}.log").write_text("".join(lines))
     if code != 0:
-        raise LaunchError(describe_failure(code, logs, log_dir, died))
+        raise LaunchError(describe_failure(code, logs, log_dir, roots + died))
     return code
 
 
@@ -224,13 +234,15 @@ def describe_failure(code: int, logs: dict[int, list[str]], log_dir: Path, died:
     """One message for a failed run: the cause (an input error before a crash that it set off), else the
     rank the launcher saw die first with its last lines, else every rank's last lines."""
     errors = [(rank, m.group(2)) for rank, lines in logs.items() for m in map(ERROR_LINE.search, lines) if m]
-    causes = [e for e in errors if not e[1].startswith("unexpected ")] or errors
-    if causes:
+    causes = [e for e in errors if not e[1].startswith("unexpected ")]  # input errors set off the rest
+    if not causes and died:  # the rank that died first, not a peer that then lost its connection to it
+        causes = [e for e in errors if e[0] == died[0]]
+        if not causes:
+            tail = "".join(logs.get(died[0], [])[-5:]) or "(no output)\n"
+            return f"rank {died[0]} failed: it died without an error (exit status {code}); its last lines:\n{tail}"
+    if causes := causes or errors:
         rank, message = causes[0]
         return f"rank {rank} failed: {message}"
-    if died:
-        tail = "".join(logs.get(died[0], [])[-5:]) or "(no output)\n"
-        return f"rank {died[0]} failed: it died without an error (exit status {code}); its last lines:\n{tail}"
     tail = "".join(line for lines in logs.values() for line in lines[-5:])
     return f"training exited with status {code}; see {log_dir}/launcher.log. Last lines:\n{tail}"
 

@@ -13,7 +13,7 @@ from prefect.cache_policies import NO_CACHE
 
 from infra.azureml import AzureMLConfig, AzureMLJob, AzureMLPool, JobPlan, job_spec, ml_client, registry_connection_spec
 from infra.blobstore import StorageConfig
-from infra.container_nodes import DATA, RESULTS, SCRIPTS, Mount, horovod_on_nodes
+from infra.container_nodes import DATA, RESULTS, SCRIPTS, Mount, commands_on_nodes
 from infra.fileshare import FileShareConfig, open_share
 from infra.images import Engine, ImageConfig
 from infra.jobs import ContainerJob, Job, ProcessJob, run_job
@@ -78,15 +78,16 @@ def data_on_nodes(synthetic: bool) -> str:
 
 
 def make_job(pool: Pool, training: TrainingConfig, paths: RunPaths, timeout_s: float = 0) -> Job:
-    """The launcher for `pool`: local torchrun/horovodrun, horovodrun on the container nodes, or an Azure ML job."""
+    """The launcher for `pool`: local torchrun/horovodrun, horovodrun or torchrun on the container nodes, or an Azure
+    ML job."""
     if isinstance(pool, AzureMLPool):
         plan = JobPlan(pool.run_id, pool.image, paths.scripts.as_posix(), paths.dataset)
         return AzureMLJob(pool.client, job_spec(training, pool.azure, pool.cfg, plan, timeout_s), paths.out)
     script = engine_on(pool.cfg.backend, paths.scripts)
     if isinstance(pool, ProcessPool):
         return ProcessJob(pool, launch_command(training, str(paths.data), paths.out, script=script))
-    return ContainerJob(pool.nodes, horovod_on_nodes(training, pool.nodes, pool.cfg.slots_per_node, script,
-                                                     data_on_nodes(paths.synthetic)))
+    return ContainerJob(pool.nodes, commands_on_nodes(training, pool.nodes, pool.cfg.slots_per_node, script,
+                                                      data_on_nodes(paths.synthetic)))
 
 
 @task(name="create-pool", retries=2, retry_delay_seconds=[5, 20], retry_condition_fn=unless_permanent,

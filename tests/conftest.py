@@ -2,6 +2,7 @@
 (Azurite, a Docker engine, a registry with authentication, the CPU training image)."""
 
 import secrets
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,8 +78,12 @@ def docker_engine(tmp_path_factory) -> Engine:
 def registry(tmp_path_factory) -> Registry:
     """A Distribution registry with htpasswd authentication and empty storage, for the session."""
     username, password = "trainflow-ci", secrets.token_urlsafe(16)
-    with running_registry(tmp_path_factory.mktemp("registry"), username, password) as host:
-        yield Registry(host, username, password)
+    storage = tmp_path_factory.mktemp("registry")
+    try:
+        with running_registry(storage, username, password) as host:
+            yield Registry(host, username, password)
+    finally:  # the pushed test image is gigabytes: never left behind, whatever the outcome
+        shutil.rmtree(storage, ignore_errors=True)
 
 
 def image_config(service: Registry, **overrides) -> ImageConfig:

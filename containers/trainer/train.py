@@ -25,6 +25,7 @@ import contextlib
 import logging
 import os
 import resource
+import socket
 import sys
 import time
 from dataclasses import dataclass, field
@@ -182,6 +183,8 @@ def set_up(args) -> Run:
     backend.setup(torch.device("cuda" if wants_cuda else "cpu"))
     setup_logging(backend.rank)
     device = pick_device(args.device, backend.local_rank)
+    log.info("worker %d of %d (%s) on host %s, %s", backend.rank, backend.world_size, backend.name,
+             socket.gethostname(), device)
     torch.set_num_threads(args.threads or max(1, len(os.sched_getaffinity(0)) // backend.local_world_size))
     torch.manual_seed(args.seed)
     if backend.rank == 0:

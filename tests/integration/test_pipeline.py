@@ -179,6 +179,38 @@ def test_whole_flow_on_the_docker_pool(prefect_server, docker_engine, registry, 
     assert not docker_engine.client.containers.list(all=True, filters={"label": f"trainflow.run={result['run_id']}"})
 
 
+def docker_config(tmp_path: Path, data: Path, registry, **training) -> PipelineConfig:
+    """Two container nodes of one slot each, torchrun on each."""
+    return config(tmp_path / "work", data, image=image_config(registry).model_dump(),
+                  pool={"backend": "docker", "nodes": 2, "slots_per_node": 1}, training={"launcher": "torchrun", **training})
+
+
+def test_a_two_stage_pipeline_across_two_container_nodes(prefect_server, docker_engine, registry, cpu_image, digits,
+                                                        tmp_path, monkeypatch):
+    monkeypatch.setenv("REGISTRY_PASSWORD", registry.password)
+    cfg = docker_config(tmp_path, digits, registry, parallel="pipeline", stages=2, microbatches=2, steps_per_epoch=4)
+    plan = {r["step"]: r for r in plan_run(cfg)}["run-training"]["detail"]
+    assert "node0: python -m torch.distributed.run --nnodes 2" in plan and "| node1: " in plan and "--node_rank 1" in plan
+    result = train_pipeline(cfg)
+    metrics = result["metrics"]
+    assert metrics["status"] == "complete" and metrics["backend"] == "ddp" and metrics["world_size"] == 2
+    assert metrics["parallel"] == "pipeline" and metrics["pipeline"]["stages"] == 2
+    logs = tmp_path / "work" / "fileshare" / "results" / result["run_id"] / "logs"
+    for rank in (0, 1):  # stage r ran on node r
+        assert f"worker {rank} of 2 (ddp) on host node{rank}" in (logs / f"rank{rank}.log").read_text()
+    assert not docker_engine.client.containers.list(all=True, filters={"label": f"{LABEL}={result['run_id']}"})
+
+
+def test_a_worker_killed_on_a_container_node_fails_the_job_at_once(prefect_server, docker_engine, registry, cpu_image,
+                                                                   digits, tmp_path, monkeypatch):
+    monkeypatch.setenv("REGISTRY_PASSWORD", registry.password)
+    cfg = docker_config(tmp_path, digits, registry, epochs=20)
+    cfg.job.timeout_s = 600  # a job that hung on its lost peer instead of failing would end in JobTimedOut
+    with killing_rank_one(times=2), pytest.raises(LaunchError, match=r"^rank 1 failed: it died"):
+        train_pipeline(cfg)
+    assert not docker_engine.client.containers.list(all=True, filters={"label": LABEL})
+
+
 def test_the_flow_passes_the_pipeline_mode_to_the_job(prefect_server, digits, tmp_path):
     cfg = config(tmp_path / "work", digits, training={"parallel": "pipeline", "stages": 2, "microbatches": 2,
                                                       "steps_per_epoch": 4})

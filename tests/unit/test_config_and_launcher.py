@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 
 from flows.config import ConfigError, load_config
-from infra.launcher import TrainingConfig, check_command, launch_command
+from infra.container_nodes import ContainerNodes, commands_on_nodes, torchrun_layout
+from infra.launcher import LaunchError, TrainingConfig, check_command, launch_command, route_output
 from trainer.options import build_parser
 
 
@@ -82,10 +83,57 @@ def test_unknown_trainflow_variable_is_named_without_its_value():
     assert "s3cret-value" not in str(failure.value)
 
 
-def test_docker_pool_needs_horovodrun():
-    with pytest.raises(ConfigError, match="^invalid config: the docker pool launches .* set training.launcher: horovodrun"):
-        load_config(None, {"pool": {"backend": "docker"}}, environ={})
-    load_config(None, {"pool": {"backend": "docker"}, "training": {"launcher": "horovodrun"}}, environ={})
+def test_docker_pool_runs_torchrun_once_per_node_or_horovodrun_on_node0():
+    cfg = load_config(None, {"pool": {"backend": "docker", "nodes": 2, "slots_per_node": 1}}, environ={})
+    nodes = ContainerNodes(None, "run", ["node0", "node1"])
+    commands = commands_on_nodes(cfg.training, nodes, slots=1)
+    assert [c[:3] for c in commands] == [["python", "-m", "torch.distributed.run"]] * 2
+    for rank, command in enumerate(commands):
+        line = " ".join(command)
+        assert f"--nnodes 2 --nproc_per_node 1 --node_rank {rank} --master_addr node0 --master_port 29500 " in line
+    cfg.training.launcher = "horovodrun"
+    [horovod] = commands_on_nodes(cfg.training, nodes, slots=1)
+    assert horovod[:5] == ["horovodrun", "-np", "2", "-H", "node0:1,node1:1"]
+
+
+@pytest.mark.parametrize(("workers", "slots", "layout"), [(2, 1, (2, 1)), (2, 2, (1, 2)), (4, 3, (2, 2)), (6, 2, (3, 2))])
+def test_torchrun_puts_the_same_number_of_workers_on_each_node(workers, slots, layout):
+    assert torchrun_layout(workers, slots) == layout
+
+
+def test_a_docker_pool_that_torchrun_cannot_split_evenly_is_refused():
+    with pytest.raises(ConfigError, match="training.workers 3 does not split evenly .* make training.workers a multiple "
+                                          "of pool.slots_per_node"):
+        load_config(None, {"pool": {"backend": "docker", "nodes": 2, "slots_per_node": 2},
+                           "training": {"workers": 3}}, environ={})
+    load_config(None, {"pool": {"backend": "docker", "nodes": 2, "slots_per_node": 2},
+                       "training": {"workers": 3, "launcher": "horovodrun"}}, environ={})
+
+
+def torchrun_summary(rank: int, host: str, exitcode: int) -> list[str]:
+    """The failure summary one torchrun prints (torch.distributed.elastic's ChildFailedError)."""
+    return ["=" * 60 + "\n", "/scripts/v1/trainer/train.py FAILED\n", "Failures:\n", "  <NO_OTHER_FAILURES>\n",
+            "Root Cause (first observed failure):\n", "[0]:\n", f"  host      : {host}\n",
+            f"  rank      : {rank} (local_rank: 0)\n", f"  exitcode  : {exitcode} (pid: 77)\n"]
+
+
+def test_the_node_that_failed_first_is_named_not_the_peer_that_lost_it(tmp_path):
+    lines = ["[rank 0] 10:00:01 INFO epoch 1 step 5\n", "[rank 1] 10:00:01 INFO epoch 1 step 5\n",
+             *torchrun_summary(1, "node1", -9),  # node1's torchrun: its worker was killed
+             "[rank 0] 10:00:02 ERROR error: unexpected RuntimeError: Connection closed by peer\n",
+             *torchrun_summary(0, "node0", 1)]  # node0's torchrun: its worker lost rank 1
+    with pytest.raises(LaunchError, match=r"^rank 1 failed: it died without an error \(exit status 1\); its last "
+                                          r"lines:\n\[rank 1\] .* step 5"):
+        route_output(lines, lambda: 1, tmp_path, lambda line: None)
+    assert (tmp_path / "rank0.log").read_text().count("\n") == 2
+
+
+def test_an_input_error_is_named_before_the_deaths_it_set_off(tmp_path):
+    lines = ["[rank 1] 10:00:01 ERROR error: --data /data: no such folder\n", *torchrun_summary(1, "node1", 1),
+             "[rank 0] 10:00:02 ERROR error: unexpected RuntimeError: Connection closed by peer\n",
+             *torchrun_summary(0, "node0", 1)]
+    with pytest.raises(LaunchError, match=r"^rank 1 failed: --data /data: no such folder$"):
+        route_output(lines, lambda: 1, tmp_path, lambda line: None)
 
 
 def test_prefect_yaml_deploys_the_pipeline_with_valid_parameters():
