@@ -3,6 +3,7 @@
 
 import secrets
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +16,13 @@ from infra.build_context import wheel_cache
 from infra.images import Engine, ImageConfig
 from infra.local_docker import running_engine, running_registry
 from infra.sample_data import write_digits
+
+
+def pytest_report_header(config) -> str:
+    """Free disk where the tests write: a run out of space fails in confusing places, so say it up front."""
+    folder = tempfile.gettempdir()
+    return (f"free disk: {shutil.disk_usage(folder).free / 2**30:.0f} GiB in {folder} (a full run writes about 5 GiB "
+            "there, removed when it passes, and Docker keeps about 7 GiB of images in its data root)")
 
 
 @pytest.fixture(scope="session")
