@@ -231,17 +231,19 @@ def route_output(lines: Iterable[str], wait: Callable[[], int], log_dir: Path, e
 
 
 def describe_failure(code: int, logs: dict[int, list[str]], log_dir: Path, died: list[int] | None = None) -> str:
-    """One message for a failed run: the cause (an input error before a crash that it set off), else the
-    rank the launcher saw die first with its last lines, else every rank's last lines."""
+    """One message for a failed run: an input error (it set off the rest), else the rank the launcher saw die
+    first (not a peer that then lost its connection to it) with its error or last lines, else any rank's
+    error, else every rank's last lines."""
     errors = [(rank, m.group(2)) for rank, lines in logs.items() for m in map(ERROR_LINE.search, lines) if m]
-    causes = [e for e in errors if not e[1].startswith("unexpected ")]  # input errors set off the rest
-    if not causes and died:  # the rank that died first, not a peer that then lost its connection to it
-        causes = [e for e in errors if e[0] == died[0]]
-        if not causes:
-            tail = "".join(logs.get(died[0], [])[-5:]) or "(no output)\n"
-            return f"rank {died[0]} failed: it died without an error (exit status {code}); its last lines:\n{tail}"
-    if causes := causes or errors:
-        rank, message = causes[0]
+    inputs = [e for e in errors if not e[1].startswith("unexpected ")]
+    if not inputs and died:
+        own = [message for rank, message in errors if rank == died[0]]
+        if own:
+            return f"rank {died[0]} failed: {own[0]}"
+        tail = "".join(logs.get(died[0], [])[-5:]) or "(no output)\n"
+        return f"rank {died[0]} failed: it died without an error (exit status {code}); its last lines:\n{tail}"
+    if inputs or errors:
+        rank, message = (inputs or errors)[0]
         return f"rank {rank} failed: {message}"
     tail = "".join(line for lines in logs.values() for line in lines[-5:])
     return f"training exited with status {code}; see {log_dir}/launcher.log. Last lines:\n{tail}"

@@ -128,6 +128,14 @@ def test_the_node_that_failed_first_is_named_not_the_peer_that_lost_it(tmp_path)
     assert (tmp_path / "rank0.log").read_text().count("\n") == 2
 
 
+def test_a_crash_is_named_with_its_own_error(tmp_path):
+    lines = ["[rank 0] 10:00:02 ERROR error: unexpected RuntimeError: Connection closed by peer\n",
+             "[rank 1] 10:00:01 ERROR error: unexpected ZeroDivisionError: division by zero\n",
+             *torchrun_summary(1, "node1", 1), *torchrun_summary(0, "node0", 1)]
+    with pytest.raises(LaunchError, match=r"^rank 1 failed: unexpected ZeroDivisionError: division by zero$"):
+        route_output(lines, lambda: 1, tmp_path, lambda line: None)
+
+
 def test_an_input_error_is_named_before_the_deaths_it_set_off(tmp_path):
     lines = ["[rank 1] 10:00:01 ERROR error: --data /data: no such folder\n", *torchrun_summary(1, "node1", 1),
              "[rank 0] 10:00:02 ERROR error: unexpected RuntimeError: Connection closed by peer\n",
