@@ -8,6 +8,7 @@ import pytest
 
 from flows.report import epoch_rows, summary_markdown, svg_plot
 from infra.container_nodes import OWNER
+from infra.jobs import merged_lines
 from infra.pools import PoolConfig, PoolError, ProcessPool, check_fits, delete_leftovers, leftover_runs
 
 
@@ -57,3 +58,13 @@ def test_report_pieces():
     for needle in ("world size: 2 (ddp)", "123.4 images/s", "val top-1: 50.00%", "| run-training | 60.0 |",
                    "/share/results/r1", "not measured"):
         assert needle in text, needle
+
+
+@pytest.mark.parametrize("sources", [1, 3])
+def test_merged_lines_passes_every_line_in_order_per_source_and_reports_each_end(sources):
+    streams = [iter([f"node{n} line{i}\n" for i in range(50)]) for n in range(sources)]
+    ended: list[int] = []
+    lines = list(merged_lines(streams, ended.append))
+    assert sorted(ended) == list(range(sources)) and len(lines) == 50 * sources
+    for n in range(sources):
+        assert [line for line in lines if line.startswith(f"node{n} ")] == [f"node{n} line{i}\n" for i in range(50)]
