@@ -7,7 +7,6 @@ Batch clusters. Everything carries the label trainflow.run=<run id>, so what a c
 behind can be found and removed.
 """
 
-import json
 import os
 import socket
 import tempfile
@@ -22,7 +21,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from docker.errors import APIError, NotFound
 
 from infra.images import Engine, ImageError
-from infra.launcher import TrainingConfig, engine_argv, horovodrun_options, route_output, torchrun_options
+from infra.launcher import TrainingConfig, engine_argv, horovodrun_options, torchrun_options
 
 LABEL = "trainflow.run"
 OWNER = "trainflow.owner"  # host:pid of the process that made the pool; a pool whose owner is gone is a leftover
@@ -219,14 +218,3 @@ def commands_on_nodes(cfg: TrainingConfig, nodes: ContainerNodes, slots: int, sc
     if cfg.launcher == "horovodrun":
         return [horovod_on_nodes(cfg, nodes, slots, script, data)]
     return torchrun_on_nodes(cfg, slots, script, data)
-
-
-def train_on_nodes(engine: Engine, image: str, cfg: TrainingConfig, data: Path, out: Path, run_id: str,
-                   echo: Callable[[str], None]) -> dict:
-    """Train with Horovod on one node per worker: `data` mounted read-only, results written to `out`."""
-    out.mkdir(parents=True, exist_ok=True)
-    mounts = [Mount(data, DATA), Mount(out, RESULTS, read_only=False)]
-    with running_nodes(engine, image, cfg.workers, run_id, mounts) as nodes:
-        lines, status = nodes.exec_lines(horovod_on_nodes(cfg, nodes, slots=1))
-        route_output(lines, status, out / "logs", echo)
-    return json.loads((out / "metrics.json").read_text())

@@ -7,6 +7,7 @@ names the rank and its last lines. The results folder keeps the engine's checkpo
 submitted again with the same folder resumes from the newest one.
 """
 
+import json
 import os
 import signal
 import subprocess
@@ -18,8 +19,10 @@ from typing import Callable, Iterator, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from infra.container_nodes import NODE_ENV, ContainerNodes, split_lines
-from infra.launcher import LaunchError, route_output
+from infra.container_nodes import (DATA, NODE_ENV, RESULTS, ContainerNodes, Mount, commands_on_nodes, running_nodes,
+                                   split_lines)
+from infra.images import Engine
+from infra.launcher import LaunchError, TrainingConfig, route_output
 from infra.pools import ProcessPool
 
 
@@ -182,3 +185,13 @@ def wait_for(job: Job, interval: float = 0.2) -> int:
     while (status := job.poll()) is None:
         threading.Event().wait(interval)
     return status
+
+
+def train_on_nodes(engine: Engine, image: str, cfg: TrainingConfig, data: Path, out: Path, run_id: str,
+                   echo: Callable[[str], None]) -> dict:
+    """Train on one container node per worker: `data` mounted read-only, results written to `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    mounts = [Mount(data, DATA), Mount(out, RESULTS, read_only=False)]
+    with running_nodes(engine, image, cfg.workers, run_id, mounts) as nodes:
+        run_job(ContainerJob(nodes, commands_on_nodes(cfg, nodes, slots=1)), out / "logs", echo, 0)
+    return json.loads((out / "metrics.json").read_text())

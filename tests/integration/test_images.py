@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from infra.build_context import wheel_cache
-from infra.container_nodes import Mount, remove_nodes, running_nodes, train_on_nodes
+from infra.container_nodes import Mount, remove_nodes, running_nodes
 from infra.images import Engine, ImageError
+from infra.jobs import train_on_nodes
 from infra.launcher import TrainingConfig
 from infra.services import free_port
 from tasks.build_image import build_and_push, use_existing
