@@ -3,13 +3,13 @@
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
-from flows.config import PipelineConfig
+from flows.config import FlowConfig
 from infra.build_context import wheel_cache
 from tasks.build_image import build_image_task
 
 
 @flow(name="build-image")
-def build_image(cfg: PipelineConfig) -> dict:
+def build_image(cfg: FlowConfig) -> dict:
     """Build and push the configured training image; returns its reference (name@digest once pushed)."""
     result = build_image_task(cfg.image, cfg.workdir, wheel_cache())
     done = "built" if result["built"] else "reused (unchanged context)"

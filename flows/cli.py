@@ -10,20 +10,18 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from azure.core.exceptions import AzureError
 from rich.console import Console
 
-from flows.config import LOCAL_DATA_FREE, ConfigError, PipelineConfig, load_config, smoke_config
-from infra.blobstore import StorageError
-from infra.fileserver import FileServerError
-from infra.images import ImageError
-from infra.pools import PoolError, check_fits, scripts_root
-from infra.launcher import SYNTHETIC, LaunchError, train_locally
+from flows.config import LOCAL_DATA_FREE, ConfigError, FlowConfig, load_config, smoke_config
+from infra.backends import check_fits
+from infra.backends.process import train_here
+from infra.errors import exit_code
+from infra.manifest import check_names, relative_paths
 from infra.sample_data import write_digits
-from infra.services import ServiceError
-from tasks.manifest import ChangedWhileStaging, check_names, relative_paths
+from infra.trainer import SYNTHETIC, TrainingMetrics
 
-app = typer.Typer(help="Data-parallel training of image classifiers, end to end.", no_args_is_help=True,
+app = typer.Typer(help="Training of image classifiers on a cluster, end to end: data-parallel or pipeline-parallel.",
+                  no_args_is_help=True,
                   pretty_exceptions_enable=False, add_completion=False)
 data_app = typer.Typer(help="Small real data sets, written to disk.", no_args_is_help=True)
 bench_app = typer.Typer(help="Benchmarks that print numbers.", no_args_is_help=True)
@@ -34,20 +32,6 @@ err = Console(stderr=True, highlight=False)
 ConfigOpt = Annotated[Optional[Path], typer.Option("--config", help="YAML config file (see flows/configs/).")]
 DataOpt = Annotated[Optional[str], typer.Option("--data", help="ImageNet-layout folder or 'synthetic'; default: the digits set.")]
 WorkdirOpt = Annotated[Optional[Path], typer.Option("--workdir", help="Root of all local state (default .trainflow).")]
-
-
-# AzureError: what the Azure ML client raises (refused credentials, quota, a cluster that cannot be created)
-RUN_FAILURES = (StorageError, FileServerError, ServiceError, ImageError, PoolError, FileNotFoundError, ChangedWhileStaging,
-                AzureError)
-
-
-def exit_code(exc: Exception) -> int | None:
-    """2 for bad input, 1 for a run that failed, None for a bug (whose traceback a person should see)."""
-    if isinstance(exc, ConfigError) or (isinstance(exc, PoolError) and exc.permanent):
-        return 2
-    if isinstance(exc, LaunchError):
-        return exc.exit_code
-    return 1 if isinstance(exc, RUN_FAILURES) else None
 
 
 def friendly_errors(command):
@@ -67,12 +51,16 @@ def friendly_errors(command):
     return wrapper
 
 
-def configure(config: Path | None, data: str | None, workdir: Path | None, training: dict | None = None) -> PipelineConfig:
-    """The validated config: file, environment, then these command-line overrides."""
-    return load_config(config, {"data": data, "workdir": workdir, "training": training or {}})
+def configure(config: Path | None, data: str | None, workdir: Path | None, training: dict | None = None,
+              digits_defaults: bool = True) -> FlowConfig:
+    """The validated config (file, environment, then these command-line overrides) with its workdir absolute and,
+    when no data is named, the training defaults that fit the digits set (`digits_defaults`)."""
+    cfg = load_config(config, {"data": data, "workdir": workdir, "training": training or {}},
+                      digits_defaults=digits_defaults)
+    return cfg.model_copy(update={"workdir": cfg.workdir.resolve()})
 
 
-def data_folder(cfg: PipelineConfig) -> str:
+def data_folder(cfg: FlowConfig) -> str:
     """The data to train on: the configured folder, 'synthetic', 'staged', or the digits set (written once)."""
     if cfg.data:
         return cfg.data if cfg.data in LOCAL_DATA_FREE else str(Path(cfg.data).resolve())
@@ -88,17 +76,7 @@ def digits_at(dest: Path) -> Path:
                           "pass a writable --workdir or --data") from None
 
 
-def print_azure_specs(cfg: PipelineConfig) -> None:
-    """The specs the azureml pool would send, each under a heading (YAML that `az ml ... create --file` takes)."""
-    from flows.plan import azure_specs
-
-    console = Console(highlight=False, soft_wrap=True)
-    for name, text in azure_specs(cfg).items():
-        console.rule(f"[bold]{name}")
-        console.print(text, markup=False, end="")
-
-
-def check_data_names(cfg: PipelineConfig) -> None:
+def check_data_names(cfg: FlowConfig) -> None:
     """Refuse a local data folder whose file names cannot be staged (nothing to check for staged or synthetic data)."""
     if cfg.data and cfg.data not in LOCAL_DATA_FREE:
         check_names(relative_paths(Path(cfg.data)))
@@ -119,22 +97,30 @@ def train(
     model: Annotated[Optional[str], typer.Option(help="torchvision model name.")] = None,
     epochs: Annotated[Optional[int], typer.Option()] = None,
     batch_size: Annotated[Optional[int], typer.Option(help="Images per worker per step.")] = None,
+    parallel: Annotated[Optional[str], typer.Option(help="data, or pipeline (the model split into --stages).")] = None,
+    stages: Annotated[Optional[int], typer.Option(help="Pipeline stages (--parallel pipeline).")] = None,
+    microbatches: Annotated[Optional[int], typer.Option(help="Micro-batches per step.")] = None,
+    device: Annotated[Optional[str], typer.Option(help="auto, cpu or cuda.")] = None,
+    precision: Annotated[Optional[str], typer.Option(help="auto, bf16 or fp32.")] = None,
 ) -> None:
-    """Train on this machine with N local workers and print the results folder."""
-    overrides = {"workers": workers, "launcher": launcher, "model": model, "epochs": epochs, "batch_size": batch_size}
+    """Train on this machine with N local workers (the process backend, as `trainflow run` does) and print the
+    results folder. Every other trainer option is a `training:` setting of --config."""
+    overrides = {"workers": workers, "launcher": launcher, "model": model, "epochs": epochs, "batch_size": batch_size,
+                 "parallel": parallel, "stages": stages, "microbatches": microbatches, "device": device,
+                 "precision": precision}
     cfg = configure(config, data, workdir, overrides)
     out = (out or cfg.workdir / "results" / datetime.now().strftime("train-%Y%m%d-%H%M%S")).resolve()
-    metrics = train_locally(cfg.training, data_folder(cfg), out, echo_line)
+    metrics = train_here(cfg.training, data_folder(cfg), out, cfg.workdir / "pools", echo_line)
     print_summary(metrics, out)
 
 
-def print_summary(metrics: dict, out: Path) -> None:
+def print_summary(metrics: TrainingMetrics, out: Path) -> None:
     """The few numbers a person wants after a run."""
-    top1 = metrics.get("final_val_top1")
+    top1 = metrics.final_val_top1
     accuracy = "n/a (no val/ split)" if top1 is None else f"{top1:.2%}"
     Console(highlight=False).print(
-        f"\n[bold]{metrics['model']}[/] on {metrics['world_size']} workers ({metrics['backend']}): "
-        f"val top-1 {accuracy}, {metrics['images_per_sec']:.1f} images/s, {metrics['wall_seconds']:.0f} s\n"
+        f"\n[bold]{metrics.model}[/] on {metrics.world_size} workers ({metrics.backend}): "
+        f"val top-1 {accuracy}, {metrics.images_per_sec or 0:.1f} images/s, {metrics.wall_seconds:.0f} s\n"
         f"results: {out}", soft_wrap=True
     )
 
@@ -146,14 +132,14 @@ def stage(config: ConfigOpt = None, data: DataOpt = None, workdir: WorkdirOpt = 
     cfg = configure(config, data, workdir)
     if cfg.data in LOCAL_DATA_FREE:
         raise ConfigError(f"data: {cfg.data} has nothing to stage; pass --data DIR")
-    cfg = cfg.model_copy(update={"data": data_folder(cfg), "workdir": cfg.workdir.resolve()})
-    check_names(relative_paths(Path(cfg.data)))  # bad data fails here, before any service starts
+    cfg = with_data(cfg)
     use_prefect(cfg.workdir)
     from flows.stage import stage_data
-    from tasks.progress import print_summary_table
+    from infra.transfers import print_summary_table
 
     result = stage_data(cfg)
-    print_summary_table([{k: v for k, v in result[step].items() if k != "path"} for step in ("scripts", "upload", "sync")])
+    print_summary_table([{k: v for k, v in result[step].items() if k not in ("path", "plan")}
+                         for step in ("scripts", "upload", "sync")])
     print(f"file server copy of {result['dataset']}: {result['sync']['path']}")
 
 
@@ -162,8 +148,8 @@ def stage(config: ConfigOpt = None, data: DataOpt = None, workdir: WorkdirOpt = 
 def run(config: ConfigOpt = None, data: DataOpt = None, workdir: WorkdirOpt = None,
         dry_run: Annotated[bool, typer.Option("--dry-run", help="Print what each step would do or skip; change nothing.")] = False,
         ) -> None:
-    """The whole pipeline as one Prefect flow: build, stage, pool, train, collect; prints the summary."""
-    run_pipeline(configure(config, data, workdir), dry_run)
+    """The whole flow: build, stage, pool, train, collect; prints the summary."""
+    run_flow(configure(config, data, workdir), dry_run)
 
 
 @app.command()
@@ -171,30 +157,43 @@ def run(config: ConfigOpt = None, data: DataOpt = None, workdir: WorkdirOpt = No
 def smoke(config: ConfigOpt = None, data: DataOpt = None, workdir: WorkdirOpt = None,
           dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan and specs; change nothing.")] = False,
           ) -> None:
-    """The pipeline on 1 node x 1 worker for about a minute (synthetic data unless --data): checks a deployment."""
-    run_pipeline(smoke_config(configure(config, data or SYNTHETIC, workdir)), dry_run)
+    """The flow on 1 node x 1 worker for about a minute (synthetic data unless --data): checks a deployment."""
+    run_flow(smoke_config(configure(config, data or SYNTHETIC, workdir)), dry_run)
 
 
-def run_pipeline(cfg: PipelineConfig, dry_run: bool) -> None:
-    """Plan (dry run) or run the train-pipeline flow for `cfg` and print its summary."""
+def run_flow(cfg: FlowConfig, dry_run: bool) -> None:
+    """Plan (dry run) or run the train-flow for `cfg` and print its summary."""
     check_fits(cfg.pool, cfg.training.workers)
-    scripts_root(cfg.pool, cfg.fileshare, cfg.workdir)
     if dry_run:  # nothing is written, not even the digits set
-        from flows.plan import plan_run
-        from tasks.progress import print_summary_table
-
-        check_data_names(cfg)
-        planned = cfg.model_copy(update={"data": cfg.data or str(cfg.workdir / "data" / "digits")})
-        print_summary_table(plan_run(planned), title="trainflow run --dry-run: the plan (nothing was changed)")
-        return print_azure_specs(planned) if cfg.pool.backend == "azureml" else None
-    cfg = cfg.model_copy(update={"data": data_folder(cfg), "workdir": cfg.workdir.resolve()})
-    check_data_names(cfg)  # bad data fails here, before any service starts
+        return print_plan(cfg.model_copy(update={"data": cfg.data or str(cfg.workdir / "data" / "digits")}))
+    cfg = with_data(cfg)
     use_prefect(cfg.workdir)
-    from flows.pipeline import train_pipeline
+    from flows.train_flow import train_flow
 
-    result = train_pipeline(cfg)
-    print_summary(result["metrics"], Path(result["out"]))
+    result = train_flow(cfg)
+    print_summary(TrainingMetrics.model_validate(result["metrics"]), Path(result["out"]))
     print(f"results on the file share: {result['results']['share']}")
+
+
+def print_plan(cfg: FlowConfig) -> None:
+    """The dry run: each step's decision as a table, then what the backend would send its service (as YAML)."""
+    from flows.plan import backend_specs, plan_run
+    from infra.transfers import print_summary_table
+
+    check_data_names(cfg)
+    print_summary_table(plan_run(cfg), title="trainflow run --dry-run: the plan (nothing was changed)")
+    console = Console(highlight=False, soft_wrap=True)
+    for name, text in backend_specs(cfg).items():
+        console.rule(f"[bold]{name}")
+        console.print(text, markup=False, end="")
+
+
+def with_data(cfg: FlowConfig) -> FlowConfig:
+    """`cfg` with its data resolved (the digits set written once when none is named), its names checked: bad data
+    fails here, before any service starts."""
+    cfg = cfg.model_copy(update={"data": data_folder(cfg)})
+    check_data_names(cfg)
+    return cfg
 
 
 @app.command()
@@ -205,18 +204,16 @@ def deploy(
     cron: Annotated[Optional[str], typer.Option(help="Cron schedule, e.g. '0 2 * * *'; none: manual runs only.")] = None,
     serve: Annotated[bool, typer.Option("--serve", help="Keep serving the deployment here (runs execute in this process).")] = False,
 ) -> None:
-    """Create a deployment of the pipeline with the config as its parameters and an optional cron schedule."""
+    """Create a deployment of the flow with the config as its parameters and an optional cron schedule."""
     cfg = configure(config, data, workdir)
-    cfg = cfg.model_copy(update={"workdir": cfg.workdir.resolve()})
     use_prefect(cfg.workdir)
     if cron and not cron_valid(cron):
         raise ConfigError(f"--cron {cron!r} is not a cron expression such as '0 2 * * *' (minute hour day month weekday)")
-    cfg = cfg.model_copy(update={"data": data_folder(cfg)})
-    from flows.deploy import deploy_pipeline
+    from flows.deploy import deploy_flow
 
-    deployment_id = deploy_pipeline(cfg, name, cron, serve)
-    print(f"deployment train-pipeline/{name} ({deployment_id}); run it with "
-          f"`prefect deployment run 'train-pipeline/{name}'` or from the UI (`trainflow ui`)")
+    deployment_id = deploy_flow(with_data(cfg), name, cron, serve)
+    print(f"deployment train-flow/{name} ({deployment_id}); run it with "
+          f"`prefect deployment run 'train-flow/{name}'` or from the UI (`trainflow ui`)")
 
 
 def cron_valid(expression: str) -> bool:
@@ -303,10 +300,9 @@ def bench_train(
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the figures to this JSON file.")] = None,
 ) -> None:
     """Throughput with 1 and 2 workers under Horovod and DDP, and the scaling efficiency."""
-    from flows.benchmarks import bench_training
+    from flows.bench.training import bench_training
 
-    cfg = configure(config, data, workdir)
-    bench_training(cfg, json_out)
+    bench_training(configure(config, data, workdir, digits_defaults=False), json_out)
 
 
 @bench_app.command("staging")
@@ -321,9 +317,9 @@ def bench_staging(
 
     Stages --data if given, else an ImageNet-like folder of --files JPEGs of about 110 KB.
     """
-    from flows.benchmarks import bench_staging as run_bench
+    from flows.bench.staging import bench_staging as run_bench
 
-    run_bench(configure(config, data, workdir), json_out, files, classes)
+    run_bench(configure(config, data, workdir, digits_defaults=False), json_out, files, classes)
 
 
 @bench_app.command("images")
@@ -333,7 +329,7 @@ def bench_images(
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the figures to this JSON file.")] = None,
 ) -> None:
     """Training image: a first build and push against an unchanged rebuild and push (local engine and registry)."""
-    from flows.benchmarks import bench_images as run_bench
+    from flows.bench.images import bench_images as run_bench
 
     run_bench(load_config(config, {"workdir": workdir}), json_out)
 
@@ -345,22 +341,21 @@ def bench_parallel(
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the figures to this JSON file.")] = None,
 ) -> None:
     """Data-parallel (2 workers) against a 2-stage pipeline with 1, 2, 4, 8 micro-batches: images/s, memory, idle."""
-    from flows.bench_parallel import bench_parallel as run_bench
+    from flows.bench.parallel import bench_parallel as run_bench
 
     run_bench(load_config(config, {"workdir": workdir}), json_out)
 
 
-@bench_app.command("pipeline")
+@bench_app.command("flow")
 @friendly_errors
-def bench_pipeline(
+def bench_flow(
     config: ConfigOpt = None, data: DataOpt = None, workdir: WorkdirOpt = None,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the figures to this JSON file.")] = None,
 ) -> None:
     """The same job directly (torchrun) and through the whole flow with every earlier step cached: the flow's overhead."""
-    cfg = configure(config, data, workdir)
-    cfg = cfg.model_copy(update={"data": data_folder(cfg), "workdir": cfg.workdir.resolve()})
+    cfg = with_data(configure(config, data, workdir))
     use_prefect(cfg.workdir)
-    from flows.benchmarks import bench_pipeline as run_bench
+    from flows.bench.overhead import bench_flow as run_bench
 
     run_bench(cfg, json_out)
 

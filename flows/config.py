@@ -1,4 +1,4 @@
-"""PipelineConfig: the one typed configuration, from a YAML file, the environment and the command line.
+"""FlowConfig: the one typed configuration, from a YAML file, the environment and the command line.
 
 Precedence, highest first: command-line options, TRAINFLOW_* environment variables
 (TRAINFLOW_TRAINING__EPOCHS=3 sets training.epochs), the --config file, the defaults.
@@ -10,28 +10,27 @@ import re
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model, model_validator
 
-from infra.azureml import AzureMLConfig, check_complete, check_world
+from infra.backends import JobConfig, PoolConfig, backend_of, backend_sections
 from infra.blobstore import StorageConfig
-from infra.container_nodes import torchrun_layout
+from infra.errors import BadInput
 from infra.fileshare import FileShareConfig
 from infra.images import ImageConfig
-from infra.jobs import JobConfig
-from infra.launcher import SYNTHETIC, TrainingConfig
-from infra.pools import PoolConfig
+from infra.sample_data import DIGITS_TRAINING
+from infra.trainer import SYNTHETIC, TrainingConfig
 
 ENV_PREFIX = "TRAINFLOW_"
 STAGED = "staged"  # data: train on the data set already in Blob storage under `dataset`
 LOCAL_DATA_FREE = (SYNTHETIC, STAGED)  # values of `data` that name no local folder
 
 
-class ConfigError(Exception):
+class ConfigError(BadInput):
     """A config file or option that cannot be used; the message names the setting and the fix."""
 
 
-class PipelineConfig(BaseModel):
-    """Everything one pipeline run needs."""
+class FlowSettings(BaseModel):
+    """Everything one run of the flow needs; each compute backend with settings of its own adds its section."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
@@ -40,37 +39,31 @@ class PipelineConfig(BaseModel):
     data: str | None = None
     """ImageNet-layout folder; "synthetic"; "staged": the data set already in Blob under `dataset`, nothing
     uploaded (scheduled runs on a machine without the local copy); unset: the small digits set, written under
-    workdir on first use."""
+    workdir on first use, with training defaults that fit it (a run of minutes; see infra/sample_data.py)."""
     dataset: str | None = None
     """Name of the data set in Blob and on the file server; unset: the data folder's name."""
     training: TrainingConfig = TrainingConfig()
-    """How the training engine runs."""
+    """How the trainer runs (every option of containers/trainer/train.py, the launcher and the workers)."""
     storage: StorageConfig = StorageConfig()
     """Blob storage for the data set."""
     fileshare: FileShareConfig = FileShareConfig()
     """The file share for the training scripts."""
     pool: PoolConfig = PoolConfig()
-    """Where the workers run: local processes or container nodes."""
+    """Where the workers run: the compute backend and its size."""
     job: JobConfig = JobConfig()
     """The training job's limits."""
     image: ImageConfig = ImageConfig()
     """The training image: Dockerfile flavour, base, registry and credentials."""
-    azureml: AzureMLConfig = AzureMLConfig()
-    """The Azure ML workspace and cluster (pool.backend azureml)."""
     fileserver_export: Path | None = None
     """The file server's export folder (on Azure: where the NFS share is mounted); unset: <workdir>/fileserver."""
 
     @model_validator(mode="after")
-    def _pool_fits_the_launcher(self) -> "PipelineConfig":
-        if self.pool.backend == "docker" and self.training.launcher == "torchrun":
-            torchrun_layout(self.training.workers, self.pool.slots_per_node)
-        if self.pool.backend == "azureml":
-            check_world(self.pool, self.training.workers)
-            check_complete(self.azureml, reads_nfs=self.azureml.data_source == "nfs" and self.data != SYNTHETIC)
+    def _the_backend_can_run_it(self) -> "FlowSettings":
+        backend_of(self.pool).check(self)
         return self
 
     @model_validator(mode="after")
-    def _staged_data_is_named(self) -> "PipelineConfig":
+    def _staged_data_is_named(self) -> "FlowSettings":
         if self.data == STAGED and not self.dataset:
             raise ValueError("data: staged trains on a data set already in Blob storage; name it with dataset: NAME "
                              "(TRAINFLOW_DATASET=NAME)")
@@ -90,21 +83,31 @@ class PipelineConfig(BaseModel):
         return self.fileserver_export or self.workdir / "fileserver"
 
 
-def smoke_config(cfg: PipelineConfig) -> PipelineConfig:
+FlowConfig = create_model("FlowConfig", __base__=FlowSettings, __module__=__name__, **backend_sections())
+FlowConfig.__doc__ = FlowSettings.__doc__
+
+
+def smoke_config(cfg: FlowConfig) -> FlowConfig:
     """`cfg` cut down to 1 node x 1 worker and about a minute of training: the run that checks a deployment."""
     values = cfg.model_dump()
     values["pool"].update(nodes=1, slots_per_node=1)
     values["training"].update(workers=1, epochs=1, steps_per_epoch=100, checkpoint_every=50, log_every=10)
     values["job"].update(timeout_s=1800)
-    return PipelineConfig.model_validate(values)
+    return FlowConfig.model_validate(values)
 
 
-def load_config(path: Path | None, overrides: dict, environ: dict[str, str] | None = None) -> PipelineConfig:
-    """Merge defaults, the YAML file, TRAINFLOW_* variables and `overrides` (nested dicts) and validate."""
+def load_config(path: Path | None, overrides: dict, environ: dict[str, str] | None = None,
+                digits_defaults: bool = False) -> FlowConfig:
+    """Merge defaults, the YAML file, TRAINFLOW_* variables and `overrides` (nested dicts) and validate.
+
+    With `digits_defaults`, a config that names no data (so trains on the built-in digits set) gets the
+    training defaults that fit that set (a run of minutes, not ResNet-50's 90 epochs), under its own settings."""
     values = deep_merge(read_yaml(path) if path else {}, env_values(os.environ if environ is None else environ))
     values = deep_merge(values, overrides)
+    if digits_defaults and values.get("data") is None and isinstance(values.get("training", {}), dict):
+        values["training"] = deep_merge(DIGITS_TRAINING, values.get("training") or {})
     try:
-        return PipelineConfig.model_validate(values)
+        return FlowConfig.model_validate(values)
     except ValidationError as exc:
         raise ConfigError(describe(exc, path)) from None
 
@@ -154,7 +157,7 @@ def describe(exc: ValidationError, path: Path | None) -> str:
     lines = []
     for err in exc.errors():
         where = ".".join(str(p) for p in err["loc"])
-        if not where:  # a rule across sections: its message says which settings
+        if not where or (err["type"] == "value_error" and isinstance(err["input"], dict)):  # a rule across settings:
             lines.append(f"invalid config: {err['msg'].removeprefix('Value error, ')}")
             continue
         # an unknown key's value is not shown (it may be a secret set under the wrong name), nor a whole section

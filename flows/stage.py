@@ -7,16 +7,16 @@ from typing import Iterator
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from flows.config import STAGED, SYNTHETIC, PipelineConfig
+from flows.config import STAGED, SYNTHETIC, FlowConfig
 from infra.azurite import running_azurite
-from tasks.progress import Transfer
+from infra.transfers import Transfer
 from tasks.sync_file_server import sync_to_file_server_task
 from tasks.upload_dataset import upload_dataset_task
 from tasks.upload_scripts import upload_scripts_task
 
 
 @contextmanager
-def blob_endpoint(cfg: PipelineConfig) -> Iterator[int | None]:
+def blob_endpoint(cfg: FlowConfig) -> Iterator[int | None]:
     """Azurite's port while the flow runs (local default), or None for Azure storage."""
     if cfg.storage.backend != "azurite":
         yield None
@@ -25,7 +25,7 @@ def blob_endpoint(cfg: PipelineConfig) -> Iterator[int | None]:
         yield port
 
 
-def stage_steps(cfg: PipelineConfig, port: int | None) -> tuple[dict, dict, dict]:
+def stage_steps(cfg: FlowConfig, port: int | None) -> tuple[dict, dict, dict]:
     """The three staging tasks in order: scripts, data set upload, sync to the file server."""
     name = cfg.dataset_name()
     scripts = upload_scripts_task(cfg.fileshare, cfg.workdir)
@@ -41,7 +41,7 @@ def stage_steps(cfg: PipelineConfig, port: int | None) -> tuple[dict, dict, dict
 
 
 @flow(name="stage-data")
-def stage_data(cfg: PipelineConfig) -> dict:
+def stage_data(cfg: FlowConfig) -> dict:
     """Upload the scripts, upload the data set, sync it to the file server; returns each step's summary."""
     name = cfg.dataset_name()
     with blob_endpoint(cfg) as port:

@@ -21,13 +21,14 @@ from azure.core.exceptions import (
 from azure.storage.blob import BlobServiceClient, ContainerClient, ExponentialRetry
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from infra.errors import StepError
+from infra.azurite import connection_string
+from infra.errors import TrainflowError
 
 CONTAINER_NAME = re.compile(r"^(?=.{3,63}$)[a-z0-9](?:[a-z0-9]|-(?!-))*[a-z0-9]$")
 SECRET_PATTERNS = [re.compile(p) for p in (r"(sig=)[^&\s'\"]+", r"(AccountKey=)[^;\s'\"]+", r"(SharedAccessSignature=)[^;\s'\"]+")]
 
 
-class StorageError(StepError):
+class StorageError(TrainflowError):
     """A storage operation failed; `permanent` errors (credentials, names) are not worth a retry."""
 
 
@@ -259,3 +260,11 @@ def error_code(exc: HttpResponseError) -> str:
 def first_line(exc: Exception) -> str:
     """The first line of an exception's message."""
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def open_store(cfg: StorageConfig, azurite_port: int | None, access: str = "stage") -> BlobStore:
+    """The blob store of the config (Azurite on `azurite_port` for the local default), for `access`."""
+    if cfg.backend == "azurite" and azurite_port is None:
+        raise StorageError("Azurite's port is unknown: the flow starts Azurite before staging", permanent=True)
+    return BlobStore.connect(cfg, connection_string=connection_string(azurite_port) if azurite_port else None,
+                             access=access)

@@ -1,9 +1,45 @@
-"""The one base of errors that say whether retrying the same step could help."""
+"""The one hierarchy of errors trainflow reports, and its two rules.
+
+- Retry: a step is retried unless its error is `permanent` (the same attempt would meet it again: bad
+  input, refused credentials, a full disk, a job past its time limit). Other errors are transient.
+- Exit code: `BadInput` (the user must change a setting, an option or the data) exits 2; every other
+  `TrainflowError`, and an Azure SDK error that reaches the command line, exits 1 with one line; anything
+  else is a bug and shows its traceback.
+
+Each system's errors derive from these (StorageError, ImageError, PoolError, ...), next to the system.
+"""
+
+from azure.core.exceptions import AzureError
 
 
-class StepError(Exception):
-    """A step failed; `permanent` errors (bad names, refused credentials, bad input) are not worth a retry."""
+class TrainflowError(Exception):
+    """A failure trainflow explains in one line; `permanent` ones are not worth a retry."""
 
-    def __init__(self, message: str, permanent: bool = False):
+    permanent = False
+    exit_code = 1
+
+    def __init__(self, message: str, permanent: bool | None = None):
         super().__init__(message)
-        self.permanent = permanent
+        if permanent is not None:
+            self.permanent = permanent
+
+
+class BadInput(TrainflowError):
+    """A setting, option or input that cannot be used; the message names it and the fix."""
+
+    permanent = True
+    exit_code = 2
+
+
+def is_permanent(exc: BaseException) -> bool:
+    """The retry rule: retry unless the error says the same attempt would meet it again."""
+    return isinstance(exc, TrainflowError) and exc.permanent
+
+
+def exit_code(exc: BaseException) -> int | None:
+    """The exit-code rule: 2 for bad input, 1 for a run that failed, None for a bug (its traceback is shown).
+    AzureError is what the Azure SDKs raise past our clients (refused credentials, quota, a cluster that
+    cannot be created)."""
+    if isinstance(exc, TrainflowError):
+        return exc.exit_code
+    return 1 if isinstance(exc, AzureError) else None

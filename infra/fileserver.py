@@ -18,11 +18,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from infra.errors import TrainflowError
+
 MANIFEST = ".manifest.json"
 
 
-class FileServerError(Exception):
-    """The file server cannot take the data (disk full, not writable)."""
+class FileServerError(TrainflowError):
+    """The file server cannot take the data (disk full, not writable): a retry would meet it again."""
+
+    permanent = True
 
 
 class FileServer:

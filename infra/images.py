@@ -5,6 +5,7 @@ tests use a local registry with htpasswd authentication. Passwords are handed in
 the environment or a Prefect Secret block) and never reach a message or a log line.
 """
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +15,7 @@ import docker
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 from pydantic import BaseModel, ConfigDict, field_validator
 
-from infra.errors import StepError
+from infra.errors import TrainflowError
 
 # The grammar of github.com/distribution/reference: lowercase path components joined by / and a
 # registry host[:port] in front.
@@ -28,7 +29,7 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")  # colour codes in build output
 Log = Callable[[str], None]
 
 
-class ImageError(StepError):
+class ImageError(TrainflowError):
     """Building, pushing or pulling an image failed; `permanent` errors are not worth a retry."""
 
 
@@ -124,7 +125,7 @@ class ImageRef:
         return f"{self.name}:{self.tag}"
 
 
-class Engine:
+class DockerEngine:
     """A Docker engine, reached once and checked."""
 
     def __init__(self, url: str | None = None, timeout: int = 600):
@@ -273,6 +274,29 @@ def auth_config(username: str | None, password: str | None) -> dict | None:
     return {"username": username, "password": password} if username else None
 
 
-def layer_sizes(engine: Engine, ref: str) -> list[int]:
+def layer_sizes(engine: DockerEngine, ref: str) -> list[int]:
     """Sizes of the image's layers that hold files (for the push progress bar's totals)."""
     return [size for entry in engine.api.history(ref) if (size := entry.get("Size", 0))]
+
+
+def registry_password(cfg: ImageConfig) -> str | None:
+    """The registry password: from cfg.password_env, else the Prefect Secret block cfg.password_secret."""
+    if not cfg.username:
+        return None
+    if os.environ.get(cfg.password_env):
+        return os.environ[cfg.password_env]
+    if cfg.password_secret:
+        return secret_value(cfg.password_secret)
+    raise ImageError(f"image.username is {cfg.username!r} but there is no password: set the environment variable "
+                     f"{cfg.password_env} or name a Prefect Secret block in image.password_secret", permanent=True)
+
+
+def secret_value(name: str) -> str:
+    """The value of the Prefect Secret block `name`."""
+    from prefect.blocks.system import Secret
+
+    try:
+        return Secret.load(name).get()
+    except ValueError:
+        raise ImageError(f"there is no Prefect Secret block named {name!r} (image.password_secret); create it in the "
+                         "UI (Blocks > Secret) or with Secret(value=...).save(name)", permanent=True) from None

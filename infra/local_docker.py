@@ -20,7 +20,7 @@ from docker.errors import DockerException
 from docker.types import Mount as DockerMount
 
 from infra.build_context import CONTAINERS
-from infra.images import Engine, ImageError, Log
+from infra.images import DockerEngine, ImageError, Log
 from infra.services import ServiceError, free_port, port_open, stop, wait_until
 
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
@@ -106,7 +106,7 @@ def local_base_tag() -> str:
     return f"trainflow-local/python-torch:{recipe}"
 
 
-def local_base_image(engine: Engine, log: Log) -> str:
+def local_base_image(engine: DockerEngine, log: Log) -> str:
     """A base image with Debian's Python 3.11 and the pinned torch in /opt/venv, made here once.
 
     Its tag is a hash of the recipe (packages, mirror, torch pins), so a changed pin makes a new one."""
@@ -120,7 +120,7 @@ def local_base_image(engine: Engine, log: Log) -> str:
     return tag
 
 
-def debootstrap_image(engine: Engine, name: str, log: Log) -> None:
+def debootstrap_image(engine: DockerEngine, name: str, log: Log) -> None:
     """Import a minimal Debian bookworm root with Python, made by debootstrap, as image `name`."""
     require_binary("debootstrap", "debootstrap")
     with tempfile.TemporaryDirectory(prefix="trainflow-base-") as tmp:
@@ -134,7 +134,7 @@ def debootstrap_image(engine: Engine, name: str, log: Log) -> None:
         tar.wait()
 
 
-def install_torch(engine: Engine, debian: str, tag: str, log: Log) -> None:
+def install_torch(engine: DockerEngine, debian: str, tag: str, log: Log) -> None:
     """Install the pinned torch into /opt/venv in a container of `debian` and commit it as `tag`.
 
     pip reaches the index with the host's network and CA bundle (the index may sit behind a proxy

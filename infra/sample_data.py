@@ -9,6 +9,12 @@ import numpy as np
 from PIL import Image
 
 
+# Training settings that fit the digits set (32x32 PNGs, 1,438 training images): ResNet-18 for 8 epochs, about
+# 2 minutes on 2 CPU cores. The flow uses them, under the user's own settings, when no data is named.
+DIGITS_TRAINING = dict(model="resnet18", epochs=8, batch_size=32, lr=0.02, warmup_epochs=1, image_size=32,
+                       min_crop_scale=0.5, hflip=False, loader_workers=1, checkpoint_every=50, log_every=10)
+
+
 def write_digits(dest: Path, size: int = 32, val_fraction: float = 0.2, seed: int = 0) -> Path:
     """Write dest/train/<digit>/*.png and dest/val/<digit>/*.png once; an existing copy is kept.
 

@@ -7,8 +7,10 @@ import subprocess
 import time
 from pathlib import Path
 
+from infra.errors import TrainflowError
 
-class ServiceError(RuntimeError):
+
+class ServiceError(TrainflowError):
     """A local service is missing or did not start."""
 
 

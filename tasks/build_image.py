@@ -4,40 +4,18 @@ The tag is a hash of the build context and build arguments (infra/build_context.
 already holds that tag, nothing is built or pushed; if the local engine holds it, it is only pushed.
 """
 
-import os
+import tempfile
 import time
 from pathlib import Path
 
 from prefect import get_run_logger, task
 
 from infra.build_context import assemble_context, context_tag
-from infra.images import Engine, ImageConfig, ImageError, ImageRef, Log, auth_config, layer_sizes, parse_reference
-from infra.local_docker import local_base_image
-from tasks.progress import Transfer, transfer_progress
+from infra.images import (DockerEngine, ImageConfig, ImageError, ImageRef, Log, auth_config, layer_sizes, parse_reference,
+                          registry_password)
+from infra.local_docker import local_base_image, local_base_tag
+from infra.transfers import Transfer, step_plan, transfer_progress
 from tasks.retry import unless_permanent
-
-
-def registry_password(cfg: ImageConfig) -> str | None:
-    """The registry password: from cfg.password_env, else the Prefect Secret block cfg.password_secret."""
-    if not cfg.username:
-        return None
-    if os.environ.get(cfg.password_env):
-        return os.environ[cfg.password_env]
-    if cfg.password_secret:
-        return secret_value(cfg.password_secret)
-    raise ImageError(f"image.username is {cfg.username!r} but there is no password: set the environment variable "
-                     f"{cfg.password_env} or name a Prefect Secret block in image.password_secret", permanent=True)
-
-
-def secret_value(name: str) -> str:
-    """The value of the Prefect Secret block `name`."""
-    from prefect.blocks.system import Secret
-
-    try:
-        return Secret.load(name).get()
-    except ValueError:
-        raise ImageError(f"there is no Prefect Secret block named {name!r} (image.password_secret); create it in the "
-                         "UI (Blocks > Secret) or with Secret(value=...).save(name)", permanent=True) from None
 
 
 def build_args(cfg: ImageConfig, base: str | None) -> dict[str, str]:
@@ -45,34 +23,64 @@ def build_args(cfg: ImageConfig, base: str | None) -> dict[str, str]:
     return {**cfg.build_args, **({"BASE_IMAGE": base} if base else {})}
 
 
-def build_and_push(engine: Engine, cfg: ImageConfig, context_dir: Path, wheel_cache: Path, password: str | None,
+def image_ref(cfg: ImageConfig, context_dir: Path, wheel_cache: Path, base: str | None) -> ImageRef:
+    """name:<content tag> of the image the context and build arguments make (its digest comes at push)."""
+    context = assemble_context(cfg.flavour, context_dir, cfg.python, wheel_cache)
+    return ImageRef(cfg.image_name(), context_tag(context, build_args(cfg, base)))
+
+
+def decide_image(engine: DockerEngine, cfg: ImageConfig, ref: ImageRef, password: str | None) -> dict:
+    """The step's decision: skip when the registry has the tag (or, with no registry, the engine has it); else
+    build unless built, and push. The step and the dry run share it."""
+    if cfg.registry and cfg.username:
+        engine.login(cfg.registry, cfg.username, password)
+    digest = engine.registry_digest(ref.tagged, auth_config(cfg.username, password)) if cfg.registry else None
+    if digest:
+        return step_plan("build-image", "skip", f"{ref.tagged} is already in the registry", digest=digest, build=False)
+    built = engine.has_image(ref.tagged)
+    if built and not cfg.registry:
+        return step_plan("build-image", "skip", f"{ref.tagged} is already built (no registry)", digest=None, build=False)
+    push = f", push to {cfg.registry}" if cfg.registry else ""
+    return step_plan("build-image", "run", f"{ref.tagged}: {'already built' if built else 'build'}{push}", digest=None,
+                     build=not built)
+
+
+def plan_image(cfg: ImageConfig, wheel_cache: Path) -> dict:
+    """The dry run's row: the same decision, with the local base image's tag (it is not made here); its `image`
+    is the reference the pool would run (name:tag; the run's has the digest the push returns)."""
+    if cfg.use:
+        return step_plan("build-image", "skip", f"image.use: {cfg.use} (its registry is checked when the run starts)",
+                         image=cfg.use)
+    base = local_base_tag() if cfg.base_image == "local" else cfg.base_image
+    with tempfile.TemporaryDirectory() as tmp:
+        ref = image_ref(cfg, Path(tmp) / "ctx", wheel_cache, base)
+    try:
+        return {**decide_image(DockerEngine(cfg.engine), cfg, ref, registry_password(cfg)), "image": ref.tagged}
+    except ImageError as exc:
+        return step_plan("build-image", "run", f"{ref.tagged}; {exc}", image=ref.tagged)
+
+
+def build_and_push(engine: DockerEngine, cfg: ImageConfig, context_dir: Path, wheel_cache: Path, password: str | None,
                    log: Log, nocache: bool = False) -> dict:
     """Build (unless built) and push (unless pushed) the configured image; returns what happened and the reference.
 
     `nocache` runs every Dockerfile step again (the engine's layer cache is not used)."""
     started = time.perf_counter()
     base = local_base_image(engine, log) if cfg.base_image == "local" else cfg.base_image
-    args = build_args(cfg, base)
-    ref = ImageRef(cfg.image_name(), context_tag(assemble_context(cfg.flavour, context_dir, cfg.python, wheel_cache), args))
-    auth = auth_config(cfg.username, password)
-    if cfg.registry and cfg.username:
-        engine.login(cfg.registry, cfg.username, password)
-    digest = engine.registry_digest(ref.tagged, auth) if cfg.registry else None
-    built = pushed = False
-    if digest:
-        log(f"{ref.tagged} is already in the registry: nothing to build or push")
-    elif not engine.has_image(ref.tagged):
-        log(f"building {ref.tagged} from {context_dir}")
-        engine.build(context_dir, ref.tagged, args, cfg.build_network, log, nocache)
-        built = True
+    ref = image_ref(cfg, context_dir, wheel_cache, base)
+    plan = decide_image(engine, cfg, ref, password)
+    log(plan["detail"])
+    if plan["build"]:
+        engine.build(context_dir, ref.tagged, build_args(cfg, base), cfg.build_network, log, nocache)
+    digest, pushed = plan["digest"], False
     if cfg.registry and not digest:
-        digest, pushed = push(engine, ref, auth, log), True
+        digest, pushed = push(engine, ref, auth_config(cfg.username, password), log), True
     final = ImageRef(ref.name, ref.tag, digest)
-    return {"image": final.reference, "name": final.name, "tag": final.tag, "digest": digest, "built": built,
-            "pushed": pushed, "seconds": round(time.perf_counter() - started, 2)}
+    return {"image": final.reference, "name": final.name, "tag": final.tag, "digest": digest, "built": plan["build"],
+            "pushed": pushed, "seconds": round(time.perf_counter() - started, 2), "plan": plan}
 
 
-def use_existing(engine: Engine, cfg: ImageConfig, password: str | None, log: Log) -> dict:
+def use_existing(engine: DockerEngine, cfg: ImageConfig, password: str | None, log: Log) -> dict:
     """The ready-made image of cfg.use, by digest when it is in a registry; a permanent ImageError when it is missing."""
     host, name, tag, digest = parse_reference(cfg.use)
     if host is None:
@@ -90,7 +98,7 @@ def use_existing(engine: Engine, cfg: ImageConfig, password: str | None, log: Lo
     return {"image": f"{name}@{found}", "name": name, "tag": tag, "digest": found, "built": False, "pushed": False}
 
 
-def push(engine: Engine, ref: ImageRef, auth: dict | None, log: Log) -> str:
+def push(engine: DockerEngine, ref: ImageRef, auth: dict | None, log: Log) -> str:
     """Push with a progress bar over the image's bytes; returns the registry's digest."""
     log(f"pushing {ref.tagged}")
     transfer = Transfer(f"image -> {ref.name.split('/')[0]}")
@@ -105,7 +113,7 @@ def push(engine: Engine, ref: ImageRef, auth: dict | None, log: Log) -> str:
 def build_image_task(cfg: ImageConfig, workdir: Path, wheel_cache: Path) -> dict:
     """Prefect step: build and push the training image (or check image.use); build output streams into the log."""
     logger = get_run_logger()
-    engine = Engine(cfg.engine)
+    engine = DockerEngine(cfg.engine)
     if cfg.use:
         return use_existing(engine, cfg, registry_password(cfg), logger.info)
     return build_and_push(engine, cfg, workdir / "build" / f"{cfg.flavour}-context", wheel_cache,

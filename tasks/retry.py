@@ -1,14 +1,6 @@
-"""When Prefect should retry a step: transient failures yes, bad input and refused credentials no."""
+"""Prefect's retry condition for every step: the one retry rule of infra/errors.py."""
 
-from infra.errors import StepError
-from infra.fileserver import FileServerError
-from infra.jobs import JobTimedOut
-from infra.launcher import BadInput
-
-
-def is_permanent(exc: BaseException) -> bool:
-    """Errors that the same attempt would meet again (a full disk stays full)."""
-    return isinstance(exc, (BadInput, FileServerError, JobTimedOut)) or (isinstance(exc, StepError) and exc.permanent)
+from infra.errors import is_permanent
 
 
 def unless_permanent(task, task_run, state) -> bool:

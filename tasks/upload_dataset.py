@@ -10,11 +10,10 @@ from pathlib import Path
 
 from prefect import task
 
-from infra.azurite import connection_string
-from infra.blobstore import BlobStore, StorageConfig, StorageError
-from infra.launcher import index_data
-from tasks import manifest as mf
-from tasks.progress import Transfer, in_parallel, transfer_progress
+from infra.blobstore import BlobStore, StorageConfig, open_store
+from infra.trainer import index_data
+from infra import manifest as mf
+from infra.transfers import Transfer, in_parallel, step_plan, transfer_progress
 from tasks.retry import unless_permanent
 
 
@@ -45,8 +44,8 @@ class UploadPlan:
     """What the container holds, and what this run must send."""
 
     shards: dict[str, list[mf.FileEntry]]
-    stored: dict[str, int]  # shard blobs already in the container
-    previous: str | None  # the manifest text in the container, if any
+    stored: set[str]  # shard blobs already in the container
+    previous: dict | None  # the manifest in the container, if any
     manifest: dict
 
     def unreferenced(self, name: str) -> set[str]:
@@ -54,22 +53,51 @@ class UploadPlan:
         previous manifest may still be fetching its shards)."""
         keep = {f["shard"] for f in self.manifest["files"]}
         if self.previous:
-            keep |= {f["shard"] for f in mf.parse_manifest(self.previous)["files"]}
+            keep |= {f["shard"] for f in self.previous["files"]}
         return set(self.stored) - {mf.shard_blob(name, sid) for sid in keep}
 
     def todo(self, name: str) -> dict[str, list[mf.FileEntry]]:
         """The shards the container lacks."""
         return {sid: f for sid, f in self.shards.items() if mf.shard_blob(name, sid) not in self.stored}
 
+    def row(self, name: str) -> dict:
+        """The step's decision: what it sends, or why it sends nothing."""
+        todo, total = self.todo(name), len(self.manifest["files"])
+        files = sum(map(len, todo.values()))
+        if not todo and self.previous and self.previous["version"] == self.manifest["version"]:
+            return step_plan("upload-dataset", "skip", f"{name}: Blob holds all {total} files (version "
+                             f"{self.manifest['version'][:12]})", files=0)
+        return step_plan("upload-dataset", "run", f"{name}: upload {files} of {total} files in {len(todo)} of "
+                         f"{len(self.shards)} shards", files=files)
+
+
+def decide_upload(cfg: StorageConfig, name: str, entries: list[mf.FileEntry], previous: dict | None,
+                  stored: set[str]) -> UploadPlan:
+    """The shards of `entries`, given the container's manifest and shard blobs: the step and the dry run share it."""
+    shards, count = plan_shards(entries, previous, int(cfg.shard_mb * (1 << 20)), cfg.upload_concurrency)
+    return UploadPlan(shards, stored, previous, mf.build_manifest(name, shards, count))
+
 
 def plan_upload(store: BlobStore, cfg: StorageConfig, name: str, entries: list[mf.FileEntry]) -> UploadPlan:
     """Read the container's state and plan the shards."""
     store.ensure_container()
     previous = store.read_text(mf.manifest_blob(name))
-    shards, count = plan_shards(entries, mf.parse_manifest(previous) if previous else None,
-                                int(cfg.shard_mb * (1 << 20)), cfg.upload_concurrency)
-    stored = store.names(mf.dataset_prefix(name) + "shards/")
-    return UploadPlan(shards, stored, previous, mf.build_manifest(name, shards, count))
+    stored = set(store.names(mf.dataset_prefix(name) + "shards/"))
+    return decide_upload(cfg, name, entries, mf.parse_manifest(previous) if previous else None, stored)
+
+
+def plan_upload_offline(cfg: StorageConfig, data_dir: Path, name: str, workdir: Path,
+                        synced: dict | None) -> UploadPlan:
+    """The plan for the dry run, which reaches no storage: the container as the file server's copy `synced`
+    (the manifest its last sync read) shows it, the files hashed with the step's cache (not written)."""
+    entries = scan_dataset(data_dir, mf.load_cache(cache_path(workdir, name)))[0]
+    stored = {mf.shard_blob(name, f["shard"]) for f in synced["files"]} if synced else set()
+    return decide_upload(cfg, name, entries, synced, stored)
+
+
+def cache_path(workdir: Path, name: str) -> Path:
+    """The hash cache of a data set's files."""
+    return workdir / "cache" / f"hashes-{name}.json"
 
 
 def upload_dataset(store: BlobStore, cfg: StorageConfig, data_dir: Path, name: str, workdir: Path) -> Transfer:
@@ -77,10 +105,10 @@ def upload_dataset(store: BlobStore, cfg: StorageConfig, data_dir: Path, name: s
 
     The image check of new files runs while shards upload; the manifest is written only if it passes.
     """
-    cache_file = workdir / "cache" / f"hashes-{name}.json"
+    cache_file = cache_path(workdir, name)
     entries, fresh, cache = scan_dataset(data_dir, mf.load_cache(cache_file))
     plan = plan_upload(store, cfg, name, entries)
-    todo, transfer = plan.todo(name), Transfer("data set -> blob")
+    todo, transfer = plan.todo(name), Transfer("data set -> blob", plan=plan.row(name))
     transfer.skipped_files = sum(len(f) for sid, f in plan.shards.items() if sid not in todo)
     transfer.skipped_bytes = sum(e.size for sid, f in plan.shards.items() if sid not in todo for e in f)
     with ThreadPoolExecutor(max_workers=1) as checker:
@@ -90,7 +118,7 @@ def upload_dataset(store: BlobStore, cfg: StorageConfig, data_dir: Path, name: s
             send_shards(store, data_dir, name, todo, workdir, advance, stop=lambda: failed(images_ok))
         images_ok.result()
     text = mf.manifest_bytes(plan.manifest).decode()
-    if plan.previous != text:
+    if plan.previous is None or mf.manifest_bytes(plan.previous).decode() != text:
         store.write_text(mf.manifest_blob(name), text)  # last: from now on the data set is complete
     mf.save_cache(cache_file, cache)
     for blob in plan.unreferenced(name):
@@ -120,13 +148,6 @@ def send_shards(store: BlobStore, data_dir: Path, name: str, todo: dict, workdir
 @task(name="upload-dataset", retries=3, retry_delay_seconds=[2, 10, 30], retry_condition_fn=unless_permanent)
 def upload_dataset_task(cfg: StorageConfig, azurite_port: int | None, data_dir: Path, name: str, workdir: Path) -> dict:
     """Prefect step: upload the data set; returns the transfer summary."""
-    store = connect(cfg, azurite_port)
-    return upload_dataset(store, cfg, data_dir, name, workdir).row()
+    transfer = upload_dataset(open_store(cfg, azurite_port), cfg, data_dir, name, workdir)
+    return {**transfer.row(), "plan": transfer.plan}
 
-
-def connect(cfg: StorageConfig, azurite_port: int | None, access: str = "stage") -> BlobStore:
-    """The blob store of the config (Azurite on `azurite_port` for the local default), for `access`."""
-    if cfg.backend == "azurite" and azurite_port is None:
-        raise StorageError("Azurite's port is unknown: the flow starts Azurite before staging", permanent=True)
-    return BlobStore.connect(cfg, connection_string=connection_string(azurite_port) if azurite_port else None,
-                             access=access)

@@ -13,9 +13,10 @@ from pathlib import Path
 from prefect import task
 
 from infra.fileshare import FileShare, FileShareConfig, open_share
-from infra.launcher import engine_script
-from tasks.manifest import sha256_file
-from tasks.progress import Transfer, transfer_progress
+from infra.errors import BadInput
+from infra.manifest import sha256_file
+from infra.trainer import trainer_script
+from infra.transfers import Transfer, step_plan, transfer_progress
 from tasks.retry import unless_permanent
 
 LATEST = "scripts/LATEST"
@@ -23,11 +24,11 @@ LATEST = "scripts/LATEST"
 
 def package_files(extra_files: list[Path]) -> dict[str, Path]:
     """Relative path on the share -> local file: the training package plus the extra files."""
-    package = engine_script().parent
+    package = trainer_script().parent
     files = {f"trainer/{p.relative_to(package)}": p for p in sorted(package.rglob("*.py"))}
     for extra in extra_files:
         if not extra.is_file():
-            raise FileNotFoundError(f"fileshare.extra_files names {extra}, which is not a file")
+            raise BadInput(f"fileshare.extra_files names {extra}, which is not a file")
         files[extra.name] = extra
     return files
 
@@ -38,15 +39,28 @@ def scripts_version(hashes: dict[str, str]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def upload_scripts(share: FileShare, files: dict[str, Path]) -> tuple[Transfer, str]:
-    """Put `files` on the share as one version; returns the transfer and the version's folder."""
+def plan_scripts(share: FileShare | None, files: dict[str, Path]) -> tuple[dict[str, str], dict]:
+    """The files' hashes, and the step's decision: skip when the share holds this content version (an Azure
+    share is asked only by the run itself: `share` None)."""
     hashes = {rel: sha256_file(path) for rel, path in files.items()}
-    version, transfer = scripts_version(hashes), Transfer("scripts -> file share")
-    folder = f"scripts/{version}"
-    if share.exists(f"{folder}/.complete"):
+    version = scripts_version(hashes)
+    if share is None:
+        return hashes, step_plan("upload-scripts", "run", f"upload {len(files)} files as scripts/{version} unless the "
+                                 "share holds that version", version=version)
+    if share.exists(f"scripts/{version}/.complete"):
+        return hashes, step_plan("upload-scripts", "skip", f"version {version} is already on the share", version=version)
+    return hashes, step_plan("upload-scripts", "run", f"upload {len(files)} files as version {version}", version=version)
+
+
+def upload_scripts(share: FileShare, files: dict[str, Path]) -> tuple[Transfer, str, dict]:
+    """Put `files` on the share as one version; returns the transfer, the version's folder and the decision."""
+    hashes, plan = plan_scripts(share, files)
+    transfer, folder = Transfer("scripts -> file share"), f"scripts/{plan['version']}"
+    version = plan["version"]
+    if plan["action"] == "skip":
         transfer.skipped_files = len(files)
         transfer.skipped_bytes = sum(p.stat().st_size for p in files.values())
-        return transfer, folder
+        return transfer, folder, plan
     previous = previous_hashes(share)
     unchanged = {rel for rel in files if rel in previous and previous[rel][1] == hashes[rel]}
     for rel in unchanged:
@@ -61,7 +75,7 @@ def upload_scripts(share: FileShare, files: dict[str, Path]) -> tuple[Transfer, 
     share.write_text(f"{folder}/.hashes.json", json.dumps(hashes, indent=1))
     share.write_text(f"{folder}/.complete", version)
     share.write_text(LATEST, version)
-    return transfer, folder
+    return transfer, folder, plan
 
 
 def previous_hashes(share: FileShare) -> dict[str, tuple[str, str]]:
@@ -77,5 +91,5 @@ def previous_hashes(share: FileShare) -> dict[str, tuple[str, str]]:
 def upload_scripts_task(cfg: FileShareConfig, workdir: Path) -> dict:
     """Prefect step: upload the scripts; returns the transfer summary, the version's folder and its URL."""
     share = open_share(cfg, workdir)
-    transfer, folder = upload_scripts(share, package_files(cfg.extra_files))
-    return {**transfer.row(), "path": share.url(folder), "version": folder}
+    transfer, folder, plan = upload_scripts(share, package_files(cfg.extra_files))
+    return {**transfer.row(), "path": share.url(folder), "version": folder, "plan": plan}

@@ -13,7 +13,8 @@ from PIL import Image
 
 from infra.azurite import running_azurite
 from infra.build_context import wheel_cache
-from infra.images import Engine, ImageConfig
+from infra.backends.process import train_here
+from infra.images import DockerEngine, ImageConfig
 from infra.local_docker import running_engine, running_registry
 from infra.sample_data import write_digits
 
@@ -76,10 +77,10 @@ class Registry:
 
 
 @pytest.fixture(scope="session")
-def docker_engine(tmp_path_factory) -> Engine:
+def docker_engine(tmp_path_factory) -> DockerEngine:
     """The Docker engine: the running one, else dockerd started for the session (as NOTES describes)."""
     with running_engine(tmp_path_factory.mktemp("dockerd")):
-        yield Engine()
+        yield DockerEngine()
 
 
 @pytest.fixture(scope="session")
@@ -108,3 +109,8 @@ def cpu_image(docker_engine, registry, tmp_path_factory) -> dict:
 
     context = tmp_path_factory.mktemp("context") / "cpu"
     return build_and_push(docker_engine, image_config(registry), context, wheel_cache(), registry.password, print)
+
+
+def train_locally(training, data: str, out: Path, echo) -> dict:
+    """`training` on this machine's process pool, as `trainflow train` runs it; the run's metrics.json."""
+    return train_here(training, data, out, out.parent / "pools", echo).model_dump()

@@ -11,35 +11,36 @@ SYNTHETIC = "synthetic"
 
 def build_parser() -> argparse.ArgumentParser:
     """The training engine's arguments; defaults are the ResNet-50-on-ImageNet reference case."""
-    p = argparse.ArgumentParser(prog="train.py", description="Data-parallel training of a torchvision classifier.")
+    p = argparse.ArgumentParser(prog="train.py", description="Training of a torchvision classifier: data-parallel, or pipeline-parallel over stages.")
     p.add_argument("--data", required=True, help="ImageNet-layout folder (train/<class>/..., val/<class>/...) or 'synthetic'")
     p.add_argument("--out", required=True, type=Path, help="results folder: checkpoints, metrics.json, model.pt; resumed if it holds a checkpoint")
     p.add_argument("--model", default="resnet50", help="torchvision model name")
-    p.add_argument("--epochs", type=int, default=90)
+    p.add_argument("--epochs", type=int, default=90, help="passes over the training split")
     p.add_argument("--batch-size", type=int, default=32, help="images per worker per step")
     p.add_argument("--lr", type=float, default=0.0125, help="one-worker learning rate; scaled by the number of workers")
-    p.add_argument("--momentum", type=float, default=0.9)
-    p.add_argument("--weight-decay", type=float, default=1e-4)
+    p.add_argument("--momentum", type=float, default=0.9, help="SGD momentum")
+    p.add_argument("--weight-decay", type=float, default=1e-4, help="L2 penalty")
     p.add_argument("--warmup-epochs", type=float, default=5.0, help="linear ramp from the one-worker rate to the scaled rate")
-    p.add_argument("--schedule", choices=["cosine", "step"], default="cosine")
+    p.add_argument("--schedule", choices=["cosine", "step"], default="cosine",
+                   help="decay after warmup: cosine to zero, or /10 at --lr-decay-epochs")
     p.add_argument("--lr-decay-epochs", default="30,60,80", help="epochs at which the step schedule divides the rate by 10")
-    p.add_argument("--image-size", type=int, default=224)
+    p.add_argument("--image-size", type=int, default=224, help="side of the square crops the model sees")
     p.add_argument("--min-crop-scale", type=float, default=0.08, help="smallest area fraction of the random-resized crop")
     p.add_argument("--hflip", action=argparse.BooleanOptionalAction, default=True, help="random horizontal flips")
     p.add_argument("--loader-workers", type=int, default=4, help="DataLoader worker processes per training process")
     p.add_argument("--pin-memory", choices=["auto", "on", "off"], default="auto", help="auto: on when training on a GPU")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="auto: a GPU when there is one")
     p.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto", help="auto: bf16 autocast on GPU, fp32 on CPU")
     p.add_argument("--channels-last", choices=["auto", "on", "off"], default="auto", help="auto: on for GPU")
     p.add_argument("--backend", choices=["auto", "single", "ddp", "horovod"], default="auto", help="auto: from the launcher's environment")
     p.add_argument("--threads", type=int, default=0, help="CPU threads per worker; 0 shares the cores among the local workers")
     p.add_argument("--checkpoint-every", type=int, default=500, help="steps between checkpoints (also one at each epoch end); 0: epoch ends only")
-    p.add_argument("--keep-checkpoints", type=int, default=3)
+    p.add_argument("--keep-checkpoints", type=int, default=3, help="newest checkpoints kept")
     p.add_argument("--log-every", type=int, default=20, help="steps between progress lines")
     p.add_argument("--steps-per-epoch", type=int, default=0, help="cap on steps per epoch; synthetic data needs it (default 100 there)")
     p.add_argument("--num-classes", type=int, default=1000, help="classes of synthetic data (real data: the class folders)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--verify-images", action=argparse.BooleanOptionalAction, default=False, help="decode every image before training")
+    p.add_argument("--seed", type=int, default=0, help="seed of initialisation, shuffling and augmentation")
+    p.add_argument("--verify-images", action=argparse.BooleanOptionalAction, default=False, help="every worker decodes its share of the images before training (the flow's preflight can do it once instead)")
     p.add_argument("--parallel", choices=["data", "pipeline"], default="data",
                    help="data: every worker holds the model; pipeline: the model split into --stages (torchrun only)")
     p.add_argument("--stages", type=int, default=1, help="pipeline: stages the model is split into; the world is stages x replicas")
@@ -73,6 +74,14 @@ def check_args(args: argparse.Namespace) -> None:
     check_microbatches(args.batch_size, args.microbatches)
     if args.parallel == "pipeline" and args.backend == "horovod":
         raise UsageError("Horovod has no pipeline parallelism; run --parallel pipeline under torchrun")
+
+
+def check_layout(world: int, stages: int, batch: int, microbatches: int) -> None:
+    """Refuse a world that the stages do not divide, or a batch that the micro-batches do not divide."""
+    if world % stages:
+        raise UsageError(f"the world size {world} is not a multiple of --stages {stages}; start stages x replicas "
+                         "processes")
+    check_microbatches(batch, microbatches)
 
 
 def check_microbatches(batch: int, microbatches: int) -> None:

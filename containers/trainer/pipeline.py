@@ -21,7 +21,7 @@ import torchvision
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
 from trainer.errors import UsageError
-from trainer.options import check_microbatches
+from trainer.options import check_layout  # noqa: F401 - part of the split API (tests, train.py)
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 # Models whose forward is features -> avgpool -> flatten -> classifier.
@@ -114,14 +114,6 @@ def split_model(model, stages: int, costs: list[float]) -> tuple[Split, list[tor
                   [sum(costs[starts[s]:starts[s + 1]]) for s in range(stages)],
                   [int(sum(parameter_costs(part))) for part in parts])
     return split, [torch.nn.Sequential(*(m for _, m in part)) for part in parts]
-
-
-def check_layout(world: int, stages: int, batch: int, microbatches: int) -> None:
-    """Refuse a world that the stages do not divide, or a batch that the micro-batches do not divide."""
-    if world % stages:
-        raise UsageError(f"the world size {world} is not a multiple of --stages {stages}; start stages x replicas "
-                         "processes")
-    check_microbatches(batch, microbatches)
 
 
 def state_names(model: torch.nn.Module, part: torch.nn.Module) -> set[str]:

@@ -40,8 +40,8 @@ from trainer import checkpoint, data, metrics
 from trainer.distributed import Backend, make_backend, pick_device
 from trainer.errors import UsageError
 from trainer.models import build_model, check_model_name
-from trainer.options import SYNTHETIC, build_parser, check_args, check_output_folder, decay_epochs
-from trainer.pipeline import Pipeline, blocks_of, check_layout, parameter_costs, partition, theoretical_bubble
+from trainer.options import SYNTHETIC, build_parser, check_args, check_layout, check_output_folder, decay_epochs
+from trainer.pipeline import Pipeline, blocks_of, parameter_costs, partition, theoretical_bubble
 from trainer.schedule import Schedule, lr_factor
 
 log = logging.getLogger("trainer")
@@ -490,7 +490,7 @@ def write_metrics(run: Run, status: str, **extra) -> None:
                "peak_lr": args.lr * run.replicas, "global_step": run.step, "resumed_from_steps": run.resumed_from,
                "wall_seconds": run.wall_seconds(), "final_val_top1": last.get("val_top1"), "final_val_top5": last.get("val_top5"),
                "images_per_sec": last.get("images_per_sec"), "versions": metrics.library_versions(),
-               "engine": str(Path(__file__).resolve().parent),  # which scripts version trained the model
+               "trainer": str(Path(__file__).resolve().parent),  # which scripts version trained the model
                "epochs": run.history, **extra}
     checkpoint.save_json(Path(args.out) / "metrics.json", summary)
 

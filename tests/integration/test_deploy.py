@@ -69,7 +69,7 @@ async def deployment_and_manual_run(api: str, name: str):
     from prefect.client.orchestration import PrefectClient
 
     async with PrefectClient(api=api) as client:
-        deployment = await client.read_deployment_by_name(f"train-pipeline/{name}")
+        deployment = await client.read_deployment_by_name(f"train-flow/{name}")
         run = await client.create_flow_run_from_deployment(deployment.id)
         return deployment, run
 

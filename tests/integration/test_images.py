@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 
 from infra.build_context import wheel_cache
-from infra.container_nodes import Mount, remove_nodes, running_nodes
-from infra.images import Engine, ImageError
-from infra.jobs import train_on_nodes
-from infra.launcher import TrainingConfig
+from infra.backends import PoolConfig, RunPaths, train_on_pool
+from infra.backends.docker import DockerPool
+from infra.backends.docker_nodes import Mount, remove_nodes, running_nodes
+from infra.images import DockerEngine, ImageError
+from infra.trainer import REPO, TrainingConfig
 from infra.services import free_port
 from tasks.build_image import build_and_push, use_existing
 from tests.conftest import Registry, image_config
@@ -50,7 +51,9 @@ def test_horovod_trains_across_two_containers_on_mounted_data(docker_engine, cpu
     cfg = TrainingConfig(launcher="horovodrun", workers=2, model="resnet18", epochs=1, batch_size=16,
                          image_size=32, hflip=False, loader_workers=1, threads=1, warmup_epochs=0, lr=0.05)
     out, lines = tmp_path / "results", []
-    metrics = train_on_nodes(docker_engine, cpu_image["image"], cfg, digits, out, "test-hvd", lines.append)
+    pool = DockerPool(PoolConfig(backend="docker", nodes=2, slots_per_node=1),
+                      RunPaths("test-hvd", digits, REPO / "containers", out), cpu_image["image"])
+    metrics = train_on_pool(pool, cfg, out, lines.append).model_dump()
     assert metrics["status"] == "complete" and metrics["world_size"] == 2 and metrics["backend"] == "horovod"
     assert metrics["parameters_in_sync"] is True
     assert (out / "model.pt").exists() and (out / "logs" / "rank1.log").read_text()
@@ -68,7 +71,7 @@ def test_data_mount_is_read_only_and_nodes_reach_each_other(docker_engine, cpu_i
 
 def test_no_engine_is_a_clear_error(tmp_path):
     with pytest.raises(ImageError, match="no Docker engine reachable at unix://.*start Docker"):
-        Engine(f"unix://{tmp_path}/nothing.sock")
+        DockerEngine(f"unix://{tmp_path}/nothing.sock")
 
 
 def test_unreachable_registry_is_a_clear_transient_error(docker_engine, registry, tmp_path):
@@ -124,7 +127,7 @@ def test_password_from_a_prefect_secret_block(monkeypatch):
     from prefect.blocks.system import Secret
     from prefect.testing.utilities import prefect_test_harness
 
-    from tasks.build_image import registry_password
+    from infra.images import registry_password
 
     monkeypatch.delenv("REGISTRY_PASSWORD", raising=False)
     cfg = image_config(Registry("localhost:5000", "bob", ""), password_secret="registry-password")

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from infra.launcher import TrainingConfig, engine_script, train_locally
+from infra.trainer import TrainingConfig, trainer_script
+from tests.conftest import train_locally
 from trainer.models import build_model
 
 pytestmark = pytest.mark.integration
@@ -20,7 +21,7 @@ TINY = dict(model="resnet18", image_size=32, batch_size=16, num_classes=4, epoch
 def alone(out: Path, microbatches: int) -> dict:
     """One process, no launcher, the batch in `microbatches` chunks (gradient accumulation)."""
     cfg = TrainingConfig(workers=1, microbatches=microbatches, **TINY)
-    argv = [sys.executable, str(engine_script()), "--data", "synthetic", "--out", str(out), "--backend", "single",
+    argv = [sys.executable, str(trainer_script()), "--data", "synthetic", "--out", str(out), "--backend", "single",
             *cfg.engine_args()]
     subprocess.run(argv, check=True, capture_output=True)
     return json.loads((out / "metrics.json").read_text())
@@ -66,7 +67,7 @@ def test_stages_times_replicas_resume_and_export_to_one_device(digits, tmp_path)
     ({"model": "densenet121"}, "pipeline mode splits ResNet-style models"),
 ])
 def test_a_layout_the_model_cannot_take_is_refused_before_any_worker(tmp_path, overrides, message):
-    from infra.launcher import BadInput
+    from infra.errors import BadInput
 
     cfg = TrainingConfig(**{**TINY, "workers": 2, "parallel": "pipeline", "stages": 2, **overrides})
     with pytest.raises(BadInput, match=message):

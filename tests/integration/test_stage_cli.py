@@ -15,7 +15,7 @@ from azure.storage.blob import AccountSasPermissions, BlobServiceClient, Resourc
 from infra.azurite import ACCOUNT, DEV_KEY, connection_string
 from infra.blobstore import BlobStore, StorageConfig, StorageError
 from infra.sas import container_sas
-from tasks.manifest import manifest_blob
+from infra.manifest import manifest_blob
 from infra.services import free_port
 
 pytestmark = pytest.mark.integration

@@ -15,8 +15,8 @@ from infra.azurite import connection_string
 from infra.services import free_port
 from infra.blobstore import BlobStore, StorageConfig, StorageError
 from infra.fileserver import FileServer, FileServerError
-from infra.launcher import BadInput
-from tasks import manifest as mf
+from infra.errors import BadInput
+from infra import manifest as mf
 from tasks.sync_file_server import sync_to_file_server
 from tasks.upload_dataset import upload_dataset
 from tests.conftest import write_image

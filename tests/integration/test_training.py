@@ -11,7 +11,9 @@ import time
 import pytest
 import torch
 
-from infra.launcher import TrainingConfig, launch_command, train_locally
+from infra.launchers import local_command
+from infra.trainer import TrainingConfig, trainer_argv
+from tests.conftest import train_locally
 from trainer.models import build_model
 from trainer.train import main as engine_main
 
@@ -56,8 +58,8 @@ def test_two_workers_train_and_end_identical(digits, tmp_path, launcher, backend
 def test_killed_run_resumes_from_its_checkpoint(digits, tmp_path):
     cfg = TrainingConfig(**{**TINY, "epochs": 2, "checkpoint_every": 5})
     out = tmp_path / "out"
-    proc = subprocess.Popen(launch_command(cfg, str(digits), out), start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    command = local_command("torchrun", cfg.workers, trainer_argv(cfg, str(digits), out))
+    proc = subprocess.Popen(command, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     first = out / "checkpoints" / "step-000000005.pt"
     deadline = time.monotonic() + 240
     while not first.exists() and proc.poll() is None and time.monotonic() < deadline:

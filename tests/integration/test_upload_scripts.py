@@ -29,15 +29,15 @@ def test_scripts_are_versioned_and_only_changes_are_uploaded(share, tmp_path):
     files = package_files([extra])
     assert "trainer/train.py" in files and "labels.txt" in files
 
-    first, folder = upload_scripts(share, files)
+    first, folder, _ = upload_scripts(share, files)
     assert first.files == len(files) and share.exists(f"{folder}/.complete")
     assert share.read_text(f"{folder}/trainer/train.py") == files["trainer/train.py"].read_text()
 
-    again, same = upload_scripts(share, files)
-    assert same == folder and (again.files, again.skipped_files) == (0, len(files))
+    again, same, plan = upload_scripts(share, files)
+    assert same == folder and (again.files, again.skipped_files) == (0, len(files)) and plan["action"] == "skip"
 
     extra.write_text("cat\ndog\nemu\n")
-    changed, new_folder = upload_scripts(share, package_files([extra]))
+    changed, new_folder, _ = upload_scripts(share, package_files([extra]))
     assert new_folder != folder and (changed.files, changed.skipped_files) == (1, len(files) - 1)
     assert share.read_text(f"{new_folder}/labels.txt") == "cat\ndog\nemu\n"
     assert share.read_text(f"{new_folder}/trainer/train.py") == files["trainer/train.py"].read_text()
@@ -55,5 +55,5 @@ def test_sas_tokens_work_and_never_appear_in_urls():
         expiry = datetime.now(timezone.utc) + timedelta(hours=1)
         sas = generate_share_sas(fake.account, "scripts", fake.key, permission="rcwdl", expiry=expiry)
         share = AzureFileShare.from_settings(fake.account_url, "scripts", sas)
-        _, folder = upload_scripts(share, package_files([]))
+        _, folder, _ = upload_scripts(share, package_files([]))
         assert "sig=" not in share.url(folder) and fake.violations == []

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from flows.config import load_config
-from infra.launcher import REPO
+from infra.trainer import REPO
 
 AZURE = REPO / "infra" / "azure"
 TEMPLATE = (AZURE / "main.bicep").read_text()

@@ -12,10 +12,10 @@ import yaml
 from azure.ai.ml import load_compute, load_environment, load_job
 
 from flows.config import ConfigError, load_config
-from flows.plan import azure_specs
-from infra.azureml import NFS_MOUNT, AzureMLConfig, AzureMLPool, infiniband, nccl_environment, printed_lines
-from infra.launcher import REPO
-from tasks.train_on_pool import RunPaths, make_job
+from flows.plan import backend_specs
+from infra.backends import RunPaths
+from infra.backends.azureml import NFS_MOUNT, AzureMLConfig, AzureMLPool, infiniband, nccl_environment, printed_lines
+from infra.trainer import REPO
 
 AZURE = REPO / "flows" / "configs" / "azure.yaml"
 DIGEST = "myregistry.azurecr.io/trainflow-gpu@sha256:" + "ab" * 32
@@ -23,7 +23,7 @@ DIGEST = "myregistry.azurecr.io/trainflow-gpu@sha256:" + "ab" * 32
 
 def rendered(tmp_path: Path, **overrides) -> dict:
     cfg = load_config(AZURE, {"workdir": tmp_path, **overrides}, environ={})
-    return {name: text for name, text in azure_specs(cfg).items()}
+    return {name: text for name, text in backend_specs(cfg).items()}
 
 
 def loaded_job(text: str, tmp_path: Path):
@@ -37,7 +37,7 @@ def test_nodes_times_processes_per_node_is_the_world_size(tmp_path, launcher):
     specs = rendered(tmp_path, training={"launcher": launcher, "workers": 12}, pool={"nodes": 3, "slots_per_node": 4})
     job = loaded_job(specs["job"], tmp_path)
     assert job.resources.instance_count == 3
-    if launcher == "horovodrun":  # Azure ML's mpirun starts 4 engine processes on each of the 3 nodes
+    if launcher == "horovodrun":  # Azure ML's mpirun starts 4 trainer processes on each of the 3 nodes
         assert job.distribution.type == "mpi" and job.distribution.process_count_per_instance == 4
         assert " python ${{inputs.scripts}}/trainer/train.py " in job.command
     else:  # one torchrun per node, 4 workers each
@@ -52,7 +52,7 @@ def test_a_world_the_nodes_do_not_make_is_refused(tmp_path):
         load_config(AZURE, {"workdir": tmp_path, "training": {"workers": 6}}, environ={})
 
 
-def test_the_data_mount_is_the_folder_the_engine_reads(tmp_path):
+def test_the_data_mount_is_the_folder_the_trainer_reads(tmp_path):
     job = loaded_job(rendered(tmp_path)["job"], tmp_path)
     mount, engine = job.command.split(" && python ")
     assert mount.split()[-1] == NFS_MOUNT and "mount -t nfs" in mount and " ro," in mount
@@ -67,8 +67,9 @@ def test_the_data_mount_is_the_folder_the_engine_reads(tmp_path):
 
 def test_the_job_runs_the_scripts_version_and_image_the_earlier_steps_made(tmp_path):
     cfg = load_config(AZURE, {"workdir": tmp_path}, environ={})
-    pool = AzureMLPool(cfg.pool, "run-1", cfg.azureml, client=None, image=DIGEST)  # what build-image returned
-    job = make_job(pool, cfg.training, RunPaths(Path("/x"), Path("scripts/0123abcd"), tmp_path, "imagenet"), 3600)
+    run = RunPaths("run-1", Path("/x"), Path("scripts/0123abcd"), tmp_path, "imagenet")
+    pool = AzureMLPool(cfg.pool, run, cfg.azureml, DIGEST, cfg.image)  # the image: what build-image returned
+    job = pool.job(cfg.training, 3600)
     spec = job.spec._to_job()
     assert spec.environment.image == DIGEST
     assert spec.inputs["scripts"].path == "azureml://datastores/trainflow_files/paths/scripts/0123abcd"

@@ -1,6 +1,6 @@
 import pytest
 
-from flows.benchmarks import scaling_efficiency
+from flows.bench.training import scaling_efficiency
 
 
 def test_scaling_efficiency_is_two_worker_over_twice_one_worker():

@@ -1,27 +1,61 @@
-"""PipelineConfig loading and the launcher's command lines."""
+"""FlowConfig loading, the trainer's contract and the launchers' command lines."""
 
 from pathlib import Path
 
 import pytest
 
 from flows.config import ConfigError, load_config
-from infra.container_nodes import ContainerNodes, commands_on_nodes, torchrun_layout
-from infra.launcher import LaunchError, TrainingConfig, check_command, launch_command, route_output
+from infra.backends.base import NodePaths
+from infra.backends.docker_nodes import commands_on_nodes, torchrun_layout
+from infra.launchers import LaunchError, local_command, route_output
+from infra.sample_data import DIGITS_TRAINING
+from infra.trainer import TrainingConfig, check_command, trainer_argv
 from trainer.options import build_parser
 
-
-def test_defaults_of_config_and_engine_agree():
-    """TrainingConfig documents the engine's defaults: they must be the engine's."""
-    engine = vars(build_parser().parse_args(["--data", "d", "--out", "o"]))
-    ours = TrainingConfig().model_dump(exclude={"launcher", "workers", "verify_images"})
-    assert {k: engine[k] for k in ours} == ours
+NODE_PATHS = NodePaths("/scripts/v1/trainer/train.py", "/data", "/results")
 
 
-def test_engine_args_round_trip_through_the_engine_parser():
-    cfg = TrainingConfig(model="resnet18", epochs=3, hflip=False, lr=0.5, schedule="step")
-    parsed = vars(build_parser().parse_args(["--data", "d", "--out", "o", *cfg.engine_args()]))
-    assert {k: parsed[k] for k in ("model", "epochs", "hflip", "lr", "schedule")} == {
-        "model": "resnet18", "epochs": 3, "hflip": False, "lr": 0.5, "schedule": "step"}
+def launch_command(cfg, data, out, python):
+    return local_command(cfg.launcher, cfg.workers, trainer_argv(cfg, data, out), python)
+
+
+def test_every_trainer_option_is_a_setting_with_the_trainers_default():
+    """TrainingConfig is made from the trainer's parser: one set of defaults, every option settable."""
+    parsed = vars(build_parser().parse_args(["--data", "d", "--out", "o"]))
+    ours = TrainingConfig().model_dump(exclude={"launcher", "workers", "preflight_images"})
+    assert ours == {k: v for k, v in parsed.items() if k not in ("data", "out", "check", "check_workers")}
+    for option in ("keep_checkpoints", "pin_memory", "channels_last", "backend", "verify_images"):
+        assert option in ours
+    assert TrainingConfig(pin_memory="on").pin_memory == "on"
+    for name, field in TrainingConfig.model_fields.items():
+        assert field.description, f"training.{name} has no description"
+
+
+def test_trainer_args_round_trip_through_the_trainer_parser():
+    cfg = TrainingConfig(model="resnet18", epochs=3, hflip=False, lr=0.5, schedule="step", keep_checkpoints=7)
+    parsed = vars(build_parser().parse_args(["--data", "d", "--out", "o", *cfg.trainer_args()]))
+    assert {k: parsed[k] for k in ("model", "epochs", "hflip", "lr", "schedule", "keep_checkpoints")} == {
+        "model": "resnet18", "epochs": 3, "hflip": False, "lr": 0.5, "schedule": "step", "keep_checkpoints": 7}
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"batch_size": 0}, "training.batch_size must be at least 1"),
+    ({"lr": 0}, "training.lr must be positive"),
+    ({"stages": 2}, "training.stages needs training.parallel pipeline"),
+    ({"parallel": "pipeline", "stages": 2, "workers": 3}, "not a multiple of training.stages 2"),
+    ({"parallel": "pipeline", "stages": 2, "launcher": "horovodrun"}, "Horovod has no pipeline parallelism"),
+    ({"batch_size": 30, "microbatches": 4}, "training.batch_size 30 is not divisible by training.microbatches 4"),
+])
+def test_the_trainers_own_checks_refuse_a_config_naming_the_setting(settings, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, {"training": settings}, environ={})
+
+
+def test_no_data_means_the_digits_set_with_settings_that_fit_it():
+    fitted = load_config(None, {"training": {"epochs": 2}}, environ={}, digits_defaults=True).training
+    assert (fitted.model, fitted.image_size, fitted.epochs) == (DIGITS_TRAINING["model"], 32, 2)  # the user's own wins
+    named = load_config(None, {"data": "/data/imagenet"}, environ={}, digits_defaults=True).training
+    assert (named.model, named.epochs, named.image_size) == ("resnet50", 90, 224)  # the reference recipe
 
 
 def test_torchrun_command_starts_n_local_workers(tmp_path):
@@ -41,7 +75,7 @@ def test_check_command_runs_one_process_that_knows_the_world_size():
     cmd = check_command(TrainingConfig(workers=3), "D", "O", python="py")
     assert cmd[0] == "py" and "--check" in cmd and cmd[cmd.index("--check-workers") + 1] == "3"
     assert "--verify-images" in cmd
-    assert "--verify-images" not in check_command(TrainingConfig(verify_images=False), "D", "O")
+    assert "--verify-images" not in check_command(TrainingConfig(preflight_images=False), "D", "O")
 
 
 def test_precedence_is_options_then_environment_then_file(tmp_path):
@@ -54,7 +88,8 @@ def test_precedence_is_options_then_environment_then_file(tmp_path):
 
 
 @pytest.mark.parametrize("text, message", [
-    ("training: {batch_size: 0}", r"training.batch_size = 0: Input should be greater than or equal to 1"),
+    ("training: {batch_size: 0}", r"training.batch_size must be at least 1 \(got 0\)"),
+    ("training: {epochs: many}", r"training.epochs = 'many': Input should be a valid integer"),
     ("training: {epoch: 3}", r"training.epoch: Extra inputs are not permitted"),
     ("training: [1, 2", "is not valid YAML"),
     ("- a list", "must hold a mapping"),
@@ -85,14 +120,14 @@ def test_unknown_trainflow_variable_is_named_without_its_value():
 
 def test_docker_pool_runs_torchrun_once_per_node_or_horovodrun_on_node0():
     cfg = load_config(None, {"pool": {"backend": "docker", "nodes": 2, "slots_per_node": 1}}, environ={})
-    nodes = ContainerNodes(None, "run", ["node0", "node1"])
-    commands = commands_on_nodes(cfg.training, nodes, slots=1)
+    nodes = ["node0", "node1"]
+    commands = commands_on_nodes(cfg.training, nodes, 1, NODE_PATHS)
     assert [c[:3] for c in commands] == [["python", "-m", "torch.distributed.run"]] * 2
     for rank, command in enumerate(commands):
         line = " ".join(command)
         assert f"--nnodes 2 --nproc_per_node 1 --node_rank {rank} --master_addr node0 --master_port 29500 " in line
     cfg.training.launcher = "horovodrun"
-    [horovod] = commands_on_nodes(cfg.training, nodes, slots=1)
+    [horovod] = commands_on_nodes(cfg.training, nodes, 1, NODE_PATHS)
     assert horovod[:5] == ["horovodrun", "-np", "2", "-H", "node0:1,node1:1"]
 
 
@@ -149,12 +184,12 @@ def test_prefect_yaml_deploys_the_pipeline_with_valid_parameters():
 
     import yaml
 
-    from flows.config import PipelineConfig
+    from flows.config import FlowConfig
 
     repo = Path(__file__).resolve().parents[2]
     for deployment in yaml.safe_load((repo / "prefect.yaml").read_text())["deployments"]:
         path, name = deployment["entrypoint"].split(":")
         flow = getattr(importlib.import_module(path.removesuffix(".py").replace("/", ".")), name)
-        assert flow.name == "train-pipeline"
-        PipelineConfig.model_validate(deployment["parameters"]["cfg"])
+        assert flow.name == "train-flow"
+        FlowConfig.model_validate(deployment["parameters"]["cfg"])
         assert deployment["schedules"][0]["cron"]

@@ -10,7 +10,8 @@ from pydantic import ValidationError
 
 from infra.build_context import CONTAINERS, context_tag, source_files
 from infra.images import BuildSteps, ImageConfig, ImageError, ImageRef, LayerProgress, registry_error
-from tasks.build_image import build_args, registry_password
+from infra.images import registry_password
+from tasks.build_image import build_args
 
 REPO = Path(__file__).resolve().parents[2]
 

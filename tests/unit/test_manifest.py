@@ -2,7 +2,7 @@
 
 import pytest
 
-from tasks import manifest as mf
+from infra import manifest as mf
 
 
 def entries(n: int, changed: int | None = None) -> list[mf.FileEntry]:

@@ -3,8 +3,8 @@
 import pytest
 import torchvision
 
-from flows.bench_parallel import planned_runs
-from infra.launcher import TrainingConfig
+from flows.bench.parallel import planned_runs
+from infra.trainer import TrainingConfig
 from trainer.errors import UsageError
 from trainer.pipeline import blocks_of, check_layout, parameter_costs, partition, theoretical_bubble
 

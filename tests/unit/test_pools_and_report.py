@@ -7,34 +7,41 @@ import subprocess
 import pytest
 
 from flows.report import epoch_rows, summary_markdown, svg_plot
-from infra.container_nodes import OWNER
-from infra.jobs import merged_lines
-from infra.pools import PoolConfig, PoolError, ProcessPool, check_fits, delete_leftovers, leftover_runs
+from pathlib import Path
+
+from infra.backends import BACKENDS, PoolConfig, PoolError, RunPaths, check_fits
+from infra.backends.base import merged_lines
+from infra.backends.process import ProcessPool, leftover_runs
+from infra.errors import BadInput
 
 
 def test_more_workers_than_slots_is_refused_with_the_fix():
     check_fits(PoolConfig(slots_per_node=2), 2)
     check_fits(PoolConfig(backend="docker", nodes=3, slots_per_node=1), 3)
-    with pytest.raises(PoolError, match="training.workers is 3 but the process pool has 2 slots") as failure:
+    with pytest.raises(BadInput, match="training.workers is 3 but the process pool has 2 slots") as failure:
         check_fits(PoolConfig(), 3)
-    assert failure.value.permanent and "pool.slots_per_node" in str(failure.value)
+    assert failure.value.exit_code == 2 and "pool.slots_per_node" in str(failure.value)
+
+
+def run_paths(run_id: str) -> RunPaths:
+    return RunPaths(run_id, Path("synthetic"), Path("scripts/v"), Path("out"))
 
 
 def test_process_pool_lifecycle_and_leftovers(tmp_path):
-    crashed = ProcessPool(PoolConfig(), "crashed-run", tmp_path)
+    crashed = ProcessPool(2, run_paths("crashed-run"), tmp_path)
     crashed.create()
     sleeper = subprocess.Popen(["sleep", "60"], start_new_session=True)
     crashed.record_process(sleeper.pid)
     gone = subprocess.Popen(["true"])
     gone.wait()  # the crashed run's flow process: no longer running
     marker = json.loads((crashed.folder / "pool.json").read_text())
-    (crashed.folder / "pool.json").write_text(json.dumps({**marker, OWNER: f"{socket.gethostname()}:{gone.pid}"}))
-    pool = ProcessPool(PoolConfig(), "this-run", tmp_path)
+    (crashed.folder / "pool.json").write_text(json.dumps({**marker, "owner": f"{socket.gethostname()}:{gone.pid}"}))
+    pool = ProcessPool(2, run_paths("this-run"), tmp_path)
     pool.create()
     pool.wait_until_ready()
     assert pool.describe()["state"] == "ready" and pool.describe()["slots"] == 2
-    assert leftover_runs(tmp_path, None, set()) == {"crashed-run"}  # a live owner's pool (this run) is kept
-    assert delete_leftovers(tmp_path, None, set()) == ["crashed-run"]
+    assert leftover_runs(tmp_path) == {"crashed-run"}  # a live owner's pool (this run) is kept
+    assert pool.delete_leftovers(set()) == ["crashed-run"]
     assert sleeper.wait(timeout=10) != 0 and not crashed.folder.exists()
     pool.delete()
     assert pool.describe()["state"] == "deleted"
@@ -68,3 +75,18 @@ def test_merged_lines_passes_every_line_in_order_per_source_and_reports_each_end
     assert sorted(ended) == list(range(sources)) and len(lines) == 50 * sources
     for n in range(sources):
         assert [line for line in lines if line.startswith(f"node{n} ")] == [f"node{n} line{i}\n" for i in range(50)]
+
+
+def test_every_backend_has_the_interface_and_nothing_else_names_one():
+    """Adding a backend is one module and one registry line: every registered backend has the whole interface,
+    and no code outside infra/backends compares pool.backend with a backend's name."""
+    for name, backend in BACKENDS.items():
+        assert backend.name == name
+        for attribute in ("needs_image", "settings", "check", "nodes", "scripts_root", "pool", "specs"):
+            assert hasattr(backend, attribute), (name, attribute)
+    repo = Path(__file__).resolve().parents[2]
+    for path in [*repo.glob("flows/**/*.py"), *repo.glob("tasks/*.py"), *repo.glob("infra/*.py")]:
+        text = path.read_text()
+        for name in BACKENDS:
+            for needle in (f'== "{name}"', f'!= "{name}"', f"isinstance(pool,"):
+                assert needle not in text, (path, needle)

@@ -1,4 +1,4 @@
-"""Transfers: progress bars (files, bytes, throughput), parallel workers, and the summary of what moved and what was skipped."""
+"""Transfers and step plans: progress bars (files, bytes, throughput), parallel workers, and the summary of what moved and what was skipped."""
 
 import tempfile
 import threading
@@ -25,6 +25,7 @@ class Transfer:
     skipped_bytes: int = 0
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
+    plan: dict = field(default_factory=dict)  # the step's decision (step_plan), recorded beside what it moved
 
     @property
     def mb_per_s(self) -> float:
@@ -35,6 +36,12 @@ class Transfer:
         return {"step": self.step, "files": self.files, "MB": round(self.bytes / 1e6, 2),
                 "seconds": round(self.seconds, 2), "MB/s": round(self.mb_per_s, 1),
                 "skipped files": self.skipped_files, "skipped MB": round(self.skipped_bytes / 1e6, 2)}
+
+
+def step_plan(step: str, action: str, detail: str, **facts) -> dict:
+    """A step's decision (action run or skip, and why), as the dry run prints it and the step records it;
+    `facts` are what the decision rests on (a version, counts), for the step's own use."""
+    return {"step": step, "action": action, "detail": detail, **facts}
 
 
 @contextmanager

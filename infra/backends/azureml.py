@@ -1,4 +1,4 @@
-"""Azure Machine Learning compute as the pool and Azure ML command jobs as the job (azure-ai-ml v2).
+"""The azureml backend: Azure Machine Learning compute as the pool, Azure ML command jobs as the job (azure-ai-ml v2).
 
 The specs (AmlCompute, Environment, command job) are built by plain functions that need no network,
 so `trainflow run --dry-run` prints exactly what would be sent and the tests check it. The clients
@@ -12,14 +12,16 @@ import shutil
 import sys
 import threading
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from infra.launcher import SYNTHETIC, TrainingConfig
-from infra.pools import PoolConfig, PoolError
+from infra.backends.base import PoolError, RunPaths
+from infra.images import registry_password
+from infra.launchers import torchrun_options
+from infra.trainer import SYNTHETIC, TRAINER, trainer_argv
 
 # Azure ML job statuses that end a job, and the exit status each maps to.
 FINAL = {"Completed": 0, "Failed": 1, "Canceled": 1, "NotResponding": 1}
@@ -86,16 +88,6 @@ def check_complete(cfg: AzureMLConfig, reads_nfs: bool) -> None:
                          "for your deployment")
 
 
-@dataclass(frozen=True)
-class JobPlan:
-    """What one training job needs besides the config: its run id, the image and the scripts version."""
-
-    run_id: str
-    image: str
-    scripts: str  # scripts/<version> on the datastore
-    dataset: str
-
-
 def infiniband(cfg: AzureMLConfig) -> bool:
     """Whether the nodes have InfiniBand (by config, or by the VM size's features)."""
     if cfg.infiniband != "auto":
@@ -112,11 +104,12 @@ def nccl_environment(cfg: AzureMLConfig) -> dict[str, str]:
     return {**env, "NCCL_IB_DISABLE": "1"}
 
 
-def check_world(pool: PoolConfig, workers: int) -> None:
+def check_world(pool, workers: int) -> None:
     """Refuse a world size other than nodes x processes per node (Azure ML starts exactly that many)."""
-    if pool.slots() != workers:
+    slots = pool.nodes * pool.slots_per_node
+    if slots != workers:
         raise ValueError(f"training.workers is {workers} but the azureml pool starts pool.nodes {pool.nodes} x "
-                         f"pool.slots_per_node {pool.slots_per_node} (GPUs per node) = {pool.slots()} processes; "
+                         f"pool.slots_per_node {pool.slots_per_node} (GPUs per node) = {slots} processes; "
                          "make them equal")
 
 
@@ -147,16 +140,14 @@ def registry_connection_spec(registry: str, username: str, password: str):
                                                                                           password=password))
 
 
-def engine_command(training: TrainingConfig, pool: PoolConfig, data: str) -> str:
-    """The command each node runs: the engine under MPI (Horovod) or under torchrun (one per node)."""
-    from infra.launcher import engine_argv, torchrun_options
-
-    engine = " ".join(engine_argv(training, data, RESULTS_OUTPUT, script=f"{SCRIPTS_INPUT}/trainer/train.py"))
+def launch_command(training, pool, data: str) -> str:
+    """The command each node runs: the trainer under MPI (Horovod) or under torchrun (one per node)."""
+    trainer = " ".join(trainer_argv(training, data, RESULTS_OUTPUT, script=f"{SCRIPTS_INPUT}/{TRAINER}"))
     if training.launcher == "horovodrun":  # Azure ML's mpirun starts gpus_per_node of these per node
-        return f"python {engine}"
+        return f"python {trainer}"
     # Azure ML's PyTorch distribution sets MASTER_ADDR, MASTER_PORT and NODE_RANK on every node
     options = torchrun_options(pool.nodes, pool.slots_per_node, "$NODE_RANK", "$MASTER_ADDR", "$MASTER_PORT")
-    return f"torchrun {' '.join(options)} {engine}"
+    return f"torchrun {' '.join(options)} {trainer}"
 
 
 def data_input(cfg: AzureMLConfig, dataset: str) -> tuple[str, dict, str]:
@@ -173,23 +164,23 @@ def data_input(cfg: AzureMLConfig, dataset: str) -> tuple[str, dict, str]:
     return "", {"data": Input(type="uri_folder", path=path, mode="ro_mount")}, DATA_INPUT
 
 
-def job_spec(training: TrainingConfig, cfg: AzureMLConfig, pool: PoolConfig, plan: JobPlan, timeout_s: float):
+def job_spec(training, cfg: AzureMLConfig, pool, run: RunPaths, image: str, timeout_s: float):
     """The Azure ML command job for one training run."""
     from azure.ai.ml import Input, MpiDistribution, Output, PyTorchDistribution, command
 
     check_world(pool, training.workers)
-    prefix, inputs, data = data_input(cfg, plan.dataset)
-    scripts = f"azureml://datastores/{cfg.datastore}/paths/{plan.scripts}"
-    results = f"azureml://datastores/{cfg.datastore}/paths/results/{plan.run_id}"
+    prefix, inputs, data = data_input(cfg, run.dataset)
+    scripts = f"azureml://datastores/{cfg.datastore}/paths/{run.scripts.as_posix()}"
+    results = f"azureml://datastores/{cfg.datastore}/paths/results/{run.run_id}"
     distribution = (MpiDistribution(process_count_per_instance=pool.slots_per_node) if training.launcher == "horovodrun"
                     else PyTorchDistribution(process_count_per_instance=1))
     return command(
-        name=f"trainflow-{plan.run_id}", display_name=f"trainflow {plan.run_id}", experiment_name=cfg.experiment,
-        command=prefix + engine_command(training, pool, data), environment=environment_spec(plan.image),
+        name=f"trainflow-{run.run_id}", display_name=f"trainflow {run.run_id}", experiment_name=cfg.experiment,
+        command=prefix + launch_command(training, pool, data), environment=environment_spec(image),
         compute=cfg.compute, instance_count=pool.nodes, distribution=distribution, shm_size=cfg.shm_size,
         inputs={"scripts": Input(type="uri_folder", path=scripts, mode="ro_mount"), **inputs},
         outputs={"results": Output(type="uri_folder", path=results, mode="rw_mount")},
-        environment_variables=nccl_environment(cfg), timeout=int(timeout_s) or None, tags={"trainflow.run": plan.run_id})
+        environment_variables=nccl_environment(cfg), timeout=int(timeout_s) or None, tags={"trainflow.run": run.run_id})
 
 
 def yaml_text(entity) -> str:
@@ -217,17 +208,29 @@ def ml_client(cfg: AzureMLConfig):
 class AzureMLPool:
     """An AmlCompute cluster as the pool: created or reused, grown to the job's nodes, deleted or scaled to zero."""
 
-    cfg: PoolConfig
-    run_id: str
+    pool: object  # PoolConfig
+    run: RunPaths
     azure: AzureMLConfig
-    client: object
     image: str
-    connection: object = None  # registry_connection_spec(...) when the workspace cannot pull by itself
+    image_cfg: object  # ImageConfig: the registry connection's user and password
+    _client: object = field(default=None, repr=False)
+
+    @property
+    def run_id(self) -> str:
+        return self.run.run_id
+
+    @property
+    def client(self):
+        """The workspace's MLClient, made on first use (the dry run makes a pool without one)."""
+        if self._client is None:
+            self._client = ml_client(self.azure)
+        return self._client
 
     def create(self) -> None:
-        if self.connection is not None:
-            self.client.connections.create_or_update(self.connection)
-        self.client.compute.begin_create_or_update(compute_spec(self.azure, self.cfg.nodes)).result()
+        if self.azure.registry_access == "connection":
+            self.client.connections.create_or_update(registry_connection_spec(
+                self.image_cfg.registry, self.image_cfg.username, registry_password(self.image_cfg)))
+        self.client.compute.begin_create_or_update(compute_spec(self.azure, self.pool.nodes)).result()
 
     def wait_until_ready(self) -> None:
         state = self.client.compute.get(self.azure.compute).provisioning_state
@@ -248,15 +251,32 @@ class AzureMLPool:
         found.min_instances = 0
         self.client.compute.begin_update(found).result()
 
+    def delete_leftovers(self, keep: set[str]) -> list[str]:
+        """Nothing: the cluster is shared by every run and scales down by itself."""
+        return []
+
+    def job(self, training, timeout_s: float = 0) -> "AzureMLJob":
+        return AzureMLJob(self, job_spec(training, self.azure, self.pool, self.run, self.image, timeout_s))
+
 
 @dataclass
 class AzureMLJob:
     """One Azure ML command job: submitted, its logs streamed, its status polled, cancellable."""
 
-    client: object
+    pool: AzureMLPool
     spec: object
-    out: Path
     name: str = ""
+
+    @property
+    def client(self):
+        return self.pool.client
+
+    def describe(self) -> str:
+        return f"Azure ML command job on {self.pool.pool.nodes} nodes x {self.pool.pool.slots_per_node} processes: " \
+               f"{self.spec.command}"
+
+    def check(self) -> None:
+        """Nothing to check here: the trainer checks its input on the nodes, where the data is."""
 
     def submit(self) -> None:
         self.name = self.client.jobs.create_or_update(self.spec).name
@@ -288,10 +308,11 @@ class AzureMLJob:
 
     def download_results(self) -> None:
         """The job's results output into the run's folder (metrics.json, model, checkpoints)."""
-        staging = self.out / ".azureml-download"
+        out = self.pool.run.out
+        staging = out / ".azureml-download"
         self.client.jobs.download(self.name, download_path=staging, output_name="results")
         for item in (staging / "named-outputs" / "results").iterdir():
-            shutil.move(str(item), self.out / item.name)
+            shutil.move(str(item), out / item.name)
         shutil.rmtree(staging, ignore_errors=True)
 
 
@@ -327,3 +348,40 @@ def printed_lines(emit) -> Iterator[None]:
         if sys.stdout.pending:
             emit(sys.stdout.pending + "\n")
         sys.stdout = original
+
+
+class AzureMLBackend:
+    """An Azure ML compute cluster and one command job per run."""
+
+    name = "azureml"
+    needs_image = True
+    settings = AzureMLConfig
+
+    def check(self, cfg) -> None:
+        check_world(cfg.pool, cfg.training.workers)
+        check_complete(cfg.azureml, reads_nfs=cfg.azureml.data_source == "nfs" and cfg.data != SYNTHETIC)
+        if cfg.fileshare.backend != "azure":
+            raise ValueError("the azureml pool reads the scripts from the Azure Files share; set fileshare.backend: "
+                             "azure (and azureml.datastore to the datastore registered for that share)")
+
+    def nodes(self, pool) -> int:
+        return pool.nodes
+
+    def scripts_root(self, cfg) -> Path:
+        """The root of the Azure Files datastore: scripts/<version> is a path relative to it."""
+        return Path()
+
+    def pool(self, cfg, run: RunPaths, image: str | None) -> AzureMLPool:
+        return AzureMLPool(cfg.pool, run, cfg.azureml, image or "<image>", cfg.image)
+
+    def specs(self, cfg, run: RunPaths, image: str | None) -> dict[str, str]:
+        """The exact specs the pool and job would send, as YAML (`az ml compute/environment/job create --file`)."""
+        pool = self.pool(cfg, run, image)
+        specs = {"compute": yaml_text(compute_spec(cfg.azureml, cfg.pool.nodes)),
+                 "environment": yaml_text(environment_spec(pool.image)),
+                 "job": yaml_text(pool.job(cfg.training, cfg.job.timeout_s).spec)}
+        if cfg.azureml.registry_access == "connection":  # the password is read at run time, never shown
+            placeholder = f"<the value of ${cfg.image.password_env}>"
+            specs["registry connection"] = yaml_text(registry_connection_spec(cfg.image.registry, cfg.image.username,
+                                                                              placeholder))
+        return specs

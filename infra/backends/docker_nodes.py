@@ -1,4 +1,6 @@
-"""Nodes as containers: N containers of the training image on a Docker network of their own.
+"""The docker backend's nodes: containers of the training image, joined by a Docker network of their own.
+
+Nodes as containers: N containers of the training image on a Docker network of their own.
 
 Each container is a node, as on a cluster: it runs sshd, knows the others by name (node0, node1, ...)
 and mounts the data and the scripts share read-only and the results folder read-write. horovodrun on node0 starts the
@@ -7,8 +9,6 @@ Batch clusters. Everything carries the label trainflow.run=<run id>, so what a c
 behind can be found and removed.
 """
 
-import os
-import socket
 import tempfile
 import time
 from contextlib import contextmanager
@@ -20,15 +20,16 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from docker.errors import APIError, NotFound
 
-from infra.images import Engine, ImageError
-from infra.launcher import TrainingConfig, engine_argv, horovodrun_options, torchrun_options
+from infra.backends.base import NodePaths, owner
+from infra.images import DockerEngine, ImageError
+from infra.launchers import horovodrun_options, torchrun_options
+from infra.trainer import trainer_argv
 
 LABEL = "trainflow.run"
 OWNER = "trainflow.owner"  # host:pid of the process that made the pool; a pool whose owner is gone is a leftover
 SSH_PORT = 2222
 TORCH_PORT = 29500  # torchrun's rendezvous on node0 (each pool has a network of its own)
 NODE_ENV = {"GLOO_SOCKET_IFNAME": "eth0"}  # the nodes' network, not loopback, for Gloo's connections
-IMAGE_ENGINE = "/opt/trainflow/trainer/train.py"  # where the images put the training package
 DATA, RESULTS, SCRIPTS = "/data", "/results", "/scripts"  # the file server, the results, the scripts share
 KEYS = "/etc/trainflow/ssh"
 # The node's start-up: install this run's key, trust the other nodes, and serve SSH in the foreground.
@@ -53,7 +54,7 @@ class Mount:
 class ContainerNodes:
     """Running nodes: their containers by name, and the network that joins them."""
 
-    engine: Engine
+    engine: DockerEngine
     run_id: str
     names: list[str] = field(default_factory=list)
 
@@ -63,10 +64,6 @@ class ContainerNodes:
 
     def container(self, index: int) -> str:
         return f"trainflow-{self.run_id}-node{index}"
-
-    def hosts(self, slots: int = 1) -> str:
-        """horovodrun's -H value: every node with `slots` workers."""
-        return ",".join(f"{name}:{slots}" for name in self.names)
 
     def start(self, index: int, argv: list[str], env: dict[str, str] | None = None) -> tuple[str, Iterator[bytes]]:
         """Start `argv` on node `index`; returns the exec's id and its output as it comes."""
@@ -93,7 +90,7 @@ def split_lines(chunks: Iterator[bytes]) -> Iterator[str]:
 
 
 @contextmanager
-def running_nodes(engine: Engine, image: str, count: int, run_id: str, mounts: list[Mount],
+def running_nodes(engine: DockerEngine, image: str, count: int, run_id: str, mounts: list[Mount],
                   shm_size: str = "1g") -> Iterator[ContainerNodes]:
     """Start `count` nodes of `image` joined by a network of their own; remove all of it at the end."""
     try:
@@ -102,7 +99,7 @@ def running_nodes(engine: Engine, image: str, count: int, run_id: str, mounts: l
         remove_nodes(engine, run_id)
 
 
-def start_nodes(engine: Engine, image: str, count: int, run_id: str, mounts: list[Mount],
+def start_nodes(engine: DockerEngine, image: str, count: int, run_id: str, mounts: list[Mount],
                 shm_size: str = "1g") -> ContainerNodes:
     """Start `count` nodes of `image` on a network of their own and wait until they reach each other."""
     nodes = ContainerNodes(engine, run_id)
@@ -124,25 +121,6 @@ def start_nodes(engine: Engine, image: str, count: int, run_id: str, mounts: lis
     except APIError as exc:
         raise ImageError(f"starting {count} nodes of {image} failed: {exc.explanation or exc}") from None
     return nodes
-
-
-def owner() -> str:
-    """This process, as host:pid."""
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
-def owner_alive(label: str) -> bool:
-    """Whether the process named by an owner label still runs (owners on other hosts are assumed alive)."""
-    host, _, pid = label.rpartition(":")
-    if host != socket.gethostname():
-        return True
-    try:
-        os.kill(int(pid), 0)
-        return True
-    except (ProcessLookupError, ValueError):
-        return False
-    except PermissionError:
-        return True
 
 
 def wait_for_sshd(nodes: ContainerNodes, count: int, attempts: int = 100) -> None:
@@ -168,7 +146,7 @@ def write_key_pair(folder: Path) -> None:
     folder.chmod(0o755)
 
 
-def remove_nodes(engine: Engine, run_id: str) -> int:
+def remove_nodes(engine: DockerEngine, run_id: str) -> int:
     """Remove every container and network labelled with `run_id`; returns how many containers went."""
     selector = {"label": f"{LABEL}={run_id}"}
     containers = engine.client.containers.list(all=True, filters=selector)
@@ -185,12 +163,10 @@ def remove_nodes(engine: Engine, run_id: str) -> int:
     return len(containers)
 
 
-def horovod_on_nodes(cfg: TrainingConfig, nodes: ContainerNodes, slots: int, script: str = IMAGE_ENGINE,
-                     data: str = DATA) -> list[str]:
-    """horovodrun on node0: cfg.workers workers of `script`, `slots` per node, Gloo over the nodes' network (eth0)."""
-    engine = engine_argv(cfg, data, Path(RESULTS), script=script)
-    return ["horovodrun", *horovodrun_options(cfg.workers, nodes.hosts(slots), "eth0"), "-p", str(SSH_PORT),
-            "python", *engine]
+def horovod_on_nodes(training, hosts: str, paths: NodePaths) -> list[str]:
+    """horovodrun on node0: training.workers workers on `hosts` (name:slots,...), Gloo over the nodes' network (eth0)."""
+    return ["horovodrun", *horovodrun_options(training.workers, hosts, "eth0"), "-p", str(SSH_PORT), "python",
+            *trainer_argv(training, paths.data, paths.out, paths.trainer)]
 
 
 def torchrun_layout(workers: int, slots: int) -> tuple[int, int]:
@@ -204,17 +180,16 @@ def torchrun_layout(workers: int, slots: int) -> tuple[int, int]:
     return nodes, workers // nodes
 
 
-def torchrun_on_nodes(cfg: TrainingConfig, slots: int, script: str = IMAGE_ENGINE, data: str = DATA) -> list[list[str]]:
+def torchrun_on_nodes(training, slots: int, paths: NodePaths) -> list[list[str]]:
     """One torchrun per node (the i-th for node i), meeting at node0; Gloo over the nodes' network (eth0)."""
-    nodes, per_node = torchrun_layout(cfg.workers, slots)
-    engine = engine_argv(cfg, data, Path(RESULTS), script=script)
+    nodes, per_node = torchrun_layout(training.workers, slots)
+    trainer = trainer_argv(training, paths.data, paths.out, paths.trainer)
     return [["python", "-m", "torch.distributed.run", *torchrun_options(nodes, per_node, rank, "node0", TORCH_PORT),
-             *engine] for rank in range(nodes)]
+             *trainer] for rank in range(nodes)]
 
 
-def commands_on_nodes(cfg: TrainingConfig, nodes: ContainerNodes, slots: int, script: str = IMAGE_ENGINE,
-                      data: str = DATA) -> list[list[str]]:
+def commands_on_nodes(training, names: list[str], slots: int, paths: NodePaths) -> list[list[str]]:
     """The launcher commands, the i-th run on node i: horovodrun on node0 alone, or torchrun on each node."""
-    if cfg.launcher == "horovodrun":
-        return [horovod_on_nodes(cfg, nodes, slots, script, data)]
-    return torchrun_on_nodes(cfg, slots, script, data)
+    if training.launcher == "horovodrun":
+        return [horovod_on_nodes(training, ",".join(f"{name}:{slots}" for name in names), paths)]
+    return torchrun_on_nodes(training, slots, paths)

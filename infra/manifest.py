@@ -17,7 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra.launcher import BadInput, index_data
+from infra.errors import BadInput, TrainflowError
+from infra.trainer import index_data
 
 FORMAT = 1
 
@@ -170,7 +171,7 @@ def write_shard(root: Path, files: list[FileEntry], dest: Path) -> int:
     return dest.stat().st_size
 
 
-class ChangedWhileStaging(RuntimeError):
+class ChangedWhileStaging(TrainflowError):
     """A source file changed between hashing and packing (a retry re-hashes it)."""
 
 

@@ -17,13 +17,15 @@ from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRun
 from prefect.client.schemas.sorting import ArtifactSort
 from prefect.testing.utilities import prefect_test_harness
 
-from flows.config import PipelineConfig
-from flows.pipeline import train_pipeline
+from flows.config import FlowConfig
+from flows.train_flow import train_flow
 from flows.plan import plan_run
-from infra.container_nodes import LABEL
+from infra.backends import JobTimedOut
+from infra.backends.docker_nodes import LABEL
+from infra.errors import BadInput
 from infra.images import ImageError
-from infra.jobs import JobTimedOut
-from infra.launcher import REPO, BadInput, LaunchError
+from infra.launchers import LaunchError
+from infra.trainer import REPO
 from tests.conftest import image_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(3600)]
@@ -37,9 +39,9 @@ def prefect_server():
         yield
 
 
-def config(workdir: Path, data: Path | str, **sections) -> PipelineConfig:
+def config(workdir: Path, data: Path | str, **sections) -> FlowConfig:
     values = {"workdir": workdir, "data": str(data), "training": {**SMALL, **sections.pop("training", {})}, **sections}
-    return PipelineConfig.model_validate(values)
+    return FlowConfig.model_validate(values)
 
 
 def artifacts_of(run_id: str) -> dict[str, object]:
@@ -57,7 +59,7 @@ def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
 
 def test_whole_flow_on_the_process_pool_then_a_cached_rerun_and_a_dry_run(prefect_server, digits, tmp_path):
     cfg = config(tmp_path / "work", digits)
-    result = train_pipeline(cfg)
+    result = train_flow(cfg)
     shared = tmp_path / "work" / "fileshare" / "results" / result["run_id"]
     metrics = json.loads((shared / "metrics.json").read_text())
     assert metrics["status"] == "complete" and metrics["world_size"] == 2
@@ -74,7 +76,7 @@ def test_whole_flow_on_the_process_pool_then_a_cached_rerun_and_a_dry_run(prefec
         assert needle in summary, needle
     assert "<polyline" in artifacts["training-plot"].data
     assert json.loads(artifacts["epochs"].data)[0]["epoch"] == 1
-    again = train_pipeline(cfg)  # unchanged scripts and data: nothing moves, straight to training
+    again = train_flow(cfg)  # unchanged scripts and data: nothing moves, straight to training
     assert [step["files"] for step in again["steps"]] == [0, 0, 0]
     assert [step["skipped files"] > 0 for step in again["steps"]] == [True] * 3
     assert again["metrics"]["status"] == "complete" and again["run_id"] != result["run_id"]
@@ -114,21 +116,21 @@ def killing_rank_one(times: int, ready=lambda: True):
 
 def test_a_job_retried_after_a_worker_died_resumes_from_its_checkpoint(prefect_server, digits, tmp_path):
     with killing_rank_one(times=1, ready=lambda: any((tmp_path / "work" / "runs").glob("*/checkpoints/step-*.pt"))):
-        result = train_pipeline(config(tmp_path / "work", digits, training={"epochs": 2, "checkpoint_every": 5}))
+        result = train_flow(config(tmp_path / "work", digits, training={"epochs": 2, "checkpoint_every": 5}))
     metrics = result["metrics"]
     assert metrics["status"] == "complete" and metrics["resumed_from_steps"] and metrics["resumed_from_steps"][0] >= 5
 
 
 def test_a_worker_killed_mid_run_fails_the_flow_and_leaves_no_pool(prefect_server, digits, tmp_path):
     with killing_rank_one(times=2), pytest.raises(LaunchError, match=r"rank 1 failed: it died"):
-        train_pipeline(config(tmp_path / "work", digits, training={"epochs": 3}))
+        train_flow(config(tmp_path / "work", digits, training={"epochs": 3}))
     assert not list((tmp_path / "work" / "pools").iterdir())
     assert not [p for p in psutil.process_iter(["cmdline"]) if str(tmp_path) in " ".join(p.info["cmdline"] or [])]
 
 
 def test_a_job_past_its_timeout_is_stopped_and_not_retried(prefect_server, digits, tmp_path):
     with pytest.raises(JobTimedOut, match="ran past its timeout of 8 s"):
-        train_pipeline(config(tmp_path / "work", digits, job={"timeout_s": 8}, training={"epochs": 200}))
+        train_flow(config(tmp_path / "work", digits, job={"timeout_s": 8}, training={"epochs": 200}))
     assert not list((tmp_path / "work" / "pools").iterdir())
     assert not [p for p in psutil.process_iter(["cmdline"]) if str(tmp_path) in " ".join(p.info["cmdline"] or [])]
     assert len(list((tmp_path / "work" / "runs").iterdir())) == 1
@@ -136,7 +138,7 @@ def test_a_job_past_its_timeout_is_stopped_and_not_retried(prefect_server, digit
 
 def test_a_data_set_never_staged_fails_before_any_pool(prefect_server, digits, tmp_path):
     with pytest.raises(BadInput, match="data set 'never-uploaded' was never staged"):
-        train_pipeline(config(tmp_path / "work", "staged", dataset="never-uploaded"))
+        train_flow(config(tmp_path / "work", "staged", dataset="never-uploaded"))
     assert not (tmp_path / "work" / "pools").exists() and not (tmp_path / "work" / "runs").exists()
 
 
@@ -149,14 +151,16 @@ def test_a_missing_image_fails_before_anything_moves(prefect_server, docker_engi
         cfg = config(tmp_path / "work", digits, image=image, pool={"backend": "docker", "nodes": 2, "slots_per_node": 1},
                      training={"launcher": "horovodrun"})
         with pytest.raises(ImageError, match=where):
-            train_pipeline(cfg)
+            train_flow(cfg)
     assert not (tmp_path / "work" / "fileshare").exists() and not (tmp_path / "work" / "pools").exists()
 
 
 def crash_with_a_pool(image: str, run_id: str) -> None:
     """A process that starts a docker pool and dies without deleting it (a crashed run)."""
-    code = ("import os\nfrom infra.images import Engine\nfrom infra.pools import DockerPool, PoolConfig\n"
-            f"DockerPool(PoolConfig(backend='docker', nodes=1), {run_id!r}, Engine(), {image!r}, []).create()\n"
+    code = ("import os\nfrom pathlib import Path\nfrom infra.backends import PoolConfig, RunPaths\n"
+            "from infra.backends.docker import DockerPool\n"
+            f"DockerPool(PoolConfig(backend='docker', nodes=1), RunPaths({run_id!r}, Path('synthetic'), Path('/tmp'), "
+            f"Path('/tmp/{run_id}')), {image!r}).create()\n"
             "os._exit(9)\n")
     assert subprocess.run([sys.executable, "-c", code], cwd=REPO).returncode == 9
 
@@ -168,7 +172,7 @@ def test_whole_flow_on_the_docker_pool(prefect_server, docker_engine, registry, 
     image = image_config(registry).model_dump()
     cfg = config(tmp_path / "work", digits, image=image, pool={"backend": "docker", "nodes": 2, "slots_per_node": 1},
                  training={"launcher": "horovodrun"})
-    result = train_pipeline(cfg)
+    result = train_flow(cfg)
     assert not docker_engine.client.containers.list(all=True, filters={"label": f"{LABEL}=crashed-run"})
     assert result["image"] == cpu_image["image"]
     assert result["metrics"]["backend"] == "horovod" and result["metrics"]["world_size"] == 2
@@ -179,7 +183,7 @@ def test_whole_flow_on_the_docker_pool(prefect_server, docker_engine, registry, 
     assert not docker_engine.client.containers.list(all=True, filters={"label": f"trainflow.run={result['run_id']}"})
 
 
-def docker_config(tmp_path: Path, data: Path, registry, **training) -> PipelineConfig:
+def docker_config(tmp_path: Path, data: Path, registry, **training) -> FlowConfig:
     """Two container nodes of one slot each, torchrun on each."""
     return config(tmp_path / "work", data, image=image_config(registry).model_dump(),
                   pool={"backend": "docker", "nodes": 2, "slots_per_node": 1}, training={"launcher": "torchrun", **training})
@@ -191,7 +195,7 @@ def test_a_two_stage_pipeline_across_two_container_nodes(prefect_server, docker_
     cfg = docker_config(tmp_path, digits, registry, parallel="pipeline", stages=2, microbatches=2, steps_per_epoch=4)
     plan = {r["step"]: r for r in plan_run(cfg)}["run-training"]["detail"]
     assert "node0: python -m torch.distributed.run --nnodes 2" in plan and "| node1: " in plan and "--node_rank 1" in plan
-    result = train_pipeline(cfg)
+    result = train_flow(cfg)
     metrics = result["metrics"]
     assert metrics["status"] == "complete" and metrics["backend"] == "ddp" and metrics["world_size"] == 2
     assert metrics["parallel"] == "pipeline" and metrics["pipeline"]["stages"] == 2
@@ -207,7 +211,7 @@ def test_a_worker_killed_on_a_container_node_fails_the_job_at_once(prefect_serve
     cfg = docker_config(tmp_path, digits, registry, epochs=20)
     cfg.job.timeout_s = 600  # a job that hung on its lost peer instead of failing would end in JobTimedOut
     with killing_rank_one(times=2), pytest.raises(LaunchError, match=r"^rank 1 failed: it died"):
-        train_pipeline(cfg)
+        train_flow(cfg)
     assert not docker_engine.client.containers.list(all=True, filters={"label": LABEL})
 
 
@@ -215,7 +219,7 @@ def test_the_flow_passes_the_pipeline_mode_to_the_job(prefect_server, digits, tm
     cfg = config(tmp_path / "work", digits, training={"parallel": "pipeline", "stages": 2, "microbatches": 2,
                                                       "steps_per_epoch": 4})
     assert "--parallel pipeline --stages 2 --microbatches 2" in {r["step"]: r for r in plan_run(cfg)}["run-training"]["detail"]
-    result = train_pipeline(cfg)
+    result = train_flow(cfg)
     metrics = result["metrics"]
     assert metrics["parallel"] == "pipeline" and metrics["pipeline"]["stages"] == 2 and metrics["status"] == "complete"
     assert metrics["world_size"] == 2 and metrics["pipeline"]["replicas"] == 1

@@ -9,7 +9,6 @@ forward and backward passes) / (step time), averaged over the stages, beside GPi
 for equal stages; the measured figure also holds the sends and receives and any imbalance between stages.
 """
 
-import json
 import os
 from pathlib import Path
 
@@ -17,9 +16,10 @@ from rich.console import Console
 from rich.progress import Progress, TimeElapsedColumn
 from rich.table import Table
 
-from flows.benchmarks import clear_checkpoints
-from flows.config import PipelineConfig
-from infra.launcher import TrainingConfig, train_locally
+from flows.bench.common import clear_checkpoints, write_json
+from flows.config import FlowConfig
+from infra.backends.process import train_here
+from infra.trainer import TrainingConfig, TrainingMetrics
 
 # Small enough for 2 CPU cores; the config file's training section overrides any of these.
 PARALLEL_BENCH_DEFAULTS = dict(model="resnet18", image_size=64, batch_size=32, epochs=1, steps_per_epoch=12,
@@ -37,7 +37,7 @@ def planned_runs(base: TrainingConfig) -> list[tuple[str, TrainingConfig]]:
     return [("data-parallel", data), *pipes]
 
 
-def bench_parallel(cfg: PipelineConfig, json_out: Path | None) -> dict:
+def bench_parallel(cfg: FlowConfig, json_out: Path | None) -> dict:
     """Run every planned configuration on synthetic data; print and return the figures."""
     base = TrainingConfig(**{**PARALLEL_BENCH_DEFAULTS, **cfg.training.model_dump(include=cfg.training.model_fields_set)})
     base = base.model_copy(update={"threads": base.threads or max(1, len(os.sched_getaffinity(0)) // 2)})
@@ -49,23 +49,22 @@ def bench_parallel(cfg: PipelineConfig, json_out: Path | None) -> dict:
             progress.update(bar, description=label)
             out = root / label.replace(" ", "-").replace("=", "")
             clear_checkpoints(out)
-            rows.append(row(label, run_cfg, train_locally(run_cfg, "synthetic", out, echo=lambda line: None)))
+            rows.append(row(label, run_cfg, train_here(run_cfg, "synthetic", out, root / "pools", lambda line: None)))
             progress.advance(bar)
     for r in rows:
         r["vs_data_parallel"] = r["images_per_sec"] / rows[0]["images_per_sec"]
     result = {"settings": base.model_dump(exclude={"workers", "parallel", "stages", "microbatches"}) |
               {"global_batch": base.batch_size}, "runs": rows}
     print_parallel_bench(result)
-    if json_out:
-        json_out.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(result, json_out)
     return result
 
 
-def row(label: str, cfg: TrainingConfig, metrics: dict) -> dict:
+def row(label: str, cfg: TrainingConfig, metrics: TrainingMetrics) -> dict:
     """One run's figures from its metrics.json."""
-    pipeline = metrics.get("pipeline") or {}
-    return {"run": label, "microbatches": cfg.microbatches, "images_per_sec": metrics["images_per_sec"],
-            "peak_memory_mb_per_worker": metrics["peak_memory_mb"],
+    pipeline = metrics.pipeline or {}
+    return {"run": label, "microbatches": cfg.microbatches, "images_per_sec": metrics.images_per_sec,
+            "peak_memory_mb_per_worker": metrics.peak_memory_mb,
             "idle_measured": pipeline.get("idle_fraction_measured"),
             "idle_theoretical": pipeline.get("idle_fraction_theoretical"), "split": pipeline.get("split")}
 

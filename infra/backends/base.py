@@ -1,0 +1,206 @@
+"""What every compute backend provides, and the code that runs a job on any of them.
+
+A backend (one module in this package, registered in `infra/backends/__init__.py`) owns its pool, its
+job, and where the trainer, the scripts and the data are on its nodes:
+
+    class Backend(Protocol):
+        name: str                       # pool.backend in the config
+        needs_image: bool               # its nodes run the pushed training image
+        settings: type | None           # its own config section (named after it), if any
+        def check(cfg) -> None          # refuse a config it cannot run (ValueError naming the settings)
+        def nodes(pool) -> int          # nodes the pool has
+        def scripts_root(cfg) -> Path   # where its nodes find the file share's scripts/<version>
+        def pool(cfg, run, image) -> Pool          # this run's pool, not yet created
+        def specs(cfg, run, image) -> dict[str, str]  # what it would send a service, for the dry run
+
+A `Pool` is created, waited for, described and deleted, and makes the run's `Job`; a job is checked,
+submitted, streamed, polled and cancelled, and describes its command (which the dry run prints).
+"""
+
+import os
+import socket
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from queue import Queue
+from typing import Callable, Iterator, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from infra.errors import TrainflowError
+from infra.launchers import LaunchError, route_output
+from infra.trainer import SYNTHETIC, TrainingMetrics, read_metrics
+
+
+class PoolError(TrainflowError):
+    """A pool could not be created or used."""
+
+
+class JobTimedOut(LaunchError):
+    """The job ran past job.timeout_s and was stopped; another attempt would too, so it is not retried."""
+
+    permanent = True
+
+
+class JobConfig(BaseModel):
+    """How long a training job may run."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    timeout_s: float = Field(172800, ge=0)
+    """Seconds before the job is stopped and fails (0: no limit). ResNet-50 on ImageNet takes about a day on 8 GPUs."""
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """A run's folders as this machine sees them: the file server's data set version (or synthetic), the
+    scripts version on the file share (scripts/<version>), the run's results; and the run's id and data set."""
+
+    run_id: str
+    data: Path
+    scripts: Path
+    out: Path
+    dataset: str = ""
+
+    @property
+    def synthetic(self) -> bool:
+        """Whether the trainer generates its data (nothing to mount)."""
+        return str(self.data) == SYNTHETIC
+
+
+@dataclass(frozen=True)
+class NodePaths:
+    """Where a backend's workers find the trainer, the data and the results folder."""
+
+    trainer: str
+    data: str
+    out: str
+
+
+class Job(Protocol):
+    """The one interface every backend's job has."""
+
+    def describe(self) -> str: ...
+
+    def check(self) -> None: ...
+
+    def submit(self) -> None: ...
+
+    def lines(self) -> Iterator[str]: ...
+
+    def poll(self) -> int | None: ...
+
+    def cancel(self) -> None: ...
+
+
+class Pool(Protocol):
+    """The one interface every backend's pool has."""
+
+    run_id: str
+
+    def create(self) -> None: ...
+
+    def wait_until_ready(self) -> None: ...
+
+    def describe(self) -> dict: ...
+
+    def delete(self) -> None: ...
+
+    def delete_leftovers(self, keep: set[str]) -> list[str]: ...
+
+    def job(self, training, timeout_s: float) -> Job: ...
+
+
+def owner() -> str:
+    """This process, as host:pid: what a pool records, so a later run can tell a crashed run's pool."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def owner_alive(label: str) -> bool:
+    """Whether the process named by an owner label still runs (owners on other hosts are assumed alive)."""
+    host, _, pid = label.rpartition(":")
+    if host != socket.gethostname():
+        return True
+    try:
+        os.kill(int(pid), 0)
+        return True
+    except (ProcessLookupError, ValueError):
+        return False
+    except PermissionError:
+        return True
+
+
+def run_job(job: Job, log_dir: Path, echo: Callable[[str], None], timeout_s: float) -> int:
+    """Check and submit `job`, stream its output into log_dir and `echo`, and wait; cancel it past `timeout_s`
+    (0: none)."""
+    job.check()
+    job.submit()
+    timed_out = threading.Event()
+
+    def expire() -> None:
+        timed_out.set()
+        job.cancel()
+
+    timer = threading.Timer(timeout_s, expire) if timeout_s else None
+    if timer:
+        timer.daemon = True
+        timer.start()
+    try:
+        return route_output(job.lines(), lambda: wait_for(job), log_dir, echo)
+    except LaunchError as exc:
+        if timed_out.is_set():
+            raise JobTimedOut(f"the job ran past its timeout of {timeout_s:g} s and was stopped; "
+                              f"raise job.timeout_s or train for less. {exc}") from None
+        raise
+    except BaseException:  # cancelled (Prefect cancellation, Ctrl-C): stop the workers too
+        job.cancel()
+        raise
+    finally:
+        if timer:
+            timer.cancel()
+
+
+def train_on_pool(pool: Pool, training, out: Path, echo: Callable[[str], None], timeout_s: float = 0) -> TrainingMetrics:
+    """Create the pool, run the training job on it, and delete it whatever happens; the run's metrics."""
+    try:
+        pool.create()
+        pool.wait_until_ready()
+        run_job(pool.job(training, timeout_s), out / "logs", echo, timeout_s)
+    finally:
+        pool.delete()
+    return read_metrics(out)
+
+
+def wait_for(job: Job, interval: float = 0.2) -> int:
+    """Poll until the job ends; its exit status."""
+    while (status := job.poll()) is None:
+        threading.Event().wait(interval)
+    return status
+
+
+def merged_lines(sources: list[Iterator[str]], ended: Callable[[int], None]) -> Iterator[str]:
+    """The lines of every source as they come; `ended(i)` is called when source i has no more."""
+    if len(sources) == 1:
+        yield from sources[0]
+        ended(0)
+        return
+    queue: Queue[tuple[int, str | None]] = Queue()
+
+    def read(index: int) -> None:
+        try:
+            for line in sources[index]:
+                queue.put((index, line))
+        finally:
+            queue.put((index, None))
+
+    for index in range(len(sources)):
+        threading.Thread(target=read, args=(index,), daemon=True).start()
+    remaining = len(sources)
+    while remaining:
+        index, line = queue.get()
+        if line is None:
+            remaining -= 1
+            ended(index)
+        else:
+            yield line
+
