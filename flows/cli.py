@@ -164,8 +164,8 @@ def smoke(config: ConfigOpt = None, data: DataOpt = None, workdir: WorkdirOpt = 
 def run_flow(cfg: FlowConfig, dry_run: bool) -> None:
     """Plan (dry run) or run the train-flow for `cfg` and print its summary."""
     check_fits(cfg.pool, cfg.training.workers)
-    if dry_run:  # nothing is written, not even the digits set
-        return print_plan(cfg.model_copy(update={"data": cfg.data or str(cfg.workdir / "data" / "digits")}))
+    if dry_run:
+        return print_plan(cfg)
     cfg = with_data(cfg)
     use_prefect(cfg.workdir)
     from flows.train_flow import train_flow
@@ -176,11 +176,13 @@ def run_flow(cfg: FlowConfig, dry_run: bool) -> None:
 
 
 def print_plan(cfg: FlowConfig) -> None:
-    """The dry run: each step's decision as a table, then what the backend would send its service (as YAML)."""
+    """The dry run: each step's decision as a table, then what the backend would send its service (as YAML).
+    Nothing is written, not even the digits set."""
     from flows.plan import backend_specs, plan_run
     from infra.transfers import print_summary_table
 
     check_data_names(cfg)
+    cfg = cfg.model_copy(update={"data": cfg.data or str(cfg.workdir / "data" / "digits")})
     print_summary_table(plan_run(cfg), title="trainflow run --dry-run: the plan (nothing was changed)")
     console = Console(highlight=False, soft_wrap=True)
     for name, text in backend_specs(cfg).items():

@@ -100,12 +100,14 @@ def load_config(path: Path | None, overrides: dict, environ: dict[str, str] | No
                 digits_defaults: bool = False) -> FlowConfig:
     """Merge defaults, the YAML file, TRAINFLOW_* variables and `overrides` (nested dicts) and validate.
 
-    With `digits_defaults`, a config that names no data (so trains on the built-in digits set) gets the
-    training defaults that fit that set (a run of minutes, not ResNet-50's 90 epochs), under its own settings."""
+    With `digits_defaults`, a config that names neither data (so trains on the built-in digits set) nor a model
+    gets the training defaults that fit that set (a run of minutes, not ResNet-50's 90 epochs at 224 px), under
+    its own settings; a config that names its model keeps the reference defaults for everything it leaves out."""
     values = deep_merge(read_yaml(path) if path else {}, env_values(os.environ if environ is None else environ))
     values = deep_merge(values, overrides)
-    if digits_defaults and values.get("data") is None and isinstance(values.get("training", {}), dict):
-        values["training"] = deep_merge(DIGITS_TRAINING, values.get("training") or {})
+    training = values.get("training") or {}
+    if digits_defaults and values.get("data") is None and isinstance(training, dict) and "model" not in training:
+        values["training"] = deep_merge(DIGITS_TRAINING, training)
     try:
         return FlowConfig.model_validate(values)
     except ValidationError as exc:

@@ -47,7 +47,7 @@ def stage_data(cfg: FlowConfig) -> dict:
     with blob_endpoint(cfg) as port:
         scripts, dataset, synced = stage_steps(cfg, port)
     steps = [scripts, dataset, synced]
-    create_table_artifact(key="staging-summary", table=[{k: v for k, v in s.items() if k != "path"} for s in steps],
+    create_table_artifact(key="staging-summary", table=[{k: v for k, v in s.items() if k not in ("path", "plan")} for s in steps],
                           description=f"Staging of data set {name}")
     create_markdown_artifact(key="staging-locations", markdown=(
         f"# Data set `{name}` staged\n\n- scripts: `{scripts['path']}`\n- file server copy: `{synced['path']}`\n"))

@@ -87,7 +87,7 @@ def hash_files(root: Path, paths: list[str], cache: dict) -> tuple[list[FileEntr
 
 
 def relative_paths(data_dir: Path) -> list[str]:
-    """Every image of the data set, relative to data_dir, as the training engine lists them."""
+    """Every image of the data set, relative to data_dir, as the trainer lists them."""
     index = index_data(data_dir)
     prefix = str(data_dir).rstrip("/") + "/"
     return [p.removeprefix(prefix) for p, _ in index["train"] + (index["val"] or [])]

@@ -1,6 +1,6 @@
 """The distributed backend seam: one small interface, three implementations.
 
-- `Single`: one process, no communication.
+- `Backend` itself (name "single"): one process, no communication.
 - `DDP`: torch.distributed (gloo on CPU, NCCL on GPU), started by torchrun or any launcher that sets
   RANK / WORLD_SIZE / MASTER_ADDR (Azure ML's PyTorchDistribution does).
 - `Horovod`: hvd.DistributedOptimizer, started by horovodrun or mpirun (Azure ML's MpiDistribution).

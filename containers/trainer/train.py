@@ -1,4 +1,4 @@
-"""Data-parallel training of a torchvision image classifier: one loop, any launcher.
+"""Training of a torchvision image classifier, data-parallel or pipeline-parallel: one loop, any launcher.
 
 One process (CPU or one GPU):
     python containers/trainer/train.py --data DATA --out OUT --model resnet18 --epochs 10

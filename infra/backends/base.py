@@ -28,6 +28,7 @@ from typing import Callable, Iterator, Protocol
 from pydantic import BaseModel, ConfigDict, Field
 
 from infra.errors import TrainflowError
+from infra.fileshare import local_root
 from infra.launchers import LaunchError, route_output
 from infra.trainer import SYNTHETIC, TrainingMetrics, read_metrics
 
@@ -109,6 +110,27 @@ class Pool(Protocol):
     def delete_leftovers(self, keep: set[str]) -> list[str]: ...
 
     def job(self, training, timeout_s: float) -> Job: ...
+
+
+class LocalBackend:
+    """What the backends on this machine share: they read the local file share, and send no service a spec."""
+
+    needs_image = False
+    settings = None
+
+    def check(self, cfg) -> None:
+        if cfg.fileshare.backend != "local":
+            raise ValueError(f"the {self.name} pool runs the scripts from the local file share, but fileshare.backend "
+                             "is azure; set fileshare.backend: local to train on this machine")
+
+    def nodes(self, pool) -> int:
+        return pool.nodes
+
+    def scripts_root(self, cfg) -> Path:
+        return local_root(cfg.workdir)
+
+    def specs(self, cfg, run: RunPaths, image: str | None) -> dict[str, str]:
+        return {}
 
 
 def owner() -> str:

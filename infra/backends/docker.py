@@ -9,13 +9,11 @@ what a crashed one left behind.
 
 import threading
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Iterator
 
-from infra.backends.base import NodePaths, PoolError, RunPaths, merged_lines, owner_alive
+from infra.backends.base import LocalBackend, NodePaths, PoolError, RunPaths, merged_lines, owner_alive
 from infra.backends.docker_nodes import (DATA, LABEL, NODE_ENV, OWNER, RESULTS, SCRIPTS, ContainerNodes, Mount,
                                          commands_on_nodes, remove_nodes, split_lines, start_nodes, torchrun_layout)
-from infra.fileshare import local_root
 from infra.images import DockerEngine
 from infra.trainer import SYNTHETIC, TRAINER
 
@@ -142,28 +140,16 @@ class ContainerJob:
                 self.nodes.container(index), ["sh", "-c", "kill -TERM -1"])["Id"])
 
 
-class DockerBackend:
+class DockerBackend(LocalBackend):
     """Containers of the training image as nodes, on this machine's Docker engine."""
 
     name = "docker"
     needs_image = True
-    settings = None
 
     def check(self, cfg) -> None:
-        if cfg.fileshare.backend != "local":
-            raise ValueError("the docker pool mounts the scripts from the local file share, but fileshare.backend is "
-                             "azure; set fileshare.backend: local to train on this machine")
+        super().check(cfg)
         if cfg.training.launcher == "torchrun":
             torchrun_layout(cfg.training.workers, cfg.pool.slots_per_node)
 
-    def nodes(self, pool) -> int:
-        return pool.nodes
-
-    def scripts_root(self, cfg) -> Path:
-        return local_root(cfg.workdir)
-
     def pool(self, cfg, run: RunPaths, image: str | None) -> DockerPool:
         return DockerPool(cfg.pool, run, image or "<image>", cfg.image.engine)
-
-    def specs(self, cfg, run: RunPaths, image: str | None) -> dict[str, str]:
-        return {}

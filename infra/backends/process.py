@@ -16,8 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
-from infra.backends.base import NodePaths, PoolError, RunPaths, owner, owner_alive, train_on_pool
-from infra.fileshare import local_root
+from infra.backends.base import LocalBackend, NodePaths, PoolError, RunPaths, owner, owner_alive, train_on_pool
 from infra.launchers import LaunchError, local_command
 from infra.trainer import TRAINER, TrainingMetrics, preflight, trainer_argv, trainer_script
 
@@ -145,26 +144,13 @@ def train_here(training, data: str, out: Path, pools: Path, echo: Callable[[str]
     return train_on_pool(ProcessPool(training.workers, run, pools), training, out, echo)
 
 
-class ProcessBackend:
+class ProcessBackend(LocalBackend):
     """Local worker processes on this machine."""
 
     name = "process"
-    needs_image = False
-    settings = None
-
-    def check(self, cfg) -> None:
-        if cfg.fileshare.backend != "local":
-            raise ValueError("the process pool runs the scripts from the local file share, but fileshare.backend is "
-                             "azure; set fileshare.backend: local to train on this machine")
 
     def nodes(self, pool) -> int:
         return 1
 
-    def scripts_root(self, cfg) -> Path:
-        return local_root(cfg.workdir)
-
     def pool(self, cfg, run: RunPaths, image: str | None) -> ProcessPool:
         return ProcessPool(cfg.pool.slots_per_node, run, cfg.workdir / "pools")
-
-    def specs(self, cfg, run: RunPaths, image: str | None) -> dict[str, str]:
-        return {}

@@ -51,7 +51,7 @@ def make_data(root: Path, kind: str) -> Path:
     ("empty class", ["--data", "{data}"], "class folder .*train/b has no images"),
     ("corrupt", ["--data", "{data}"], "cannot decode image .*bad.png"),
     ("not an image", ["--data", "{data}"], "labels.csv is not an image file"),
-    ("batch size", ["--data", "{data}", "--batch-size", "0"], "training.batch_size = 0: Input should be greater"),
+    ("batch size", ["--data", "{data}", "--batch-size", "0"], "training.batch_size must be at least 1 \\(got 0\\)"),
     ("model", ["--data", "{data}", "--model", "resnet5000"], "unknown model 'resnet5000'"),
     ("out not writable", ["--data", "{data}", "--out", "{tmp}/file/out"], "output folder .* is not writable"),
     ("workdir is a file", ["--workdir", "{tmp}/file"], "cannot write the digits set to .*file/data/digits"),
@@ -78,7 +78,7 @@ def test_bad_input_gives_one_clear_line(tmp_path, case, args, message):
 def test_a_corrupt_image_found_during_training_names_rank_and_file(tmp_path):
     data = make_data(tmp_path / "data", "corrupt")
     config = tmp_path / "c.yaml"
-    config.write_text("training: {verify_images: false, image_size: 16, loader_workers: 1}\n")
+    config.write_text("training: {preflight_images: false, image_size: 16, loader_workers: 1}\n")
     result = run_cli("train", "--config", str(config), *QUICK[:-1], "2", "--data", str(data), "--workdir", str(tmp_path / "w"))
     assert result.returncode == 1
     assert "Traceback" not in result.stderr

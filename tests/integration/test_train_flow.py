@@ -59,12 +59,17 @@ def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
 
 def test_whole_flow_on_the_process_pool_then_a_cached_rerun_and_a_dry_run(prefect_server, digits, tmp_path):
     cfg = config(tmp_path / "work", digits)
+    planned = {row["step"]: row for row in plan_run(cfg)}  # the dry run first, on a fresh workdir
     result = train_flow(cfg)
+    for step in result["steps"]:  # each step did what the dry run said it would, and moved what it said
+        assert {k: step["plan"][k] for k in ("step", "action", "detail")} == planned[step["plan"]["step"]]
+        assert step["files"] == step["plan"].get("files", step["files"])
+    assert result["command"] == planned["run-training"]["detail"].replace("<run id>", result["run_id"])
     shared = tmp_path / "work" / "fileshare" / "results" / result["run_id"]
     metrics = json.loads((shared / "metrics.json").read_text())
     assert metrics["status"] == "complete" and metrics["world_size"] == 2
     scripts = tmp_path / "work" / "fileshare" / result["scripts"]
-    assert metrics["engine"] == str((scripts / "trainer").resolve())  # the version on the share, not the checkout
+    assert metrics["trainer"] == str((scripts / "trainer").resolve())  # the version on the share, not the checkout
     assert (shared / "model.pt").exists() and (shared / "logs" / "rank1.log").read_text()
     assert list((shared / "checkpoints").iterdir())
     assert result["results"]["model_blob"] == f"results/{result['run_id']}/model.pt"
@@ -176,7 +181,7 @@ def test_whole_flow_on_the_docker_pool(prefect_server, docker_engine, registry, 
     assert not docker_engine.client.containers.list(all=True, filters={"label": f"{LABEL}=crashed-run"})
     assert result["image"] == cpu_image["image"]
     assert result["metrics"]["backend"] == "horovod" and result["metrics"]["world_size"] == 2
-    assert result["metrics"]["engine"] == f"/scripts/{Path(result['scripts']).name}/trainer"
+    assert result["metrics"]["trainer"] == f"/scripts/{Path(result['scripts']).name}/trainer"
     shared = tmp_path / "work" / "fileshare" / "results" / result["run_id"]
     assert (shared / "model.pt").exists() and (shared / "logs" / "rank1.log").read_text()
     assert sorted(result["pool"]["nodes"]) == [f"trainflow-{result['run_id']}-node{i}" for i in range(2)]
@@ -196,6 +201,7 @@ def test_a_two_stage_pipeline_across_two_container_nodes(prefect_server, docker_
     plan = {r["step"]: r for r in plan_run(cfg)}["run-training"]["detail"]
     assert "node0: python -m torch.distributed.run --nnodes 2" in plan and "| node1: " in plan and "--node_rank 1" in plan
     result = train_flow(cfg)
+    assert result["command"] == plan  # the job ran the commands the dry run printed
     metrics = result["metrics"]
     assert metrics["status"] == "complete" and metrics["backend"] == "ddp" and metrics["world_size"] == 2
     assert metrics["parallel"] == "pipeline" and metrics["pipeline"]["stages"] == 2

@@ -56,6 +56,8 @@ def test_no_data_means_the_digits_set_with_settings_that_fit_it():
     assert (fitted.model, fitted.image_size, fitted.epochs) == (DIGITS_TRAINING["model"], 32, 2)  # the user's own wins
     named = load_config(None, {"data": "/data/imagenet"}, environ={}, digits_defaults=True).training
     assert (named.model, named.epochs, named.image_size) == ("resnet50", 90, 224)  # the reference recipe
+    chosen = load_config(None, {"training": {"model": "resnet50"}}, environ={}, digits_defaults=True).training
+    assert (chosen.epochs, chosen.image_size) == (90, 224)  # a config that picks its model keeps the reference
 
 
 def test_torchrun_command_starts_n_local_workers(tmp_path):

@@ -1,4 +1,4 @@
-"""Options, models and metrics of the training engine."""
+"""Options, models and metrics of the trainer."""
 
 import argparse
 
