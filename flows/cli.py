@@ -52,10 +52,11 @@ def friendly_errors(command):
 
 
 def configure(config: Path | None, data: str | None, workdir: Path | None, training: dict | None = None,
-              digits_defaults: bool = True) -> FlowConfig:
+              digits_defaults: bool = True, **sections: dict) -> FlowConfig:
     """The validated config (file, environment, then these command-line overrides) with its workdir absolute and,
-    when no data is named, the training defaults that fit the digits set (`digits_defaults`)."""
-    cfg = load_config(config, {"data": data, "workdir": workdir, "training": training or {}},
+    when no data is named, the training defaults that fit the digits set (`digits_defaults`). Every command
+    reads its config here."""
+    cfg = load_config(config, {"data": data, "workdir": workdir, "training": training or {}, **sections},
                       digits_defaults=digits_defaults)
     return cfg.model_copy(update={"workdir": cfg.workdir.resolve()})
 
@@ -238,7 +239,7 @@ def ui(
 ) -> None:
     """Start the Prefect server and UI on this machine (state under the workdir) until Ctrl-C."""
     cfg = configure(None, None, workdir)
-    home = cfg.workdir.resolve() / "prefect"
+    home = cfg.workdir / "prefect"
     home.mkdir(parents=True, exist_ok=True)
     print(f"Prefect UI at http://127.0.0.1:{port}  (for trainflow run/deploy against it: "
           f"export PREFECT_API_URL=http://127.0.0.1:{port}/api)", flush=True)
@@ -255,8 +256,7 @@ def build(
     registry: Annotated[Optional[str], typer.Option(help="Registry host[:port] to push to.")] = None,
 ) -> None:
     """Build the training image as a Prefect flow, tagged by content, push it, and print its reference."""
-    cfg = load_config(config, {"workdir": workdir, "image": {"flavour": flavour, "registry": registry}})
-    cfg = cfg.model_copy(update={"workdir": cfg.workdir.resolve()})
+    cfg = configure(config, None, workdir, digits_defaults=False, image={"flavour": flavour, "registry": registry})
     use_prefect(cfg.workdir)
     from flows.build import build_image
 
@@ -333,7 +333,7 @@ def bench_images(
     """Training image: a first build and push against an unchanged rebuild and push (local engine and registry)."""
     from flows.bench.images import bench_images as run_bench
 
-    run_bench(load_config(config, {"workdir": workdir}), json_out)
+    run_bench(configure(config, None, workdir, digits_defaults=False), json_out)
 
 
 @bench_app.command("parallel")
@@ -345,7 +345,7 @@ def bench_parallel(
     """Data-parallel (2 workers) against a 2-stage pipeline with 1, 2, 4, 8 micro-batches: images/s, memory, idle."""
     from flows.bench.parallel import bench_parallel as run_bench
 
-    run_bench(load_config(config, {"workdir": workdir}), json_out)
+    run_bench(configure(config, None, workdir, digits_defaults=False), json_out)
 
 
 @bench_app.command("flow")
