@@ -22,7 +22,7 @@ def alone(out: Path, microbatches: int) -> dict:
     """One process, no launcher, the batch in `microbatches` chunks (gradient accumulation)."""
     cfg = TrainingConfig(workers=1, microbatches=microbatches, **TINY)
     argv = [sys.executable, str(trainer_script()), "--data", "synthetic", "--out", str(out), "--backend", "single",
-            *cfg.engine_args()]
+            *cfg.trainer_args()]
     subprocess.run(argv, check=True, capture_output=True)
     return json.loads((out / "metrics.json").read_text())
 
