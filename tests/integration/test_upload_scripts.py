@@ -6,6 +6,7 @@ import pytest
 from azure.storage.fileshare import generate_share_sas
 
 from infra.azure_files import AzureFileShare
+from infra.errors import BadInput
 from infra.fileshare import LocalFolderShare
 from tasks.upload_scripts import LATEST, package_files, upload_scripts
 from tests.azure_files_fake import FakeAzureFiles
@@ -46,8 +47,9 @@ def test_scripts_are_versioned_and_only_changes_are_uploaded(share, tmp_path):
 
 
 def test_a_missing_extra_file_is_named(tmp_path):
-    with pytest.raises(FileNotFoundError, match="extra_files names .*nope.cfg"):
+    with pytest.raises(BadInput, match="extra_files names .*nope.cfg") as failure:
         package_files([tmp_path / "nope.cfg"])
+    assert failure.value.exit_code == 2
 
 
 def test_sas_tokens_work_and_never_appear_in_urls():
