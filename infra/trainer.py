@@ -83,7 +83,9 @@ class LauncherSettings(BaseModel):
 
 
 def setting_names(message: str) -> str:
-    """A trainer message with its option names (--batch-size) as the config's (training.batch_size)."""
+    """A trainer message with its option names (--batch-size) as the config's (training.batch_size); the world
+    size is training.workers."""
+    message = message.replace("the world size", "training.workers")
     return FLAG.sub(lambda m: "training." + m.group(1).replace("-", "_"), message)
 
 
