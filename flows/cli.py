@@ -179,14 +179,14 @@ def run_flow(cfg: FlowConfig, dry_run: bool) -> None:
 def print_plan(cfg: FlowConfig) -> None:
     """The dry run: each step's decision as a table, then what the backend would send its service (as YAML).
     Nothing is written, not even the digits set."""
-    from flows.plan import backend_specs, plan_run
+    from flows.plan import dry_run
     from infra.transfers import print_summary_table
 
     check_data_names(cfg)
-    cfg = cfg.model_copy(update={"data": cfg.data or str(cfg.workdir / "data" / "digits")})
-    print_summary_table(plan_run(cfg), title="trainflow run --dry-run: the plan (nothing was changed)")
+    rows, specs = dry_run(cfg)
+    print_summary_table(rows, title="trainflow run --dry-run: the plan (nothing was changed)")
     console = Console(highlight=False, soft_wrap=True)
-    for name, text in backend_specs(cfg).items():
+    for name, text in specs.items():
         console.rule(f"[bold]{name}")
         console.print(text, markup=False, end="")
 

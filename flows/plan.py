@@ -24,20 +24,38 @@ from tasks.upload_scripts import package_files, plan_scripts
 RUN_ID = "<run id>"
 
 
-def plan_run(cfg: FlowConfig) -> list[dict]:
-    """One row per step: step, action (run or skip), and why (the job's row: its command)."""
+def dry_run(cfg: FlowConfig) -> tuple[list[dict], dict[str, str]]:
+    """One row per step (step, action run or skip, and why; the job's row: its command), and what the backend
+    would send its service (as YAML, with the storage operations; nothing for local pools). Each decision is
+    made once. With no data named, the digits set's place stands for it (nothing is written)."""
+    cfg = cfg.model_copy(update={"data": cfg.data or str(cfg.workdir / "data" / "digits")})
     backend = backend_of(cfg.pool)
     check_fits(cfg.pool, cfg.training.workers)
     rows = [plan_image(cfg.image, wheel_cache())] if backend.needs_image else []
+    image = rows[0]["image"] if rows else None
     scripts = plan_scripts_row(cfg)
     data_rows, data = plan_data(cfg)
+    run = planned_run(cfg, scripts["version"], data)
     rows += [scripts, *data_rows]
-    pool = plan_pool(cfg, planned_run(cfg, scripts["version"], data), rows[0]["image"] if backend.needs_image else None)
     rows.append(step_plan("create-pool", "run", f"{cfg.pool.backend} pool, {slots(cfg.pool)} slots for "
                           f"{cfg.training.workers} workers"))
-    rows.append(step_plan("run-training", "run", pool.job(cfg.training, cfg.job.timeout_s).describe()))
+    job = plan_pool(cfg, run, image).job(cfg.training, cfg.job.timeout_s)
+    rows.append(step_plan("run-training", "run", job.describe()))
     rows.append(step_plan("collect-results", "run", "results/<run id>/ on the file share, the model to Blob"))
-    return [{k: row[k] for k in ("step", "action", "detail")} for row in rows]
+    specs = backend.specs(cfg, run, image)
+    if specs:
+        specs["storage"] = "\n".join(storage_operations(cfg, scripts["version"])) + "\n"
+    return [{k: row[k] for k in ("step", "action", "detail")} for row in rows], specs
+
+
+def plan_run(cfg: FlowConfig) -> list[dict]:
+    """The dry run's rows."""
+    return dry_run(cfg)[0]
+
+
+def backend_specs(cfg: FlowConfig) -> dict[str, str]:
+    """The dry run's specs: what the backend would send its service; empty for local pools."""
+    return dry_run(cfg)[1]
 
 
 def planned_run(cfg: FlowConfig, version: str, data: Path) -> RunPaths:
@@ -73,11 +91,10 @@ def plan_data(cfg: FlowConfig) -> tuple[list[dict], Path]:
     return [upload.row(name), sync.row(name)], server.version_dir(name, upload.manifest["version"])
 
 
-def storage_operations(cfg: FlowConfig) -> list[str]:
+def storage_operations(cfg: FlowConfig, scripts: str) -> list[str]:
     """The storage operations of a run, in order, with where and how they are authorised (never a secret)."""
     name, share, blob = cfg.dataset_name(), cfg.fileshare, cfg.storage
     container = f"{blob.account_url}/{blob.container}"
-    scripts = plan_scripts_row(cfg)["version"]
     return [
         f"- put scripts: {share.account_url}/{share.share}/scripts/{scripts}/ (auth: {share.auth}), .complete written "
         "last",
@@ -89,11 +106,3 @@ def storage_operations(cfg: FlowConfig) -> list[str]:
         f"- put results: {share.account_url}/{share.share}/results/<run id>/ and {container}/results/<run id>/model.pt",
     ]
 
-
-def backend_specs(cfg: FlowConfig) -> dict[str, str]:
-    """What the backend would send its service (as YAML), and the storage operations; empty for local pools."""
-    backend = backend_of(cfg.pool)
-    run = planned_run(cfg, plan_scripts_row(cfg)["version"], Path(cfg.data or SYNTHETIC))
-    image = plan_image(cfg.image, wheel_cache())["image"] if backend.needs_image else None
-    specs = backend.specs(cfg, run, image)
-    return {**specs, "storage": "\n".join(storage_operations(cfg)) + "\n"} if specs else {}

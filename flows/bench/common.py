@@ -32,4 +32,5 @@ def log_quietly(line: str) -> None:
 
 def write_json(result: dict, json_out: Path | None) -> None:
     """The figures as JSON, when asked for."""
-    write_json(result, json_out)
+    if json_out:
+        json_out.write_text(json.dumps(result, indent=2) + "\n")

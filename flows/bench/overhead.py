@@ -18,7 +18,7 @@ def bench_flow(cfg: FlowConfig, json_out: Path | None) -> dict:
     every earlier step cached; prints the flow's overhead as a fraction of the direct run, and each step's time.
 
     A first flow run stages the data and is not measured."""
-    root = cfg.workdir.resolve() / "bench" / "pipeline"
+    root = cfg.workdir.resolve() / "bench" / "flow"
     shutil.rmtree(root, ignore_errors=True)
     cfg = cfg.model_copy(update={"workdir": root})
     console = Console()

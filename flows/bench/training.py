@@ -10,8 +10,8 @@ from rich.progress import Progress, TimeElapsedColumn
 from rich.table import Table
 
 from flows.bench.common import clear_checkpoints, write_json
-from infra.backends.process import train_here
 from flows.config import FlowConfig
+from infra.backends.process import train_here
 from infra.launchers import LaunchError
 from infra.trainer import TrainingConfig, read_metrics, trainer_argv
 

@@ -57,19 +57,13 @@ class ProcessPool:
             f.write(f"{pid}\n")
 
     def delete(self) -> None:
-        pids = self.folder / "pids"
-        for line in (pids.read_text().split() if pids.exists() else []):
-            try:
-                os.killpg(int(line), signal.SIGTERM)
-            except (ProcessLookupError, PermissionError):
-                pass
-        shutil.rmtree(self.folder, ignore_errors=True)
+        remove_pool(self.folder)
 
     def delete_leftovers(self, keep: set[str]) -> list[str]:
         """Delete the pools of runs whose owning process is gone (crashed runs), other than `keep`; their run ids."""
         gone = sorted(leftover_runs(self.root) - keep - {self.run_id})
         for run_id in gone:
-            ProcessPool(self.slots, RunPaths(run_id, Path(), Path(), Path()), self.root).delete()
+            remove_pool(self.root / run_id)
         return gone
 
     def node_paths(self) -> NodePaths:
@@ -78,6 +72,17 @@ class ProcessPool:
 
     def job(self, training, timeout_s: float = 0) -> "ProcessJob":
         return ProcessJob(self, training)
+
+
+def remove_pool(folder: Path) -> None:
+    """Stop the launchers a process pool's folder records (their process groups), then remove the folder."""
+    pids = folder / "pids"
+    for line in (pids.read_text().split() if pids.exists() else []):
+        try:
+            os.killpg(int(line), signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            pass
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def leftover_runs(root: Path) -> set[str]:
