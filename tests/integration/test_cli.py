@@ -53,6 +53,7 @@ def make_data(root: Path, kind: str) -> Path:
     ("not an image", ["--data", "{data}"], "labels.csv is not an image file"),
     ("batch size", ["--data", "{data}", "--batch-size", "0"], "training.batch_size must be at least 1 \\(got 0\\)"),
     ("model", ["--data", "{data}", "--model", "resnet5000"], "unknown model 'resnet5000'"),
+    ("stages without pipeline", ["--data", "{data}", "--stages", "2"], "training.stages needs training.parallel pipeline"),
     ("out not writable", ["--data", "{data}", "--out", "{tmp}/file/out"], "output folder .* is not writable"),
     ("workdir is a file", ["--workdir", "{tmp}/file"], "cannot write the digits set to .*file/data/digits"),
     ("batch too big", ["--data", "{data}", "--batch-size", "4"], "--batch-size 4 x 2 workers is more than the 4 training"),

@@ -1,0 +1,62 @@
+"""The house rules that hold across modules: one error hierarchy with one retry and one exit-code rule, the trainer
+standing apart, every command reading its config one way, each backend refusing what it cannot run."""
+
+import importlib
+import inspect
+import pkgutil
+import re
+from pathlib import Path
+
+import pytest
+from azure.core.exceptions import AzureError
+
+import infra
+from flows.cli import configure
+from flows.config import ConfigError, load_config
+from infra.errors import BadInput, TrainflowError, exit_code, is_permanent
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def errors_of_infra() -> list[type]:
+    found = set()
+    for module in pkgutil.walk_packages(infra.__path__, "infra."):
+        for _, value in inspect.getmembers(importlib.import_module(module.name), inspect.isclass):
+            if issubclass(value, Exception) and value.__module__.startswith("infra."):
+                found.add(value)
+    return sorted(found, key=lambda c: c.__name__)
+
+
+def test_every_error_of_infra_is_in_the_one_hierarchy_with_one_exit_rule():
+    errors = errors_of_infra()
+    assert len(errors) >= 8
+    for error in errors:
+        assert issubclass(error, TrainflowError), error
+        assert exit_code(error("x")) == (2 if issubclass(error, BadInput) else 1), error
+    assert issubclass(ConfigError, BadInput) and exit_code(ConfigError("x")) == 2
+    assert exit_code(AzureError("refused")) == 1 and exit_code(ValueError("a bug")) is None
+
+
+def test_the_retry_rule_is_the_permanent_flag():
+    assert is_permanent(BadInput("x")) and not is_permanent(TrainflowError("x"))
+    assert is_permanent(TrainflowError("x", permanent=True)) and not is_permanent(RuntimeError("x"))
+
+
+def test_the_trainer_imports_nothing_of_the_orchestrator():
+    for path in (REPO / "containers" / "trainer").glob("*.py"):
+        assert not re.search(r"^\s*(from|import) (flows|tasks|infra|prefect)\b", path.read_text(), re.M), path
+
+
+def test_commands_without_data_get_the_digits_settings_and_an_absolute_workdir(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    digits = configure(None, None, Path("work"))
+    assert digits.workdir == tmp_path / "work" and (digits.training.model, digits.training.image_size) == ("resnet18", 32)
+    real = configure(None, "/data/imagenet", None)
+    assert (real.training.model, real.training.image_size, real.training.epochs) == ("resnet50", 224, 90)
+
+
+@pytest.mark.parametrize("backend", ["process", "docker"])
+def test_a_local_pool_with_an_azure_share_is_refused(backend):
+    with pytest.raises(ConfigError, match="set fileshare.backend: local") as failure:
+        load_config(None, {"pool": {"backend": backend}, "fileshare": {"backend": "azure"}}, environ={})
+    assert failure.value.exit_code == 2
