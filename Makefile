@@ -13,8 +13,13 @@ LAUNCHER ?= torchrun
 TORCH_PINS := $(shell grep -oE '"torch(vision)?==[^"]+"' pyproject.toml | tr -d '"')
 BIN := $(VENV)/bin
 
-.PHONY: setup docker-setup demo test bench clean
-setup: $(VENV)/.installed node_modules/.installed docker-setup
+# checkov (the Bicep lint of tests/unit/test_azure_templates.py) has its own venv: its pins (packaging<24,
+# networkx<2.7, cachetools<6) conflict with the project's (pytest and wheel need packaging>=24).
+TOOLS_VENV ?= .venv-tools
+CHECKOV ?= checkov==3.3.30
+
+.PHONY: setup docker-setup tools demo test bench clean
+setup: $(VENV)/.installed node_modules/.installed docker-setup tools
 
 # The container tests' Docker engine, registry and base-image maker, from Debian's packages (needs root
 # or sudo; skipped when all three are installed). The tests start dockerd and the registry themselves.
@@ -34,6 +39,13 @@ $(VENV)/.installed: pyproject.toml containers/build/horovod-wheel.sh
 	  $(BIN)/pip install -q "$$wheel" -e '.[dev]'
 	touch $@
 
+tools: $(TOOLS_VENV)/.installed
+$(TOOLS_VENV)/.installed: Makefile
+	test -x $(TOOLS_VENV)/bin/python || $(PYTHON) -m venv $(TOOLS_VENV)
+	echo '*' > $(TOOLS_VENV)/.gitignore  # the venv ignores itself (as Python 3.13's venv does)
+	$(TOOLS_VENV)/bin/pip install -q "$(CHECKOV)"
+	touch $@
+
 # Azurite (the Blob emulator of the local default and the tests), pinned by package-lock.json.
 node_modules/.installed: package.json package-lock.json
 	npm ci --no-audit --no-fund --loglevel=error
@@ -49,4 +61,4 @@ bench: setup
 	$(BIN)/trainflow bench train --workdir $(WORKDIR) --json $(WORKDIR)/bench-train.json
 
 clean:
-	rm -rf $(VENV) $(WORKDIR)
+	rm -rf $(VENV) $(TOOLS_VENV) $(WORKDIR)

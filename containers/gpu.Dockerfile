@@ -10,17 +10,31 @@ ARG BASE_IMAGE=nvidia/cuda:13.0.2-cudnn-devel-ubuntu24.04
 FROM ${BASE_IMAGE}
 ENV DEBIAN_FRONTEND=noninteractive VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+# nfs-common: mount.nfs, for the per-node mount of the NFS file server (Azure Files NFS 4.1; Azure's Linux mount
+#   steps install it: https://learn.microsoft.com/azure/storage/files/storage-files-how-to-mount-nfs-shares).
+# util-linux: flock and mountpoint, which the per-node mount step uses (one mount per node, skipped when mounted;
+#   https://packages.ubuntu.com/noble/util-linux lists /usr/bin/flock and /usr/bin/mountpoint).
+# rdma-core, libibverbs1, ibverbs-providers: the verbs library and the mlx5 provider of the InfiniBand NICs on
+#   Azure's ND/NC..r sizes. NCCL opens libibverbs.so.1 at run time and, without it, warns "Failed to open
+#   libibverbs.so[.1]" and falls back to TCP sockets (NVIDIA/nccl src/misc/ibvwrap.cc, ibvsymbols.cc in newer
+#   releases; https://learn.microsoft.com/azure/virtual-machines/extensions/enable-infiniband).
 RUN apt-get update && apt-get install -y --no-install-recommends \
       python3 python3-dev python3-venv g++ make cmake git openmpi-bin libopenmpi-dev \
       openssh-server openssh-client \
+      nfs-common util-linux rdma-core libibverbs1 ibverbs-providers \
  && rm -rf /var/lib/apt/lists/* && mkdir -p /run/sshd && python3 -m venv /opt/venv
 COPY requirements/ /opt/trainflow/requirements/
 RUN pip install -r /opt/trainflow/requirements/torch.txt -r /opt/trainflow/requirements/image.txt
 COPY build/horovod-wheel.sh /tmp/horovod-wheel.sh
 # Horovod: NCCL for GPU allreduce (the NCCL that torch's wheels bring), MPI and Gloo as controllers.
+# HOROVOD_NCCL_LINK=SHARED: pip's nvidia-nccl wheel has only libnccl.so.2 (no libnccl_static.a), and unset,
+# Horovod links NCCL statically for CUDA ("HOROVOD_NCCL_LINK - {SHARED, STATIC}. Mode to link NCCL library.
+# Defaults to STATIC for CUDA": horovod/horovod docs/install.rst; cmake/Modules/FindNCCL.cmake looks for
+# libnccl_static.a unless SHARED, then find_library(nccl), hence the libnccl.so link). Linked shared, Horovod
+# uses the same libnccl.so.2 as torch.
 RUN NCCL=$(python -c 'import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])') \
  && ln -sf libnccl.so.2 "$NCCL/lib/libnccl.so" \
- && HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_WITH_MPI=1 HOROVOD_NCCL_HOME="$NCCL" \
+ && HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_WITH_MPI=1 HOROVOD_NCCL_HOME="$NCCL" HOROVOD_NCCL_LINK=SHARED \
     /tmp/horovod-wheel.sh python /tmp/wheels \
  && pip install /tmp/wheels/horovod-*/horovod-*.whl && rm -rf /tmp/wheels \
  && horovodrun --check-build
