@@ -1,7 +1,10 @@
 """Blob storage: Azure Blob, or Azurite locally, behind one small `BlobStore`.
 
-Credentials: a SAS token (preferred, as the reference architecture advises), a connection string, or
-DefaultAzureCredential; secrets come from environment variables and never reach a message.
+Credentials, best first: `auth: default`, the identity (DefaultAzureCredential: az login, a managed or
+workload identity) gets a user delegation key and signs a least-privilege container SAS per step, so no
+account key is on the client and no step gets more than it needs; `auth: key`, the fallback, signs the
+same SAS with the account key; or a SAS token or connection string made elsewhere (infra.sas).
+Secrets come from environment variables and never reach a message.
 Single requests are retried by the SDK (exponential backoff); whole steps by Prefect.
 """
 
@@ -9,20 +12,23 @@ import ipaddress
 import os
 import re
 from contextlib import contextmanager
+from datetime import timedelta
 from pathlib import Path
 from typing import Iterator, Literal
 from urllib.parse import urlparse
 
 import requests
+from azure.core.credentials import TokenCredential
 from azure.core.exceptions import (
     ClientAuthenticationError, HttpResponseError, ResourceExistsError, ResourceNotFoundError, ServiceRequestError,
     ServiceResponseError,
 )
-from azure.storage.blob import BlobServiceClient, ContainerClient, ExponentialRetry
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from azure.storage.blob import BlobServiceClient, ContainerClient, ExponentialRetry, UserDelegationKey
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from infra.azurite import connection_string
 from infra.errors import TrainflowError
+from infra.sas import MAX_DELEGATION, Window, container_sas, delegated_container_sas, validity
 
 CONTAINER_NAME = re.compile(r"^(?=.{3,63}$)[a-z0-9](?:[a-z0-9]|-(?!-))*[a-z0-9]$")
 SECRET_PATTERNS = [re.compile(p) for p in (r"(sig=)[^&\s'\"]+", r"(AccountKey=)[^;\s'\"]+", r"(SharedAccessSignature=)[^;\s'\"]+")]
@@ -42,14 +48,17 @@ class StorageConfig(BaseModel):
     account_url: str | None = None
     """https://<account>.blob.core.windows.net (azure only). Plain http is refused except to loopback."""
     auth: Literal["sas", "key", "connection_string", "default"] = "sas"
-    """azure only: a SAS token; key: the account key signs a SAS per step (least privilege, short expiry)
-    and never authorises a request itself; a connection string; or DefaultAzureCredential."""
+    """azure only. default (recommended): the identity (DefaultAzureCredential) gets a user delegation key
+    and signs a SAS per step (least privilege, sas_minutes), with no account key on the client; it needs a
+    Storage Blob Data role on the account. key (the fallback): the account key signs the same SAS and never
+    authorises a request itself. sas: a SAS token made elsewhere; connection_string: a connection string."""
     sas_token_env: str = "AZURE_STORAGE_SAS_TOKEN"
     """Environment variable holding the SAS token."""
     account_key_env: str = "AZURE_STORAGE_KEY"
     """auth key: environment variable holding the account key."""
     sas_minutes: float = Field(120, gt=0)
-    """auth key: lifetime of the SAS tokens trainflow signs (a step's retries sign a new one)."""
+    """auth default or key: lifetime of the SAS tokens trainflow signs (a step's retries sign a new one);
+    at most 7 days with auth default (a user delegation key's longest life)."""
     connection_string_env: str = "AZURE_STORAGE_CONNECTION_STRING"
     """Environment variable holding the connection string."""
     container: str = "trainflow"
@@ -80,6 +89,17 @@ class StorageConfig(BaseModel):
                 raise ValueError("account_url must not carry a query string; put the SAS token in the "
                                  "environment variable named by sas_token_env")
         return url
+
+    @model_validator(mode="after")
+    def _delegation_limits(self) -> "StorageConfig":
+        if self.backend == "azure" and self.auth == "default":
+            if timedelta(minutes=self.sas_minutes) > MAX_DELEGATION:
+                raise ValueError(f"sas_minutes {self.sas_minutes:g} is longer than a user delegation key lasts "
+                                 f"(7 days, {MAX_DELEGATION.total_seconds() / 60:.0f} minutes) with auth default")
+            if self.account_url and urlparse(self.account_url).scheme != "https":
+                raise ValueError("auth default sends the identity's token, which Azure accepts only over https: "
+                                 "use an https account_url")
+        return self
 
 
 def require_https_unless_loopback(url: str) -> None:
@@ -118,9 +138,11 @@ class BlobStore:
 
     @classmethod
     def connect(cls, cfg: StorageConfig, environ: dict[str, str] | None = None,
-                connection_string: str | None = None, access: str = "stage") -> "BlobStore":
+                connection_string: str | None = None, access: str = "stage",
+                credential: TokenCredential | None = None) -> "BlobStore":
         """A store for cfg's container; `connection_string` is Azurite's (the local default); `access`
-        (infra.sas.BLOB_ACCESS) is what a signed SAS allows with auth key."""
+        (infra.sas.BLOB_ACCESS) is what a signed SAS allows with auth default or key; `credential` is the
+        identity of auth default (DefaultAzureCredential when None)."""
         # retry_total alone still caps 5xx, connect and read retries at 3 each: set them all.
         n = cfg.retry_total
         retry = ExponentialRetry(initial_backoff=cfg.retry_initial_backoff, increment_base=2, retry_total=n,
@@ -130,7 +152,8 @@ class BlobStore:
         session.mount("https://", requests.adapters.HTTPAdapter(pool_maxsize=4 * cfg.upload_concurrency + 4))
         options = dict(retry_policy=retry, max_single_put_size=4 << 20, max_block_size=4 << 20,
                        connection_timeout=10, read_timeout=60, session=session)
-        service = service_client(cfg, os.environ if environ is None else environ, connection_string, options, access)
+        service = service_client(cfg, os.environ if environ is None else environ, connection_string, options, access,
+                                 credential)
         try:
             require_https_unless_loopback(service.url)  # a connection string names its own endpoint
         except ValueError as exc:
@@ -213,7 +236,7 @@ def storage_errors(service: str, where: str, action: str) -> Iterator[None]:
 
 
 def service_client(cfg: StorageConfig, environ, connection_string: str | None, options: dict,
-                   access: str = "stage") -> BlobServiceClient:
+                   access: str = "stage", credential: TokenCredential | None = None) -> BlobServiceClient:
     """A BlobServiceClient from the configured credential."""
     if cfg.backend == "azurite":
         if connection_string is None:
@@ -227,13 +250,56 @@ def service_client(cfg: StorageConfig, environ, connection_string: str | None, o
     if cfg.auth == "sas":
         return BlobServiceClient(cfg.account_url, credential=secret(environ, cfg.sas_token_env).lstrip("?"), **options)
     if cfg.auth == "key":
-        from infra.sas import container_sas
-
         token = container_sas(cfg.account_url, cfg.container, secret(environ, cfg.account_key_env), access, cfg.sas_minutes)
         return BlobServiceClient(cfg.account_url, credential=token, **options)
+    return delegated_client(cfg, credential or default_identity(), options, access)
+
+
+def default_identity() -> TokenCredential:
+    """DefaultAzureCredential: environment, workload or managed identity, az login, ..."""
     from azure.identity import DefaultAzureCredential
 
-    return BlobServiceClient(cfg.account_url, credential=DefaultAzureCredential(), **options)
+    return DefaultAzureCredential()
+
+
+def delegated_client(cfg: StorageConfig, identity: TokenCredential, options: dict, access: str) -> BlobServiceClient:
+    """A client holding only a user delegation SAS for `access` that `identity` signed (no key, no token)."""
+    window = validity(cfg.sas_minutes)
+    key = user_delegation_key(BlobServiceClient(cfg.account_url, credential=identity, **options), window)
+    token = delegated_container_sas(cfg.account_url, cfg.container, key, access, window)
+    return BlobServiceClient(cfg.account_url, credential=token, **options)
+
+
+def user_delegation_key(service: BlobServiceClient, window: Window) -> UserDelegationKey:
+    """A user delegation key valid for `window`, or a StorageError naming the sign-in or role that is missing."""
+    where = redact(service.url.split("?")[0])
+    with storage_errors("blob storage", where, "get a user delegation key"):
+        try:
+            return service.get_user_delegation_key(*window)
+        except HttpResponseError as exc:  # ClientAuthenticationError included
+            if exc.status_code == 403:
+                raise missing_delegation_role(where, exc) from None
+            if exc.status_code is None and isinstance(exc, ClientAuthenticationError):
+                raise no_identity(exc) from None
+            raise
+
+
+def missing_delegation_role(where: str, exc: HttpResponseError) -> StorageError:
+    """The error for a 403 on Get User Delegation Key: the identity lacks the role that allows it."""
+    return StorageError(
+        f"blob storage at {where} refused this identity a user delegation key ({error_code(exc)}): it needs "
+        "'Storage Blob Delegator', or a Storage Blob Data role (Reader, Contributor or Owner), on the storage "
+        "account; and the SAS allows no more than the identity's Storage Blob Data role, so give it Storage Blob "
+        "Data Contributor to stage data. Fix: az role assignment create --assignee <principal id> --role "
+        "'Storage Blob Data Contributor' --scope <storage account id> (it takes a few minutes to apply), "
+        "or use auth: key", permanent=True)
+
+
+def no_identity(exc: ClientAuthenticationError) -> StorageError:
+    """The error when DefaultAzureCredential finds no identity to sign in with."""
+    return StorageError(f"no Azure identity to get a user delegation key with ({redact(first_line(exc))}); "
+                        "run `az login`, or run where a managed or workload identity is set up, or use auth: key",
+                        permanent=True)
 
 
 def secret(environ, name: str) -> str:
@@ -248,7 +314,8 @@ def secret(environ, name: str) -> str:
 def refused_credentials(service: str, where: str, exc: HttpResponseError) -> StorageError:
     """The error for a 401/403: the credential is wrong, expired or lacks a permission."""
     return StorageError(f"{service} at {where} refused the credentials ({error_code(exc)}); check that the "
-                        "SAS token or connection string is right, unexpired and allows this operation", permanent=True)
+                        "SAS token or connection string is right, unexpired and allows this operation (with auth "
+                        "default, that the identity's data role allows it)", permanent=True)
 
 
 def error_code(exc: HttpResponseError) -> str:

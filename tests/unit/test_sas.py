@@ -1,0 +1,73 @@
+"""The SAS tokens trainflow signs: a user delegation SAS (auth default) carries the key's fields and only the
+step's permissions for the window asked; the account-key SAS (auth key) stays the fallback."""
+
+from datetime import datetime, timedelta, timezone
+from urllib.parse import parse_qsl
+
+import pytest
+from azure.identity import CredentialUnavailableError
+from azure.storage.blob import UserDelegationKey
+from pydantic import ValidationError
+
+from infra.blobstore import BlobStore, StorageConfig, StorageError
+from infra.sas import BLOB_ACCESS, container_sas, delegated_container_sas, validity
+
+URL = "https://acct.blob.core.windows.net"
+NOW = datetime(2026, 11, 23, 10, 0, tzinfo=timezone.utc)
+
+
+def delegation_key() -> UserDelegationKey:
+    """A key as Get User Delegation Key returns it."""
+    key = UserDelegationKey()
+    key.signed_oid, key.signed_tid = "11111111-aaaa-4bbb-8ccc-000000000001", "22222222-aaaa-4bbb-8ccc-000000000002"
+    key.signed_start, key.signed_expiry = "2026-11-23T09:55:00Z", "2026-11-23T10:30:00Z"
+    key.signed_service, key.signed_version = "b", "2026-06-06"
+    key.value = "a2V5LW1hZGUtZm9yLWEtdW5pdC10ZXN0LW9mLXNpZ25pbmc="
+    return key
+
+
+def fields(token: str) -> dict[str, str]:
+    """The query fields of a SAS token, decoded."""
+    return dict(parse_qsl(token, strict_parsing=True))
+
+
+def test_a_delegated_read_sas_carries_the_key_and_only_read_and_list_for_the_window_asked():
+    key, window = delegation_key(), validity(30, now=NOW)
+    got = fields(delegated_container_sas(URL, "data", key, "read", window))
+    assert (got["skoid"], got["sktid"]) == (key.signed_oid, key.signed_tid)
+    assert (got["skt"], got["ske"], got["sks"], got["skv"]) == (key.signed_start, key.signed_expiry, "b", "2026-06-06")
+    assert (got["sp"], got["sr"], got["spr"]) == ("rl", "c", "https")
+    assert (got["st"], got["se"]) == ("2026-11-23T09:55:00Z", "2026-11-23T10:30:00Z")  # what was asked
+    assert got["sig"] and key.value not in got.values()
+
+
+@pytest.mark.parametrize("access", sorted(BLOB_ACCESS))
+def test_each_step_gets_only_its_permissions_from_either_signer(access):
+    delegated = fields(delegated_container_sas(URL, "data", delegation_key(), access, validity(5, now=NOW)))
+    keyed = fields(container_sas(URL, "data", "a2V5", access, 5))
+    assert delegated["sp"] == keyed["sp"] == BLOB_ACCESS[access]
+    assert "skoid" not in keyed  # the fallback is signed by the account key, not an identity
+
+
+def test_auth_default_refuses_a_lifetime_longer_than_a_delegation_key_and_plain_http():
+    week = 7 * 24 * 60
+    assert StorageConfig(backend="azure", account_url=URL, auth="default", sas_minutes=week).sas_minutes == week
+    with pytest.raises(ValidationError, match="longer than a user delegation key lasts"):
+        StorageConfig(backend="azure", account_url=URL, auth="default", sas_minutes=week + 1)
+    with pytest.raises(ValidationError, match="only over https"):
+        StorageConfig(backend="azure", account_url="http://127.0.0.1:10000/devstoreaccount1", auth="default")
+    assert StorageConfig(backend="azure", account_url=URL, auth="key", sas_minutes=week + 1)  # no such limit
+
+
+class NoIdentity:
+    """What DefaultAzureCredential does on a machine with no sign-in."""
+
+    def get_token(self, *scopes, **kwargs):
+        raise CredentialUnavailableError("no az login, no managed identity")
+
+
+def test_no_identity_is_a_permanent_error_that_says_how_to_sign_in():
+    cfg = StorageConfig(backend="azure", account_url=URL, auth="default", retry_total=0)
+    with pytest.raises(StorageError, match=r"no Azure identity .*az login.*auth: key") as failure:
+        BlobStore.connect(cfg, environ={}, access="read", credential=NoIdentity())
+    assert failure.value.permanent
