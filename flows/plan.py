@@ -16,7 +16,7 @@ from infra.fileserver import FileServer
 from infra.fileshare import open_share
 from infra.transfers import step_plan
 from tasks.build_image import plan_image
-from tasks.sync_file_server import decide_sync
+from tasks.sync_file_server import decide_sync, sync_row
 from tasks.train_on_pool import plan_pool
 from tasks.upload_dataset import plan_upload_offline
 from tasks.upload_scripts import package_files, plan_scripts
@@ -36,10 +36,13 @@ def dry_run(cfg: FlowConfig) -> tuple[list[dict], dict[str, str]]:
     scripts = plan_scripts_row(cfg)
     data_rows, data = plan_data(cfg)
     run = planned_run(cfg, scripts["version"], data)
+    pool = plan_pool(cfg, run, image)
+    if backend.sync_where(cfg) != "here" and cfg.data != SYNTHETIC:
+        data_rows[1] = remote_sync_row(cfg, pool)
     rows += [scripts, *data_rows]
     rows.append(step_plan("create-pool", "run", f"{cfg.pool.backend} pool, {slots(cfg.pool)} slots for "
                           f"{cfg.training.workers} workers"))
-    job = plan_pool(cfg, run, image).job(cfg.training, cfg.job.timeout_s)
+    job = pool.job(cfg.training, cfg.job.timeout_s)
     rows.append(step_plan("run-training", "run", job.describe()))
     rows.append(step_plan("collect-results", "run", "results/<run id>/ on the file share, the model to Blob"))
     specs = backend.specs(cfg, run, image)
@@ -88,7 +91,25 @@ def plan_data(cfg: FlowConfig) -> tuple[list[dict], Path]:
     current = server.current_manifest(name)
     upload = plan_upload_offline(cfg.storage, data, name, cfg.workdir, current and current[1])
     sync = decide_sync(server, name, upload.manifest)
-    return [upload.row(name), sync.row(name)], server.version_dir(name, upload.manifest["version"])
+    return [upload.row(name), sync_row(sync, name)], server.version_dir(name, upload.manifest["version"])
+
+
+def remote_sync_row(cfg: FlowConfig, pool) -> dict:
+    """The sync's row where this machine does not sync: a job on the pool, or each node as the job starts."""
+    name = cfg.dataset_name()
+    if backend_of(cfg.pool).sync_where(cfg) == "pool":
+        return step_plan("sync-to-file-server", "run", f"{name}: {pool.sync_job().describe()}")
+    return step_plan("sync-to-file-server", "skip", f"{name}: each node fetches the staged shards to its local disk "
+                     "as the job starts (see the job's command)")
+
+
+def sync_operation(cfg: FlowConfig, staged: str) -> str:
+    """Who reads the staged data set, and where it goes."""
+    where, name = backend_of(cfg.pool).sync_where(cfg), cfg.dataset_name()
+    if where == "here":
+        return f"- get blobs: {staged} -> {cfg.export_dir()}/datasets/{name}/<version>, then `current` switched to it"
+    who = "the pool's sync job, into the file server" if where == "pool" else "each node, into its local disk"
+    return f"- get blobs: {staged} read by {who} (datasets/{name}/<version>, then `current` switched to it)"
 
 
 def storage_operations(cfg: FlowConfig, scripts: str) -> list[str]:
@@ -100,8 +121,7 @@ def storage_operations(cfg: FlowConfig, scripts: str) -> list[str]:
         "last",
         f"- put blobs: {container}/{mf.dataset_prefix(name)}shards/*.tar, then {mf.manifest_blob(name)} "
         f"(auth: {blob.auth})",
-        f"- get blobs: {container}/{mf.dataset_prefix(name)} -> {cfg.export_dir()}/datasets/{name}/<version>, "
-        "then `current` switched to it",
+        sync_operation(cfg, f"{container}/{mf.dataset_prefix(name)}"),
         f"- job output: results/<run id> (written by the job), downloaded to the run folder",
         f"- put results: {share.account_url}/{share.share}/results/<run id>/ and {container}/results/<run id>/model.pt",
     ]

@@ -23,7 +23,7 @@ def train_flow(cfg: FlowConfig) -> dict:
     backend = backend_of(cfg.pool)
     image = build_image_task(cfg.image, cfg.workdir, wheel_cache()) if backend.needs_image else None
     with blob_endpoint(cfg) as port:
-        scripts, upload, synced = stage_steps(cfg, port)
+        scripts, upload, synced = stage_steps(cfg, port, run_id, image and image["image"])
         run = RunPaths(run_id, data_version(synced["path"]), backend.scripts_root(cfg) / scripts["version"],
                        cfg.workdir / "runs" / run_id, cfg.dataset_name())
         pool = plan_pool(cfg, run, image and image["image"])
@@ -35,5 +35,6 @@ def train_flow(cfg: FlowConfig) -> dict:
         results = collect_results_task(run.out, run_id, cfg.fileshare, cfg.storage, port, cfg.workdir)
     summary = {"run_id": run_id, "dataset": cfg.dataset_name(), "pool": described, "image": image and image["image"],
                "scripts": scripts["version"], "metrics": trained["metrics"], "command": trained["command"],
+               "attempts": trained["attempts"],
                "results": results, "out": str(run.out), "steps": [scripts, upload, synced]}
     return {**summary, "step_seconds": publish_report_task(summary)}

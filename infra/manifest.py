@@ -4,7 +4,8 @@ A data set in Blob is `datasets/<name>/manifest.json` plus `datasets/<name>/shar
 manifest lists every file (relative path, size, SHA-256, shard) and is written last: the data set is
 complete exactly when it exists. A file goes to the shard picked by a hash of its path, so changing
 one file changes (and re-uploads) only its shard; a shard's id is a hash of the paths and contents it
-holds, so an unchanged shard keeps its name and is never sent twice.
+holds, so an unchanged shard keeps its name and is never sent twice. The layout, the manifest's format and
+the checked extraction live in trainer/datasets.py, which the nodes run too.
 """
 
 import hashlib
@@ -14,37 +15,12 @@ import math
 import os
 import tarfile
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 from infra.errors import BadInput, TrainflowError
 from infra.trainer import index_data
-
-FORMAT = 1
-
-
-@dataclass(frozen=True)
-class FileEntry:
-    """One file of the data set."""
-
-    path: str  # relative, "/"-separated: train/<class>/...
-    size: int
-    sha256: str
-
-
-def dataset_prefix(name: str) -> str:
-    """Where a data set lives in the container."""
-    return f"datasets/{name}/"
-
-
-def shard_blob(name: str, shard: str) -> str:
-    """The blob name of one shard."""
-    return f"{dataset_prefix(name)}shards/{shard}.tar"
-
-
-def manifest_blob(name: str) -> str:
-    """The blob name of the manifest, the data set's completion mark."""
-    return f"{dataset_prefix(name)}manifest.json"
+from trainer.datasets import (FORMAT, FileEntry, dataset_prefix, extract_members, manifest_blob,  # noqa: F401
+                              parse_manifest, shard_blob, sizes_match)
 
 
 def sha256_file(path: Path) -> str:
@@ -175,51 +151,6 @@ class ChangedWhileStaging(TrainflowError):
     """A source file changed between hashing and packing (a retry re-hashes it)."""
 
 
-def extract_members(tar_path: Path, wanted: dict[str, FileEntry], dest: Path) -> int:
-    """Extract the `wanted` members into dest, checking each one's size and SHA-256; returns bytes written."""
-    written, found = 0, set()
-    with tarfile.open(tar_path, "r") as tar:
-        for member in tar:
-            entry = wanted.get(member.name)
-            if entry is None or not member.isfile():
-                continue
-            found.add(member.name)
-            data = tar.extractfile(member).read()
-            if len(data) != entry.size or hashlib.sha256(data).hexdigest() != entry.sha256:
-                raise ValueError(f"{member.name} in {tar_path.name} does not match the manifest")
-            target = dest / entry.path
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with open(target, "wb") as f:
-                f.write(data)
-            target.chmod(0o444)  # versions share files by hard link: nobody may edit one in place
-            written += len(data)
-    missing = set(wanted) - found
-    if missing:
-        raise ValueError(f"{tar_path.name} lacks {len(missing)} files of the manifest, e.g. {sorted(missing)[0]}")
-    return written
-
-
 def manifest_bytes(manifest: dict) -> bytes:
     """The manifest as stored (compact: the C encoder, fast for a million files)."""
     return json.dumps(manifest, separators=(",", ":"), sort_keys=True).encode()
-
-
-def parse_manifest(text: str) -> dict:
-    """A stored manifest, checked for its format."""
-    manifest = json.loads(text)
-    if manifest.get("format") != FORMAT:
-        raise ValueError(f"manifest format {manifest.get('format')} is not {FORMAT}")
-    return manifest
-
-
-def sizes_match(root: Path, files: list[dict]) -> list[str]:
-    """Paths in `files` that are missing under root or differ in size (a cheap completeness check)."""
-    bad = []
-    for f in files:
-        try:
-            if os.stat(root / f["path"]).st_size != f["size"]:
-                bad.append(f["path"])
-        except FileNotFoundError:
-            bad.append(f["path"])
-    return bad
-

@@ -2,22 +2,23 @@
 
 Files whose path and SHA-256 are unchanged since the current version are hard-linked from it; only
 the shards that hold missing or changed files are downloaded; each extracted file is checked
-against the manifest; the new version appears (as `current`) only once whole.
+against the manifest; the new version appears (as `current`) only once whole. The decision and the
+versions are trainer/datasets.py's, which the sync job on an Azure ML cluster runs too.
 """
 
-import os
-import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
-from prefect import task
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
 
+from infra.backends import Pool, run_job
 from infra.blobstore import BlobStore, StorageConfig, StorageError, open_store
 from infra.errors import BadInput
 from infra.fileserver import FileServer
 from infra import manifest as mf
 from infra.transfers import Transfer, in_parallel, step_plan, transfer_progress
 from tasks.retry import unless_permanent
+from trainer.datasets import SyncPlan, decide_sync, link_unchanged
 
 
 def read_manifest(store: BlobStore, name: str) -> dict:
@@ -29,55 +30,20 @@ def read_manifest(store: BlobStore, name: str) -> dict:
     return mf.parse_manifest(text)
 
 
-@dataclass
-class SyncPlan:
-    """What the sync of one manifest does: nothing (the file server has that version), or link what the
-    current version already holds and fetch the rest by shard."""
-
-    manifest: dict
-    complete: bool  # the file server already holds this version whole
-    reused: set[str]  # paths hard-linked from the current version
-    needed: dict[str, dict[str, mf.FileEntry]]  # shard -> the files to extract from it
-
-    def row(self, name: str) -> dict:
-        """The step's decision."""
-        version = self.manifest["version"][:12]
-        if self.complete:
-            return step_plan("sync-to-file-server", "skip", f"{name}: the file server holds version {version}",
-                             files=0)
-        files = sum(map(len, self.needed.values()))
-        return step_plan("sync-to-file-server", "run", f"{name}: fetch {files} files from {len(self.needed)} shards, "
-                         f"link {len(self.reused)} unchanged, as version {version}", files=files)
-
-
-def decide_sync(server: FileServer, name: str, manifest: dict) -> SyncPlan:
-    """The sync's decision for `manifest`: the step and the dry run share it."""
-    if server.is_complete(name, manifest["version"]):
-        return SyncPlan(manifest, True, set(), {})
-    current = server.current_manifest(name)
-    old = {f["path"]: f["sha256"] for f in current[1]["files"]} if current else {}
-    reused = {f["path"] for f in manifest["files"] if old.get(f["path"]) == f["sha256"]}
-    needed: dict[str, dict[str, mf.FileEntry]] = {}
-    for f in manifest["files"]:
-        if f["path"] not in reused:
-            needed.setdefault(f["shard"], {})[f["path"]] = mf.FileEntry(f["path"], f["size"], f["sha256"])
-    return SyncPlan(manifest, False, reused, needed)
-
-
-def link_unchanged(folder: Path, reused: set[str], dest: Path) -> None:
-    """Hard-link (or copy) the reused files of the current version `folder` into the new version `dest`."""
-    for rel in reused:
-        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.link(folder / rel, dest / rel)
-        except OSError:
-            shutil.copyfile(folder / rel, dest / rel)
+def sync_row(plan: SyncPlan, name: str) -> dict:
+    """The step's decision, as the dry run and the step's summary show it."""
+    version = plan.manifest["version"][:12]
+    if plan.complete:
+        return step_plan("sync-to-file-server", "skip", f"{name}: the file server holds version {version}", files=0)
+    files = sum(map(len, plan.needed.values()))
+    return step_plan("sync-to-file-server", "run", f"{name}: fetch {files} files from {len(plan.needed)} shards, "
+                     f"link {len(plan.reused)} unchanged, as version {version}", files=files)
 
 
 def sync_to_file_server(store: BlobStore, server: FileServer, name: str, workdir: Path) -> tuple[Transfer, Path]:
     """Make server's `current` version of `name` equal the manifest in Blob."""
     plan = decide_sync(server, name, read_manifest(store, name))
-    manifest, transfer = plan.manifest, Transfer("blob -> file server", plan=plan.row(name))
+    manifest, transfer = plan.manifest, Transfer("blob -> file server", plan=sync_row(plan, name))
     if plan.complete:
         server.activate(name, manifest["version"])
         transfer.skipped_files, transfer.skipped_bytes = len(manifest["files"]), manifest["bytes"]
@@ -114,3 +80,18 @@ def sync_to_file_server_task(cfg: StorageConfig, azurite_port: int | None, expor
     """Prefect step: sync; returns the transfer summary and the folder training reads."""
     transfer, current = sync_to_file_server(open_store(cfg, azurite_port, "read"), FileServer(export), name, workdir)
     return {**transfer.row(), "path": str(current), "plan": transfer.plan}
+
+
+@task(name="sync-to-file-server", retries=1, retry_delay_seconds=10, retry_condition_fn=unless_permanent,
+      cache_policy=NO_CACHE)
+def sync_on_pool_task(pool: Pool, name: str, timeout_s: float) -> dict:
+    """Prefect step, where only the pool reaches the file server (an NFS share inside a VNet): the pool's own
+    sync job (trainer/datasets.py on one node) brings it to the staged version while the flow waits."""
+    pool.create()
+    pool.wait_until_ready()
+    job = pool.sync_job()
+    logger = get_run_logger()
+    run_job(job, pool.run.out / "logs" / "sync", logger.info, timeout_s)
+    transfer = Transfer(f"blob -> file server (the pool's sync job {job.name})",
+                        plan=step_plan("sync-to-file-server", "run", f"{name}: {job.describe()}"))
+    return {**transfer.row(), "path": pool.synced_folder(), "plan": transfer.plan, "attempts": job.attempts()}

@@ -8,6 +8,7 @@ and the model also to Blob storage.
 from pathlib import Path
 
 from prefect import get_run_logger, task
+from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 from infra.backends import Pool, RunPaths, backend_of, check_fits, run_job
@@ -45,10 +46,20 @@ def create_pool_task(pool: Pool, pool_cfg, workers: int, keep_runs: set[str]) ->
       cache_policy=NO_CACHE)
 def run_training_task(pool: Pool, training, out: Path, timeout_s: float) -> dict:
     """Prefect step: run the job on the pool, each rank's lines into the run's log; a retry resumes from checkpoints.
-    Returns the run's metrics and the job's command."""
+    Returns the run's metrics, the job's command and the attempts the backend made itself."""
     job = pool.job(training, timeout_s)
-    run_job(job, out / "logs", get_run_logger().info, timeout_s)
-    return {"metrics": read_metrics(out).model_dump(), "command": job.describe()}
+    try:
+        run_job(job, out / "logs", get_run_logger().info, timeout_s)
+    finally:
+        attempts_artifact(job.attempts())
+    return {"metrics": read_metrics(out).model_dump(), "command": job.describe(), "attempts": job.attempts()}
+
+
+def attempts_artifact(attempts: list[dict]) -> None:
+    """The attempts a backend made itself (pre-empted, failed, completed) as a table in the Prefect UI."""
+    if attempts:
+        create_table_artifact(key="attempts", table=attempts, description="Each attempt of the training job: how "
+                              "and why it ended, its GPU-hours, the steps it lost since its last checkpoint")
 
 
 @task(name="delete-pool", retries=2, retry_delay_seconds=5, cache_policy=NO_CACHE)

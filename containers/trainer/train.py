@@ -429,6 +429,7 @@ def save_checkpoint(run: Run, step_in_epoch: int) -> None:
              "samples_in_epoch": step_in_epoch * run.args.batch_size * run.replicas,
              "wall_seconds": run.wall_seconds()}
     checkpoint.save_checkpoint(args_checkpoints(run.args), state, run.step, run.args.keep_checkpoints)
+    log.info("checkpoint step %d saved", run.step)  # what a resubmitting backend counts lost work from
 
 
 def args_checkpoints(args) -> Path:

@@ -10,11 +10,15 @@ job, and where the trainer, the scripts and the data are on its nodes:
         def check(cfg) -> None          # refuse a config it cannot run (ValueError naming the settings)
         def nodes(pool) -> int          # nodes the pool has
         def scripts_root(cfg) -> Path   # where its nodes find the file share's scripts/<version>
+        def sync_where(cfg) -> str      # who syncs Blob to the file server: "here" (the flow), "pool" (a job
+                                        # on the pool: pool.sync_job()), "nodes" (each node, as the job starts)
         def pool(cfg, run, image) -> Pool          # this run's pool, not yet created
         def specs(cfg, run, image) -> dict[str, str]  # what it would send a service, for the dry run
 
 A `Pool` is created, waited for, described and deleted, and makes the run's `Job`; a job is checked,
-submitted, streamed, polled and cancelled, and describes its command (which the dry run prints).
+submitted, streamed, polled and cancelled, describes its command (which the dry run prints), and lists
+the attempts it made itself (a backend that resubmits after a pre-emption; [] where the Prefect task's
+retry is the only one).
 """
 
 import os
@@ -93,6 +97,8 @@ class Job(Protocol):
 
     def cancel(self) -> None: ...
 
+    def attempts(self) -> list[dict]: ...
+
 
 class Pool(Protocol):
     """The one interface every backend's pool has."""
@@ -129,8 +135,19 @@ class LocalBackend:
     def scripts_root(self, cfg) -> Path:
         return local_root(cfg.workdir)
 
+    def sync_where(self, cfg) -> str:
+        """The file server is a folder of this machine: the flow syncs it."""
+        return "here"
+
     def specs(self, cfg, run: RunPaths, image: str | None) -> dict[str, str]:
         return {}
+
+
+class OneAttempt:
+    """A job that makes one attempt: a retry is the Prefect task's, which resumes from the checkpoints."""
+
+    def attempts(self) -> list[dict]:
+        return []
 
 
 def owner() -> str:

@@ -11,7 +11,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from infra.backends.base import LocalBackend, NodePaths, PoolError, RunPaths, merged_lines, owner_alive
+from infra.backends.base import LocalBackend, NodePaths, OneAttempt, PoolError, RunPaths, merged_lines, owner_alive
 from infra.backends.docker_nodes import (DATA, LABEL, NODE_ENV, OWNER, RESULTS, SCRIPTS, ContainerNodes, Mount,
                                          commands_on_nodes, remove_nodes, split_lines, start_nodes, torchrun_layout)
 from infra.images import DockerEngine
@@ -89,7 +89,7 @@ class DockerPool:
 
 
 @dataclass
-class ContainerJob:
+class ContainerJob(OneAttempt):
     """The launcher commands on a docker pool, the i-th on node i. A node whose command fails stops the others."""
 
     pool: DockerPool

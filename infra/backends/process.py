@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
-from infra.backends.base import LocalBackend, NodePaths, PoolError, RunPaths, owner, owner_alive, train_on_pool
+from infra.backends.base import (LocalBackend, NodePaths, OneAttempt, PoolError, RunPaths, owner, owner_alive,
+                                 train_on_pool)
 from infra.launchers import LaunchError, local_command
 from infra.trainer import TRAINER, TrainingMetrics, preflight, trainer_argv, trainer_script
 
@@ -95,7 +96,7 @@ def leftover_runs(root: Path) -> set[str]:
 
 
 @dataclass
-class ProcessJob:
+class ProcessJob(OneAttempt):
     """The launcher as a local process group on a process pool; the trainer's preflight runs first."""
 
     pool: ProcessPool
