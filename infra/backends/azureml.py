@@ -702,7 +702,7 @@ class AzureMLBackend:
                  "environment": yaml_text(environment_spec(pool.image))}
         if self.sync_where(cfg) == "pool" and not run.synthetic:
             specs["sync job"] = yaml_text(pool.sync_job().spec)
-        specs["job (attempt 1)"] = yaml_text(pool.job(cfg.training, cfg.job.timeout_s).spec)
+        specs["job"] = yaml_text(pool.job(cfg.training, cfg.job.timeout_s).spec)
         names = ", ".join(attempt_name(run.run_id, n) for n in range(2, cfg.azureml.max_attempts + 1))
         specs["later attempts"] = (f"# after a pre-emption or failure: {names or 'none (max_attempts 1)'}; the same spec "
                                    f"under the new name, resuming from {results_path(cfg.azureml, run.run_id)}"

@@ -14,7 +14,8 @@ from azure.ai.ml import load_compute, load_environment, load_job
 from flows.config import ConfigError, load_config
 from flows.plan import backend_specs
 from infra.backends import RunPaths
-from infra.backends.azureml import NFS_MOUNT, AzureMLConfig, AzureMLPool, infiniband, nccl_environment, printed_lines
+from infra.backends.azureml import (NFS_MOUNT, AzureMLConfig, AzureMLPool, check_complete, infiniband, nccl_environment,
+                                    printed_lines)
 from infra.trainer import REPO
 
 AZURE = REPO / "flows" / "configs" / "azure.yaml"
@@ -48,21 +49,36 @@ def test_nodes_times_processes_per_node_is_the_world_size(tmp_path, launcher):
 
 
 def test_a_world_the_nodes_do_not_make_is_refused(tmp_path):
-    with pytest.raises(ConfigError, match=r"training.workers is 6 but the azureml pool starts .* = 8 processes"):
+    with pytest.raises(ConfigError, match=r"training.workers is 6 but the azureml pool starts .* = 16 processes"):
         load_config(AZURE, {"workdir": tmp_path, "training": {"workers": 6}}, environ={})
 
 
 def test_the_data_mount_is_the_folder_the_trainer_reads(tmp_path):
     job = loaded_job(rendered(tmp_path)["job"], tmp_path)
     mount, engine = job.command.split(" && python ")
-    assert mount.split()[-1] == NFS_MOUNT and "mount -t nfs" in mount and " ro," in mount
+    assert mount.startswith("flock /tmp/trainflow-nfs.lock sh -c 'mountpoint -q /mnt/fileserver || ")  # once per node
+    assert f"mount -t nfs -o ro,vers=4,minorversion=1,sec=sys" in mount and mount.endswith(f" {NFS_MOUNT}; }}'")
     data = engine.split("--data ")[1].split()[0]
     assert data == f"{NFS_MOUNT}/datasets/imagenet/current"
     assert engine.split("--out ")[1].split()[0] == "${{outputs.results}}"
-    by_datastore = loaded_job(rendered(tmp_path, azureml={"data_source": "datastore"})["job"], tmp_path)
-    assert "--data ${{inputs.data}}" in by_datastore.command and "mount" not in by_datastore.command
-    assert by_datastore.inputs["data"].path == "azureml://datastores/trainflow_files/paths/fileserver/datasets/imagenet/current"
-    assert by_datastore.inputs["data"].mode == "ro_mount"
+
+
+def test_the_blob_data_path_fetches_the_staged_shards_to_the_local_disk(tmp_path):
+    job = loaded_job(rendered(tmp_path, azureml={"data_source": "blob", "blob_mode": "download"})["job"], tmp_path)
+    fetch, train = job.command.split(" && ")
+    assert fetch == ("python ${{inputs.scripts}}/trainer/datasets.py --source ${{inputs.shards}} --export /tmp/trainflow "
+                     "--dataset imagenet") and "mount" not in job.command
+    assert "--data /tmp/trainflow/datasets/imagenet/current" in train
+    assert job.inputs["shards"].path == "azureml://datastores/trainflow_blob/paths/datasets/imagenet/"
+    assert job.inputs["shards"].mode == "download"
+
+
+def test_the_sync_runs_as_a_job_on_the_cluster_that_mounts_the_file_server_read_write(tmp_path):
+    sync = loaded_job(rendered(tmp_path)["sync job"], tmp_path)
+    assert sync.compute == "trainflow-a100" and sync.resources.instance_count == 1
+    assert "mount -t nfs -o rw," in sync.command and sync.name == "trainflow-<run id>-sync-1"
+    assert sync.command.endswith("trainer/datasets.py --source ${{inputs.shards}} --export /mnt/fileserver "
+                                 "--dataset imagenet")
 
 
 def test_the_job_runs_the_scripts_version_and_image_the_earlier_steps_made(tmp_path):
@@ -72,9 +88,11 @@ def test_the_job_runs_the_scripts_version_and_image_the_earlier_steps_made(tmp_p
     job = pool.job(cfg.training, 3600)
     spec = job.spec._to_job()
     assert spec.environment.image == DIGEST
-    assert spec.inputs["scripts"].path == "azureml://datastores/trainflow_files/paths/scripts/0123abcd"
-    assert spec.outputs["results"].path == "azureml://datastores/trainflow_files/paths/results/run-1"
-    assert spec.limits.timeout == 3600 and spec.resources.shm_size == "64g" and spec.name == "trainflow-run-1"
+    assert spec.inputs["scripts"].path == "azureml://datastores/trainflow_files/paths/scripts/0123abcd/"
+    assert spec.outputs["results"].path == "azureml://datastores/trainflow_blob/paths/runs/run-1/"  # every attempt's
+    assert spec.limits.timeout == 3600 and spec.resources.shm_size == "64g" and spec.name == "trainflow-run-1-train-1"
+    assert job.make_spec(2).name == "trainflow-run-1-train-2" and job.make_spec(2).outputs["results"].path == \
+        spec.outputs["results"].path
 
 
 def test_compute_environment_and_storage_specs(tmp_path):
@@ -83,7 +101,8 @@ def test_compute_environment_and_storage_specs(tmp_path):
     compute = load_compute(tmp_path / "compute.yaml")
     assert (compute.size, compute.min_instances, compute.max_instances, compute.tier) == ("Standard_ND96asr_v4", 0, 4, "dedicated")
     assert compute.idle_time_before_scale_down == 600 and compute.network_settings.subnet.endswith("/subnets/compute")
-    grown = yaml.safe_load(rendered(tmp_path, pool={"nodes": 6}, training={"workers": 24},
+    assert compute.identity.type == "system_assigned" and compute.enable_node_public_ip is False  # a PUT keeps them
+    grown = yaml.safe_load(rendered(tmp_path, pool={"nodes": 6}, training={"workers": 48},
                                     azureml={"low_priority": True})["compute"])
     assert grown["max_instances"] == 6 and grown["tier"] == "low_priority"
     (tmp_path / "env.yaml").write_text(specs["environment"])
@@ -112,8 +131,10 @@ def test_dry_run_prints_the_specs_and_touches_nothing(tmp_path, digits):
                           env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
     assert proc.returncode == 0, proc.stderr
     specs = printed_specs(proc.stdout)
-    assert set(specs) == {"compute", "environment", "job", "storage"}
-    assert loaded_job(specs["job"], tmp_path).distribution.process_count_per_instance == 4
+    assert set(specs) == {"compute", "environment", "sync job", "job", "later attempts", "storage"}
+    assert loaded_job(specs["job"], tmp_path).distribution.process_count_per_instance == 8  # ND96asr_v4: 8 GPUs
+    assert "trainflow-<run id>-train-2, trainflow-<run id>-train-3" in specs["later attempts"]
+    assert "sync-to-file-server" in proc.stdout and "trainflow-<run id>-sync-1" in proc.stdout
     assert not work.exists()
 
 
@@ -123,6 +144,15 @@ def test_a_registry_connection_is_rendered_without_the_password(tmp_path):
     assert connection["type"] == "container_registry" and connection["target"] == "myregistry.azurecr.io"
     assert connection["credentials"] == {"type": "username_password", "username": "myregistry",
                                          "password": "<the value of $REGISTRY_PASSWORD>"}
+
+
+def test_settings_that_cannot_work_are_refused(tmp_path):
+    with pytest.raises(ConfigError, match="Entra access token .*breaks pulls after about 3 h"):
+        load_config(AZURE, {"workdir": tmp_path, "azureml": {"registry_access": "connection"},
+                            "image": {"username": "00000000-0000-0000-0000-000000000000"}}, environ={})
+    no_subnet = AzureMLConfig(subscription_id="s", resource_group="g", workspace="w", node_public_ip=False)
+    with pytest.raises(ValueError, match="node_public_ip false needs azureml.subnet"):
+        check_complete(no_subnet, reads_nfs=False)
 
 
 def test_what_one_thread_prints_becomes_lines_and_the_others_print_through(capsys):
@@ -156,10 +186,10 @@ def test_the_smoke_run_is_one_node_one_gpu_on_synthetic_data(tmp_path):
 
 
 def test_pipeline_mode_runs_torchrun_with_the_processes_its_stages_and_replicas_need(tmp_path):
-    training = {"launcher": "torchrun", "workers": 8, "parallel": "pipeline", "stages": 4, "microbatches": 8}
-    job = loaded_job(rendered(tmp_path, training=training)["job"], tmp_path)  # 2 nodes x 4 GPUs: 2 replicas of 4 stages
-    assert job.distribution.type == "pytorch" and job.resources.instance_count * 4 == 8
-    assert "--nnodes 2 --nproc_per_node 4" in job.command
+    training = {"launcher": "torchrun", "workers": 16, "parallel": "pipeline", "stages": 4, "microbatches": 8}
+    job = loaded_job(rendered(tmp_path, training=training)["job"], tmp_path)  # 2 nodes x 8 GPUs: 4 replicas of 4 stages
+    assert job.distribution.type == "pytorch" and job.resources.instance_count * 8 == 16
+    assert "--nnodes 2 --nproc_per_node 8" in job.command
     assert "--parallel pipeline --stages 4 --microbatches 8" in job.command
 
 
