@@ -29,7 +29,6 @@ fileshare:
   account_url: {out['fileAccountUrl'].rstrip('/')}
   share: {out['share']}
   auth: key
-fileserver_export: /mnt/trainflow-nfs   # mount {out['nfsExport']} here (from inside the virtual network)
 image:
   flavour: gpu
   registry: {out['registry']}

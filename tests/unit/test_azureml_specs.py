@@ -6,6 +6,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -14,11 +15,12 @@ from azure.ai.ml import load_compute, load_environment, load_job
 from flows.config import ConfigError, load_config
 from flows.plan import backend_specs
 from infra.backends import RunPaths
-from infra.backends.azureml import (NFS_MOUNT, AzureMLConfig, AzureMLPool, check_complete, infiniband, nccl_environment,
-                                    printed_lines)
+from infra.backends.azureml import (NFS_MOUNT, Attempt, AzureMLConfig, AzureMLJob, AzureMLPool, check_complete, infiniband,
+                                    nccl_environment, printed_lines, why_ended)
 from infra.trainer import REPO
 
 AZURE = REPO / "flows" / "configs" / "azure.yaml"
+PREEMPTION_ERROR = 'Exception : \n {"error": {"message": "AzureMLCompute job failed. PreemptionError: Nodes of this job got pre-empted."}}'
 DIGEST = "myregistry.azurecr.io/trainflow-gpu@sha256:" + "ab" * 32
 
 
@@ -196,3 +198,21 @@ def test_pipeline_mode_runs_torchrun_with_the_processes_its_stages_and_replicas_
 def test_pipeline_mode_with_horovod_is_refused():
     with pytest.raises(ConfigError, match="Horovod has no pipeline parallelism"):
         load_config(AZURE, {"training": {"parallel": "pipeline", "stages": 2}}, environ={})
+
+
+def test_new_attempts_stop_at_the_gpu_hour_budget_and_lost_work_counts_from_the_last_checkpoint():
+    pool = SimpleNamespace(azure=AzureMLConfig(max_attempts=5, max_gpu_hours=1.0))
+    job = AzureMLJob(pool, make_spec=lambda n: None, gpus=16)
+    first = Attempt("trainflow-r-train-1", gpus=16, status="Failed", error=PREEMPTION_ERROR)
+    first.clock("Running", 0.0)
+    first.clock("Failed", 200.0)  # 200 s x 16 GPUs = 0.89 GPU-hours: another attempt may start
+    for line in ["[rank 0] INFO epoch 1 step 40 (40/99)", "[rank 0] INFO checkpoint step 40 saved",
+                 "[rank 0] INFO epoch 1 step 60 (60/99)"]:
+        first.read(line)
+    job.history, job.number = [first], 1
+    assert why_ended(first).startswith("pre-empted") and first.lost_steps == 20 and job.refusal(first) is None
+    second = Attempt("trainflow-r-train-2", gpus=16, status="Failed", seconds=60.0)  # 0.27 more: 1.16 in all
+    job.history, job.number = [first, second], 2
+    assert job.refusal(second) == "GPU-hours spent: 1.16 of azureml.max_gpu_hours 1"
+    second.read("[rank 0] ERROR error: --data /x has no train/ folder")
+    assert job.refusal(second) == "bad input: not retried"
