@@ -41,7 +41,16 @@ def summary_markdown(summary: dict, durations: dict[str, float]) -> str:
              f"- image: `{summary['image'] or 'none (process pool)'}`",
              f"- results: `{summary['results']['share']}`", "", "| step | seconds |", "|---|---|"]
     lines += [f"| {name} | {seconds:.1f} |" for name, seconds in durations.items()]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + attempt_lines(summary.get("attempts") or [])) + "\n"
+
+
+def attempt_lines(attempts: list[dict]) -> list[str]:
+    """The attempts a backend made itself (pre-empted, failed, completed), as a table; none for one-attempt jobs."""
+    if not attempts:
+        return []
+    lines = ["", "| attempt | job | ended | why | GPU-hours | lost steps |", "|---|---|---|---|---|---|"]
+    return lines + [f"| {a['attempt']} | `{a['job']}` | {a['ended']} | {a['why']} | {a['gpu_hours']} | {a['lost_steps']} |"
+                    for a in attempts]
 
 
 def epoch_rows(metrics: dict) -> list[dict]:

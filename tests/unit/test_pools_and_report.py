@@ -65,6 +65,11 @@ def test_report_pieces():
     for needle in ("world size: 2 (ddp)", "123.4 images/s", "val top-1: 50.00%", "| run-training | 60.0 |",
                    "/share/results/r1", "not measured"):
         assert needle in text, needle
+    assert "| attempt |" not in text  # one-attempt jobs add no table
+    attempts = [{"attempt": 1, "job": "trainflow-r1-train-1", "ended": "Failed", "why": "pre-empted (low-priority "
+                 "nodes taken back)", "gpu_hours": 0.9, "lost_steps": 20}]
+    text = summary_markdown({**summary, "attempts": attempts}, {})
+    assert "| 1 | `trainflow-r1-train-1` | Failed | pre-empted (low-priority nodes taken back) | 0.9 | 20 |" in text
 
 
 @pytest.mark.parametrize("sources", [1, 3])
