@@ -114,9 +114,10 @@ def test_the_service_rules_the_backend_meets(tmp_path):
     ws, pool, cfg = azure_run(tmp_path)
     client = ws.client()
     pool.create()
+    first = client.jobs.create_or_update(pool.job(cfg.training, 0).spec)
     with pytest.raises(HttpResponseError, match="already exists"):  # a retry under the same name is refused
         client.jobs.create_or_update(pool.job(cfg.training, 0).spec)
-        client.jobs.create_or_update(pool.job(cfg.training, 0).spec)
+    client.jobs.begin_cancel(first.name)  # and nothing of it left running
     found = client.compute.get(cfg.azureml.compute)  # get + begin_update sends "subnet": {} (finding 4)
     with pytest.raises(HttpResponseError, match="id is required"):
         client.compute.begin_update(found)
