@@ -506,9 +506,9 @@ class AzureMLJob:
 
     def describe(self) -> str:
         cfg, spec = self.pool.azure, self.spec
-        return (f"Azure ML command job {spec.name} on {spec.resources.instance_count} node(s) (then "
-                f"{spec.name.rsplit('-', 1)[0]}-2 ... -{cfg.max_attempts} if pre-empted or failed, each resuming "
-                f"from the newest checkpoint): {spec.command}")
+        later = (f" (then {spec.name.rsplit('-', 1)[0]}-2 ... -{cfg.max_attempts} if pre-empted or failed, each "
+                 "resuming from the newest checkpoint)") if cfg.max_attempts > 1 else ""
+        return f"Azure ML command job {spec.name} on {spec.resources.instance_count} node(s){later}: {spec.command}"
 
     def check(self) -> None:
         """Nothing to check here: the trainer checks its input on the nodes, where the data is."""
