@@ -17,7 +17,7 @@ from infra.fileshare import open_share
 from infra.transfers import step_plan
 from tasks.build_image import plan_image
 from tasks.sync_file_server import decide_sync, sync_row
-from tasks.train_on_pool import plan_pool
+from tasks.train_on_pool import plan_pool, run_paths
 from tasks.upload_dataset import plan_upload_offline
 from tasks.upload_scripts import package_files, plan_scripts
 
@@ -63,8 +63,7 @@ def backend_specs(cfg: FlowConfig) -> dict[str, str]:
 
 def planned_run(cfg: FlowConfig, version: str, data: Path) -> RunPaths:
     """The run's paths as the flow would make them, with a placeholder for the run's id."""
-    scripts = backend_of(cfg.pool).scripts_root(cfg) / f"scripts/{version}"
-    return RunPaths(RUN_ID, data, scripts, cfg.workdir / "runs" / RUN_ID, cfg.dataset_name())
+    return run_paths(cfg, RUN_ID, f"scripts/{version}", data)
 
 
 def plan_scripts_row(cfg: FlowConfig) -> dict:

@@ -10,12 +10,12 @@ from prefect.runtime import flow_run
 
 from flows.config import STAGED, SYNTHETIC, FlowConfig
 from infra.azurite import running_azurite
-from infra.backends import RunPaths, backend_of
+from infra.backends import backend_of
 from infra.build_context import wheel_cache
 from infra.transfers import Transfer
 from tasks.build_image import build_image_task
 from tasks.sync_file_server import sync_on_pool_task, sync_to_file_server_task
-from tasks.train_on_pool import plan_pool
+from tasks.train_on_pool import plan_pool, run_paths
 from tasks.upload_dataset import upload_dataset_task
 from tasks.upload_scripts import upload_scripts_task
 
@@ -53,8 +53,7 @@ def sync_step(cfg: FlowConfig, port: int | None, scripts: str, run_id: str, imag
         return sync_to_file_server_task(cfg.storage, port, cfg.export_dir(), name, cfg.workdir)
     if where == "nodes":
         return {**Transfer("blob -> each node's local disk, as the job starts").row(), "path": str(cfg.data)}
-    run = RunPaths(run_id, Path(cfg.data), backend.scripts_root(cfg) / f"scripts/{scripts}", cfg.workdir / "runs" / run_id,
-                   name)
+    run = run_paths(cfg, run_id, scripts, Path(cfg.data))  # scripts: the folder upload-scripts returned
     return sync_on_pool_task(plan_pool(cfg, run, image), name, cfg.job.timeout_s)
 
 

@@ -9,11 +9,11 @@ from prefect.runtime import flow_run
 from flows.config import FlowConfig
 from flows.report import publish_report_task
 from flows.stage import blob_endpoint, stage_steps
-from infra.backends import RunPaths, backend_of
+from infra.backends import backend_of
 from infra.build_context import wheel_cache
 from tasks.build_image import build_image_task
 from tasks.train_on_pool import (collect_results_task, create_pool_task, data_version, delete_pool_task, plan_pool,
-                                 run_training_task)
+                                 run_paths, run_training_task)
 
 
 @flow(name="train-flow")
@@ -24,8 +24,7 @@ def train_flow(cfg: FlowConfig) -> dict:
     image = build_image_task(cfg.image, cfg.workdir, wheel_cache()) if backend.needs_image else None
     with blob_endpoint(cfg) as port:
         scripts, upload, synced = stage_steps(cfg, port, run_id, image and image["image"])
-        run = RunPaths(run_id, data_version(synced["path"]), backend.scripts_root(cfg) / scripts["version"],
-                       cfg.workdir / "runs" / run_id, cfg.dataset_name())
+        run = run_paths(cfg, run_id, scripts["version"], data_version(synced["path"]))
         pool = plan_pool(cfg, run, image and image["image"])
         try:
             described = create_pool_task(pool, cfg.pool, cfg.training.workers, set())

@@ -27,7 +27,7 @@ from azure.storage.blob import BlobServiceClient, ContainerClient, ExponentialRe
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from infra.azurite import connection_string
-from infra.errors import TrainflowError
+from infra.errors import TrainflowError, first_line
 from infra.sas import MAX_DELEGATION, Window, container_sas, delegated_container_sas, validity
 
 CONTAINER_NAME = re.compile(r"^(?=.{3,63}$)[a-z0-9](?:[a-z0-9]|-(?!-))*[a-z0-9]$")
@@ -322,11 +322,6 @@ def error_code(exc: HttpResponseError) -> str:
     """Azure's error code of a failed request."""
     code = getattr(exc, "error_code", None)
     return str(getattr(code, "value", code) or getattr(exc, "reason", "") or exc.status_code)
-
-
-def first_line(exc: Exception) -> str:
-    """The first line of an exception's message."""
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def open_store(cfg: StorageConfig, azurite_port: int | None, access: str = "stage") -> BlobStore:

@@ -31,6 +31,11 @@ class BadInput(TrainflowError):
     exit_code = 2
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its type's name when it has none)."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
 def is_permanent(exc: BaseException) -> bool:
     """The retry rule: retry unless the error says the same attempt would meet it again."""
     return isinstance(exc, TrainflowError) and exc.permanent

@@ -15,7 +15,7 @@ import docker
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 from pydantic import BaseModel, ConfigDict, field_validator
 
-from infra.errors import TrainflowError
+from infra.errors import TrainflowError, first_line
 
 # The grammar of github.com/distribution/reference: lowercase path components joined by / and a
 # registry host[:port] in front.
@@ -263,10 +263,6 @@ def registry_error(where: str, message: str, username: str | None) -> ImageError
 def api_message(exc: APIError) -> str:
     """The engine's own explanation of an API error."""
     return str(exc.explanation or exc)
-
-
-def first_line(exc: Exception) -> str:
-    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
 def auth_config(username: str | None, password: str | None) -> dict | None:

@@ -24,6 +24,13 @@ def data_version(synced: str) -> Path:
     return Path(synced) if synced == SYNTHETIC else Path(synced).resolve()
 
 
+def run_paths(cfg, run_id: str, scripts: str, data: Path) -> RunPaths:
+    """A run's paths: `scripts` is the version's folder on the share (scripts/<version>), as the backend's nodes
+    find it; the results go to the workdir's runs/<run id>."""
+    return RunPaths(run_id, data, backend_of(cfg.pool).scripts_root(cfg) / scripts, cfg.workdir / "runs" / run_id,
+                    cfg.dataset_name())
+
+
 def plan_pool(cfg, run: RunPaths, image: str | None) -> Pool:
     """The run's pool as the configured backend makes it (not yet created): the step and the dry run share it."""
     return backend_of(cfg.pool).pool(cfg, run, image)

@@ -23,6 +23,7 @@ from typing import Callable, Iterator, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from infra.backends.base import PoolError, RunPaths
+from infra.errors import first_line
 from infra.images import registry_password
 from infra.launchers import LaunchError, torchrun_options
 from infra.trainer import ERROR_LINE, SYNTHETIC, TRAINER, trainer_argv
@@ -160,24 +161,25 @@ def compute_spec(cfg: AzureMLConfig, nodes: int, min_nodes: int | None = None):
     return AmlCompute(
         name=cfg.compute, size=cfg.vm_size, min_instances=cfg.min_nodes if min_nodes is None else min_nodes,
         max_instances=max(cfg.max_nodes, nodes), idle_time_before_scale_down=cfg.idle_seconds,
-        tier="low_priority" if cfg.low_priority else "dedicated",
+        tier="low_priority" if cfg.low_priority else "dedicated",  # the SDK's names for vm_priority
         network_settings=NetworkSettings(subnet=cfg.subnet) if cfg.subnet else None,
         enable_node_public_ip=cfg.node_public_ip, ssh_public_access_enabled=False,
         identity=IdentityConfiguration(type="system_assigned"), tags={"trainflow": "pool"})
 
 
-def fixed_settings_differ(cfg: AzureMLConfig, found) -> list[str]:
-    """The settings an existing cluster cannot change in place that the config asks to change."""
-    tier = "low_priority" if cfg.low_priority else "dedicated"
-    wanted = {"azureml.vm_size": (cfg.vm_size.lower(), (found.size or "").lower()),
-              "azureml.low_priority": (tier, found.tier)}
+def fixed_settings_differ(spec, found) -> list[str]:
+    """The settings an existing cluster cannot change in place that the spec asks to change."""
+    wanted = {"azureml.vm_size": (spec.size.lower(), (found.size or "").lower()),
+              "azureml.low_priority": (spec.tier, found.tier)}
     return [f"{name} ({old!r} there, {new!r} asked)" for name, (new, old) in wanted.items() if new != old]
 
 
-def needs_update(cfg: AzureMLConfig, nodes: int, found) -> bool:
-    """Whether the existing cluster's changeable settings differ from the config's."""
-    return (found.min_instances, found.max_instances, int(found.idle_time_before_scale_down or 0)) != (
-        cfg.min_nodes, max(cfg.max_nodes, nodes), cfg.idle_seconds) or found.identity is None
+def needs_update(spec, found) -> bool:
+    """Whether the existing cluster's changeable settings differ from the spec's."""
+    scale = ("min_instances", "max_instances")
+    return ([getattr(found, key) for key in scale] != [getattr(spec, key) for key in scale]
+            or int(found.idle_time_before_scale_down or 0) != spec.idle_time_before_scale_down
+            or found.identity is None)
 
 
 def environment_spec(image: str):
@@ -341,17 +343,17 @@ class AzureMLPool:
         if self.azure.registry_access == "connection":
             self.client.connections.create_or_update(registry_connection_spec(
                 self.image_cfg.registry, self.image_cfg.username, registry_password(self.image_cfg)))
-        found = self.find()
+        spec, found = compute_spec(self.azure, self.pool.nodes), self.find()
         if found is None:
-            self.put(compute_spec(self.azure, self.pool.nodes))
+            self.put(spec)
             return
-        differ = fixed_settings_differ(self.azure, found)
+        differ = fixed_settings_differ(spec, found)
         if differ:
             raise PoolError(f"Azure ML compute {self.azure.compute} exists with other fixed settings: "
                             f"{'; '.join(differ)}. Azure ML cannot change them in place: set them as they are, name "
                             "another azureml.compute, or delete the cluster", permanent=True)
-        if needs_update(self.azure, self.pool.nodes, found):
-            self.put(compute_spec(self.azure, self.pool.nodes))
+        if needs_update(spec, found):
+            self.put(spec)
 
     def find(self):
         """The cluster as the workspace has it, or None."""
@@ -624,11 +626,6 @@ class AzureMLJob:
     def attempts(self) -> list[dict]:
         """Each attempt: its job, how and why it ended, its GPU-hours, and the steps it lost."""
         return [attempt.row(number) for number, attempt in enumerate(self.history, 1)]
-
-
-def first_line(exc: Exception) -> str:
-    """The first line of an exception's message."""
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 class _ThreadLines:

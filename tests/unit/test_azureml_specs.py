@@ -18,6 +18,7 @@ from infra.backends import RunPaths
 from infra.backends.azureml import (NFS_MOUNT, Attempt, AzureMLConfig, AzureMLJob, AzureMLPool, check_complete, infiniband,
                                     nccl_environment, printed_lines, why_ended)
 from infra.trainer import REPO
+from tasks.train_on_pool import run_paths
 
 AZURE = REPO / "flows" / "configs" / "azure.yaml"
 PREEMPTION_ERROR = 'Exception : \n {"error": {"message": "AzureMLCompute job failed. PreemptionError: Nodes of this job got pre-empted."}}'
@@ -216,3 +217,11 @@ def test_new_attempts_stop_at_the_gpu_hour_budget_and_lost_work_counts_from_the_
     assert job.refusal(second) == "GPU-hours spent: 1.16 of azureml.max_gpu_hours 1"
     second.read("[rank 0] ERROR error: --data /x has no train/ folder")
     assert job.refusal(second) == "bad input: not retried"
+
+
+def test_a_runs_scripts_are_the_folder_upload_scripts_returned(tmp_path):
+    cfg = load_config(AZURE, {"workdir": tmp_path}, environ={})
+    run = run_paths(cfg, "run-1", "scripts/0123abcd", Path("/x"))  # as the flow, the dry run and the sync job make it
+    assert run.scripts == Path("scripts/0123abcd") and run.out == tmp_path / "runs" / "run-1"
+    sync = AzureMLPool(cfg.pool, run, cfg.azureml, DIGEST, cfg.image).sync_job().spec
+    assert sync.inputs["scripts"].path == "azureml://datastores/trainflow_files/paths/scripts/0123abcd/"
