@@ -118,6 +118,8 @@ def test_the_service_rules_the_backend_meets(tmp_path):
     with pytest.raises(HttpResponseError, match="already exists"):  # a retry under the same name is refused
         client.jobs.create_or_update(pool.job(cfg.training, 0).spec)
     client.jobs.begin_cancel(first.name)  # and nothing of it left running
+    pool.create()  # again, as the next run does: the cluster is as configured, so nothing is sent
+    assert ws.calls.count(("compute.begin_create_or_update", cfg.azureml.compute)) == 1
     found = client.compute.get(cfg.azureml.compute)  # get + begin_update sends "subnet": {} (finding 4)
     with pytest.raises(HttpResponseError, match="id is required"):
         client.compute.begin_update(found)
@@ -127,6 +129,18 @@ def test_the_service_rules_the_backend_meets(tmp_path):
     ws.private_endpoint = False
     with pytest.raises(HttpResponseError, match="requires workspace private endpoint"):
         client.compute.begin_create_or_update(compute_spec(pool.azure.model_copy(update={"compute": "other"}), 1))
+
+
+def test_at_the_end_the_cluster_is_scaled_to_zero_by_its_whole_spec_or_deleted(tmp_path):
+    ws, pool, cfg = azure_run(tmp_path, min_nodes=1)
+    pool.create()
+    pool.delete()  # scale_to_zero with min nodes 1: the whole spec again, min nodes 0, identity and subnet kept
+    found = ws.client().compute.get(cfg.azureml.compute)
+    assert found.min_instances == 0 and found.identity.type == "system_assigned" and found.network_settings.subnet
+    gone = AzureMLPool(pool.pool, pool.run, pool.azure.model_copy(update={"at_end": "delete"}), pool.image,
+                       pool.image_cfg, _client=ws.client())
+    gone.delete()
+    assert cfg.azureml.compute not in ws.computes
 
 
 def test_results_on_azure_files_cannot_be_downloaded(tmp_path):

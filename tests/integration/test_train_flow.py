@@ -12,9 +12,10 @@ from uuid import UUID
 
 import psutil
 import pytest
-from prefect import get_client
+from prefect import flow, get_client, task
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, FlowRunFilter, TaskRunFilter
 from prefect.client.schemas.sorting import ArtifactSort
+from prefect.runtime import flow_run
 from prefect.testing.utilities import prefect_test_harness
 
 from flows.config import FlowConfig
@@ -22,6 +23,7 @@ from flows.train_flow import train_flow
 from flows.plan import plan_run
 from infra.backends import JobTimedOut
 from infra.backends.docker_nodes import LABEL
+from tasks.train_on_pool import attempts_artifact
 from infra.errors import BadInput
 from infra.images import ImageError
 from infra.launchers import LaunchError
@@ -229,3 +231,16 @@ def test_the_flow_passes_the_pipeline_mode_to_the_job(prefect_server, digits, tm
     metrics = result["metrics"]
     assert metrics["parallel"] == "pipeline" and metrics["pipeline"]["stages"] == 2 and metrics["status"] == "complete"
     assert metrics["world_size"] == 2 and metrics["pipeline"]["replicas"] == 1
+
+
+def test_the_attempts_a_backend_made_become_a_table_artifact(prefect_server):
+    rows = [{"attempt": 1, "job": "trainflow-r-train-1", "ended": "Failed", "why": "pre-empted (low-priority nodes "
+             "taken back)", "minutes": 1.0, "gpu_hours": 0.27, "last_step": 60, "last_checkpoint": 40, "lost_steps": 20}]
+
+    @flow
+    def report(attempts: list[dict]) -> str:
+        task(attempts_artifact)(attempts)  # inside a task, as the run-training step makes it
+        return flow_run.get_id()
+
+    assert json.loads(artifacts_of(report(rows))["attempts"].data) == rows
+    assert "attempts" not in artifacts_of(report([]))  # a one-attempt job adds none
