@@ -4,12 +4,11 @@ It runs from the project's own node_modules (installed by `make setup`), listens
 port, and keeps its data on disk under the workdir, so data staged once stays staged across runs.
 """
 
-import subprocess
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from infra.services import ServiceError, free_port, port_open, stop, wait_until
+from infra.services import ServiceError, free_port, port_open, running_service
 
 REPO = Path(__file__).resolve().parents[1]
 ACCOUNT = "devstoreaccount1"
@@ -42,11 +41,6 @@ def running_azurite(data_dir: Path, startup_seconds: float = 30.0) -> Iterator[i
     port = free_port()
     cmd = [str(azurite_binary()), "--blobHost", "127.0.0.1", "--blobPort", str(port), "--location", str(data_dir),
            "--skipApiVersionCheck", "--loose", "--silent"]
-    log = open(data_dir / "azurite.log", "ab")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        wait_until(lambda: port_open(port), proc, startup_seconds, "Azurite", data_dir / "azurite.log", AzuriteError)
+    with running_service(cmd, data_dir / "azurite.log", lambda: port_open(port), "Azurite", startup_seconds,
+                         AzuriteError):
         yield port
-    finally:
-        stop(proc)
-        log.close()

@@ -21,7 +21,7 @@ from docker.types import Mount as DockerMount
 
 from infra.build_context import CONTAINERS
 from infra.images import DockerEngine, ImageError, Log
-from infra.services import ServiceError, free_port, port_open, stop, wait_until
+from infra.services import ServiceError, free_port, port_open, running_service
 
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
 BASE_PACKAGES = "python3,python3-venv,python3-pip,python3-dev,ca-certificates"
@@ -57,15 +57,9 @@ def running_engine(log_dir: Path, startup_seconds: float = 60) -> Iterator[None]
         return
     binary = require_binary("dockerd", "docker.io")
     log_dir.mkdir(parents=True, exist_ok=True)
-    log_path = log_dir / "dockerd.log"
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen([binary, "--storage-driver=overlay2", "--iptables=false", "--bridge=none"],
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            wait_until(engine_answers, proc, startup_seconds, "dockerd", log_path)
-            yield
-        finally:
-            stop(proc)
+    with running_service([binary, "--storage-driver=overlay2", "--iptables=false", "--bridge=none"],
+                         log_dir / "dockerd.log", engine_answers, "dockerd", startup_seconds):
+        yield
 
 
 @contextmanager
@@ -80,15 +74,9 @@ def running_registry(data_dir: Path, username: str, password: str, startup_secon
     port = free_port()
     config = data_dir / "config.yml"
     config.write_text(REGISTRY_CONFIG.format(root=data_dir / "storage", port=port, htpasswd=htpasswd))
-    log_path = data_dir / "registry.log"
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen([binary, "serve", str(config)], stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-        try:
-            wait_until(lambda: port_open(port), proc, startup_seconds, "the registry", log_path)
-            yield f"localhost:{port}"
-        finally:
-            stop(proc)
+    with running_service([binary, "serve", str(config)], data_dir / "registry.log", lambda: port_open(port),
+                         "the registry", startup_seconds):
+        yield f"localhost:{port}"
 
 
 def require_binary(name: str, package: str) -> str:

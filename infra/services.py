@@ -1,11 +1,20 @@
-"""Local services that trainflow starts itself (Azurite, dockerd, a registry): ports, start-up, stop."""
+"""Local services that trainflow starts itself (Azurite, dockerd, a registry, Prefect's server): ports, start-up, stop.
+
+Each runs on a leash (infra/leash.py) in its own session: the terminal's Ctrl-C reaches trainflow alone,
+which then stops the services in order, and a trainflow killed outright takes them with it.
+"""
 
 import os
 import signal
 import socket
 import subprocess
+import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable, Iterator
+
+LEASH = Path(__file__).with_name("leash.py")
 
 from infra.errors import TrainflowError
 
@@ -37,6 +46,26 @@ def wait_until(ready, proc: subprocess.Popen, seconds: float, name: str, log: Pa
             return
         time.sleep(0.1)
     raise error(f"{name} did not start within {seconds:.0f} s; see {log}")
+
+
+def spawn(cmd: list[str], **popen) -> subprocess.Popen:
+    """Start `cmd` on a leash in a session of its own: stopped with its group by `stop`, or by the leash when this
+    process ends without stopping it. `popen` are Popen's arguments for its output."""
+    return subprocess.Popen([sys.executable, str(LEASH), *cmd], stdin=subprocess.PIPE, start_new_session=True, **popen)
+
+
+@contextmanager
+def running_service(cmd: list[str], log: Path, ready: Callable[[], bool], name: str, seconds: float,
+                    error=ServiceError, env: dict | None = None) -> Iterator[subprocess.Popen]:
+    """`cmd` as a service for the block, its output appended to `log`: yields once `ready()` holds, stops it after."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        proc = spawn(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+        try:
+            wait_until(ready, proc, seconds, name, log, error)
+            yield proc
+        finally:
+            stop(proc)
 
 
 def stop(proc: subprocess.Popen) -> None:

@@ -1,6 +1,6 @@
 """The process backend: this machine as a pool of one node, its slots local worker processes.
 
-The job is torchrun or horovodrun as a local process group, running the trainer of the scripts version
+The job is torchrun or horovodrun as a local process group on a leash (it dies with trainflow), running the trainer of the scripts version
 on the local file share against the file server's folder; before it starts, the trainer's preflight
 checks everything in one process. The pool's marker folder records the run, its owner and the launcher's
 process group, so deleting the pool stops a launcher that still runs and a later run can find the pool
@@ -19,6 +19,7 @@ from typing import Callable, Iterator
 from infra.backends.base import (LocalBackend, NodePaths, OneAttempt, PoolError, RunPaths, owner, owner_alive,
                                  train_on_pool)
 from infra.launchers import LaunchError, local_command
+from infra.services import spawn
 from infra.trainer import TRAINER, TrainingMetrics, preflight, trainer_argv, trainer_script
 
 MARKER = "pool.json"
@@ -121,8 +122,7 @@ class ProcessJob(OneAttempt):
         preflight(self.training, paths.data, Path(paths.out), script=paths.trainer)
 
     def submit(self) -> None:
-        self.proc = subprocess.Popen(self.command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     bufsize=1, start_new_session=True)
+        self.proc = spawn(self.command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
         self.pool.record_process(self.proc.pid)
 
     def lines(self) -> Iterator[str]:

@@ -10,7 +10,6 @@ import hashlib
 import hmac
 import json
 import os
-import subprocess
 import time
 import uuid
 from datetime import datetime, timedelta, timezone
@@ -28,7 +27,7 @@ from cryptography.x509.oid import NameOID
 
 from infra.azurite import ACCOUNT, azurite_binary
 from infra.blobstore import BlobStore, StorageConfig, StorageError
-from infra.services import free_port, port_open, stop, wait_until
+from infra.services import free_port, port_open, running_service
 
 pytestmark = pytest.mark.integration
 OID, TID = "5f1c0a4e-0000-4000-8000-00000000000a", "72f988bf-0000-4000-8000-00000000000b"
@@ -80,13 +79,8 @@ def oauth_azurite(tmp_path_factory) -> tuple[str, Path]:
     port = free_port()
     cmd = [str(azurite_binary()), "--blobHost", "127.0.0.1", "--blobPort", str(port), "--inMemoryPersistence",
            "--oauth", "basic", "--cert", str(cert), "--key", str(key), "--skipApiVersionCheck", "--loose", "--silent"]
-    with open(folder / "azurite.log", "ab") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            wait_until(lambda: port_open(port), proc, 30, "Azurite", folder / "azurite.log")
-            yield f"https://127.0.0.1:{port}/{ACCOUNT}", cert
-        finally:
-            stop(proc)
+    with running_service(cmd, folder / "azurite.log", lambda: port_open(port), "Azurite", 30):
+        yield f"https://127.0.0.1:{port}/{ACCOUNT}", cert
 
 
 @pytest.fixture
