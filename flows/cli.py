@@ -3,22 +3,28 @@
 import functools
 import logging
 import os
+import shlex
 import subprocess
 import sys
+from contextlib import ExitStack, contextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Iterator, Optional
 
 import typer
 from rich.console import Console
 
 from flows.config import LOCAL_DATA_FREE, ConfigError, FlowConfig, load_config, smoke_config
+from flows.interrupts import EXIT_INTERRUPTED, interrupted_line, stop_on_interrupt
 from infra.backends import check_fits
 from infra.backends.process import train_here
 from infra.errors import exit_code
 from infra.manifest import check_names, relative_paths
+from infra.redact import RedactSecrets, redact
 from infra.sample_data import write_digits
+from infra.services import port_open
 from infra.trainer import SYNTHETIC, TrainingMetrics
+from infra.workdir import check_workdir, command_line, workdir_lock
 
 app = typer.Typer(help="Training of image classifiers on a cluster, end to end: data-parallel or pipeline-parallel.",
                   no_args_is_help=True,
@@ -35,30 +41,40 @@ WorkdirOpt = Annotated[Optional[Path], typer.Option("--workdir", help="Root of a
 
 
 def friendly_errors(command):
-    """Bad input and failed runs end in one line on stderr and a non-zero exit, not a traceback."""
+    """Bad input and failed runs end in one line on stderr and a non-zero exit, not a traceback; an interrupt
+    stops what the command started and ends in one line saying how to resume (flows/interrupts.py)."""
 
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
-        try:
-            return command(*args, **kwargs)
-        except Exception as exc:
-            code = exit_code(exc)
-            if code is None:
-                raise
-            err.print(f"error: {exc}", markup=False, soft_wrap=True)
-            raise typer.Exit(code) from None
+        with stop_on_interrupt(say):
+            try:
+                return command(*args, **kwargs)
+            except KeyboardInterrupt as exc:
+                say(interrupted_line(exc, command_line()))
+                raise typer.Exit(EXIT_INTERRUPTED) from None
+            except Exception as exc:
+                code = exit_code(exc)
+                if code is None:
+                    raise
+                say(f"error: {exc}")
+                raise typer.Exit(code) from None
 
     return wrapper
 
 
+def say(line: str) -> None:
+    """A line for the user on stderr, secrets masked (the one redaction point, infra/redact.py)."""
+    err.print(redact(line), markup=False, soft_wrap=True)
+
+
 def configure(config: Path | None, data: str | None, workdir: Path | None, training: dict | None = None,
               digits_defaults: bool = True, **sections: dict) -> FlowConfig:
-    """The validated config (file, environment, then these command-line overrides) with its workdir absolute and,
-    when no data is named, the training defaults that fit the digits set (`digits_defaults`). Every command
-    reads its config here."""
+    """The validated config (file, environment, then these command-line overrides) with its workdir absolute and
+    usable and, when no data is named, the training defaults that fit the digits set (`digits_defaults`). Every
+    command reads its config here."""
     cfg = load_config(config, {"data": data, "workdir": workdir, "training": training or {}, **sections},
                       digits_defaults=digits_defaults)
-    return cfg.model_copy(update={"workdir": cfg.workdir.resolve()})
+    return cfg.model_copy(update={"workdir": check_workdir(cfg.workdir).resolve()})
 
 
 def data_folder(cfg: FlowConfig) -> str:
@@ -110,8 +126,14 @@ def train(
                  "parallel": parallel, "stages": stages, "microbatches": microbatches, "device": device,
                  "precision": precision}
     cfg = configure(config, data, workdir, overrides)
+    cfg = with_data(cfg)
+    given = out
     out = (out or cfg.workdir / "results" / datetime.now().strftime("train-%Y%m%d-%H%M%S")).resolve()
-    metrics = train_here(cfg.training, data_folder(cfg), out, cfg.workdir / "pools", echo_line)
+    try:
+        metrics = train_here(cfg.training, cfg.data, out, cfg.workdir / "pools", echo_line)
+    except KeyboardInterrupt as exc:  # a timestamped results folder is resumed only when named
+        exc.add_note(f"run `{command_line()}`" + ("" if given else f" with --out {shlex.quote(str(out))}"))
+        raise
     print_summary(metrics, out)
 
 
@@ -134,11 +156,11 @@ def stage(config: ConfigOpt = None, data: DataOpt = None, workdir: WorkdirOpt = 
     if cfg.data in LOCAL_DATA_FREE:
         raise ConfigError(f"data: {cfg.data} has nothing to stage; pass --data DIR")
     cfg = with_data(cfg)
-    use_prefect(cfg.workdir)
-    from flows.stage import stage_data
-    from infra.transfers import print_summary_table
+    with holding(cfg):
+        from flows.stage import stage_data
+        from infra.transfers import print_summary_table
 
-    result = stage_data(cfg)
+        result = stage_data(cfg)
     print_summary_table([{k: v for k, v in result[step].items() if k not in ("path", "plan")}
                          for step in ("scripts", "upload", "sync")])
     print(f"file server copy of {result['dataset']}: {result['sync']['path']}")
@@ -168,10 +190,10 @@ def run_flow(cfg: FlowConfig, dry_run: bool) -> None:
     if dry_run:
         return print_plan(cfg)
     cfg = with_data(cfg)
-    use_prefect(cfg.workdir)
-    from flows.train_flow import train_flow
+    with holding(cfg):
+        from flows.train_flow import train_flow
 
-    result = train_flow(cfg)
+        result = train_flow(cfg)
     print_summary(TrainingMetrics.model_validate(result["metrics"]), Path(result["out"]))
     print(f"results on the file share: {result['results']['share']}")
 
@@ -209,12 +231,13 @@ def deploy(
 ) -> None:
     """Create a deployment of the flow with the config as its parameters and an optional cron schedule."""
     cfg = configure(config, data, workdir)
-    use_prefect(cfg.workdir)
     if cron and not cron_valid(cron):
         raise ConfigError(f"--cron {cron!r} is not a cron expression such as '0 2 * * *' (minute hour day month weekday)")
-    from flows.deploy import deploy_flow
+    cfg = with_data(cfg)
+    with prefect_api(cfg.workdir):
+        from flows.deploy import deploy_flow
 
-    deployment_id = deploy_flow(with_data(cfg), name, cron, serve)
+        deployment_id = deploy_flow(cfg, name, cron, serve)
     print(f"deployment train-flow/{name} ({deployment_id}); run it with "
           f"`prefect deployment run 'train-flow/{name}'` or from the UI (`trainflow ui`)")
 
@@ -239,13 +262,19 @@ def ui(
 ) -> None:
     """Start the Prefect server and UI on this machine (state under the workdir) until Ctrl-C."""
     cfg = configure(None, None, workdir)
+    if port_open(port):
+        raise ConfigError(f"port {port} is in use (another Prefect server or UI?); pass --port N, or open the one "
+                          f"running at http://127.0.0.1:{port}")
     home = cfg.workdir / "prefect"
     home.mkdir(parents=True, exist_ok=True)
     print(f"Prefect UI at http://127.0.0.1:{port}  (for trainflow run/deploy against it: "
           f"export PREFECT_API_URL=http://127.0.0.1:{port}/api)", flush=True)
     env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     prefect = str(Path(sys.executable).parent / "prefect")
-    sys.exit(subprocess.call([prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port)], env=env))
+    try:
+        sys.exit(subprocess.call([prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port)], env=env))
+    except KeyboardInterrupt:  # Ctrl-C is how the UI is meant to end
+        print("Prefect server stopped")
 
 
 @app.command()
@@ -257,28 +286,56 @@ def build(
 ) -> None:
     """Build the training image as a Prefect flow, tagged by content, push it, and print its reference."""
     cfg = configure(config, None, workdir, digits_defaults=False, image={"flavour": flavour, "registry": registry})
-    use_prefect(cfg.workdir)
-    from flows.build import build_image
+    with holding(cfg):
+        from flows.build import build_image
 
-    print(build_image(cfg)["image"])
+        print(build_image(cfg)["image"])
 
 
-def use_prefect(workdir: Path) -> None:
-    """Prefect's embedded server (unless PREFECT_API_URL is set), with its state under the workdir.
+@contextmanager
+def holding(cfg: FlowConfig, prefect: bool = True) -> Iterator[None]:
+    """What a command that starts services holds while it runs: the workdir's lock (a second command on the same
+    workdir is refused at once) and, with `prefect`, Prefect's API (`prefect_api`)."""
+    with workdir_lock(cfg.workdir), ExitStack() as stack:
+        if prefect:
+            stack.enter_context(prefect_api(cfg.workdir))
+        yield
+
+
+@contextmanager
+def prefect_api(workdir: Path) -> Iterator[None]:
+    """Prefect's API for the command: the server PREFECT_API_URL names, else Prefect's server started here (its
+    state under the workdir) in a session of its own, so that an interrupt reaches it only after the flow has
+    recorded how it ended (infra/prefect_server.py).
 
     Prefect reads its settings when it is first imported, so nothing this module imports at its top
     may import Prefect (a test checks)."""
-    defaults = {"PREFECT_HOME": str(workdir / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-                "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120"}
-    for key, value in defaults.items():
-        os.environ.setdefault(key, value)
-    Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)
-    import prefect.main  # noqa: F401 - sets up Prefect's logging (lazily imported otherwise), adjusted below
+    os.environ.setdefault("PREFECT_HOME", str(workdir / "prefect"))
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    with ExitStack() as stack:
+        if not os.environ.get("PREFECT_API_URL"):
+            from infra.prefect_server import running_prefect_server
 
-    for name in ("", "prefect", "prefect.flow_runs", "prefect.task_runs", "uvicorn.error"):
-        for handler in logging.getLogger(name).handlers:
-            if isinstance(handler, logging.StreamHandler):
-                handler.addFilter(without_traceback)
+            os.environ["PREFECT_API_URL"] = stack.enter_context(running_prefect_server(Path(os.environ["PREFECT_HOME"])))
+            stack.callback(send_what_prefect_holds)  # before the server stops (callbacks run last first)
+        import prefect.main  # noqa: F401 - sets up Prefect's logging (lazily imported otherwise), adjusted below
+
+        for name in ("", "prefect", "prefect.flow_runs", "prefect.task_runs", "uvicorn.error"):
+            for handler in logging.getLogger(name).handlers:
+                handler.addFilter(RedactSecrets())
+                if isinstance(handler, logging.StreamHandler):
+                    handler.addFilter(without_traceback)
+        yield
+
+
+def send_what_prefect_holds(seconds: float = 5) -> None:
+    """Send the logs and events Prefect still queues to its server while it runs (at exit, it would retry a stopped
+    server for minutes)."""
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    for worker in (APILogWorker, EventsWorker):
+        worker.drain_all(timeout=seconds)
 
 
 def without_traceback(record: logging.LogRecord) -> bool:
@@ -321,7 +378,9 @@ def bench_staging(
     """
     from flows.bench.staging import bench_staging as run_bench
 
-    run_bench(configure(config, data, workdir, digits_defaults=False), json_out, files, classes)
+    cfg = configure(config, data, workdir, digits_defaults=False)
+    with holding(cfg, prefect=False):
+        run_bench(cfg, json_out, files, classes)
 
 
 @bench_app.command("images")
@@ -333,7 +392,9 @@ def bench_images(
     """Training image: a first build and push against an unchanged rebuild and push (local engine and registry)."""
     from flows.bench.images import bench_images as run_bench
 
-    run_bench(configure(config, None, workdir, digits_defaults=False), json_out)
+    cfg = configure(config, None, workdir, digits_defaults=False)
+    with holding(cfg, prefect=False):
+        run_bench(cfg, json_out)
 
 
 @bench_app.command("parallel")
@@ -356,10 +417,10 @@ def bench_flow(
 ) -> None:
     """The same job directly (torchrun) and through the whole flow with every earlier step cached: the flow's overhead."""
     cfg = with_data(configure(config, data, workdir))
-    use_prefect(cfg.workdir)
-    from flows.bench.overhead import bench_flow as run_bench
+    with holding(cfg):
+        from flows.bench.overhead import bench_flow as run_bench
 
-    run_bench(cfg, json_out)
+        run_bench(cfg, json_out)
 
 
 def main() -> None:

@@ -13,6 +13,7 @@ from infra.azurite import running_azurite
 from infra.backends import backend_of
 from infra.build_context import wheel_cache
 from infra.transfers import Transfer
+from infra.workdir import workdir_lock
 from tasks.build_image import build_image_task
 from tasks.sync_file_server import sync_on_pool_task, sync_to_file_server_task
 from tasks.train_on_pool import plan_pool, run_paths
@@ -62,9 +63,10 @@ def stage_data(cfg: FlowConfig) -> dict:
     """Upload the scripts, upload the data set, sync it to the file server; returns each step's summary."""
     name, backend = cfg.dataset_name(), backend_of(cfg.pool)
     on_pool = backend.sync_where(cfg) == "pool" and cfg.data != SYNTHETIC  # the sync job runs in the image
-    image = build_image_task(cfg.image, cfg.workdir, wheel_cache())["image"] if on_pool else None
-    with blob_endpoint(cfg) as port:
-        scripts, dataset, synced = stage_steps(cfg, port, flow_run.get_id() or "local", image)
+    with workdir_lock(cfg.workdir):
+        image = build_image_task(cfg.image, cfg.workdir, wheel_cache())["image"] if on_pool else None
+        with blob_endpoint(cfg) as port:
+            scripts, dataset, synced = stage_steps(cfg, port, flow_run.get_id() or "local", image)
     steps = [scripts, dataset, synced]
     create_table_artifact(key="staging-summary", table=[{k: v for k, v in s.items() if k not in ("path", "plan")} for s in steps],
                           description=f"Staging of data set {name}")

@@ -14,6 +14,7 @@ from prefect.cache_policies import NO_CACHE
 from infra.backends import Pool, RunPaths, backend_of, check_fits, run_job
 from infra.blobstore import StorageConfig, open_store
 from infra.fileshare import FileShareConfig, open_share
+from infra.runs import fingerprint
 from infra.trainer import SYNTHETIC, read_metrics
 from tasks.retry import unless_permanent
 
@@ -29,6 +30,13 @@ def run_paths(cfg, run_id: str, scripts: str, data: Path) -> RunPaths:
     find it; the results go to the workdir's runs/<run id>."""
     return RunPaths(run_id, data, backend_of(cfg.pool).scripts_root(cfg) / scripts, cfg.workdir / "runs" / run_id,
                     cfg.dataset_name())
+
+
+def run_inputs(cfg, scripts: str, data: Path) -> str:
+    """The fingerprint of what a run trains: its settings, pool, data set version and scripts version (a re-run
+    with the same fingerprint resumes an unfinished run)."""
+    return fingerprint(cfg.training.model_dump(), cfg.pool.model_dump(), cfg.job.model_dump(), cfg.dataset_name(),
+                       str(data), scripts)
 
 
 def plan_pool(cfg, run: RunPaths, image: str | None) -> Pool:
@@ -51,9 +59,12 @@ def create_pool_task(pool: Pool, pool_cfg, workers: int, keep_runs: set[str]) ->
 
 @task(name="run-training", retries=1, retry_delay_seconds=5, retry_condition_fn=unless_permanent,
       cache_policy=NO_CACHE)
-def run_training_task(pool: Pool, training, out: Path, timeout_s: float) -> dict:
-    """Prefect step: run the job on the pool, each rank's lines into the run's log; a retry resumes from checkpoints.
-    Returns the run's metrics, the job's command and the attempts the backend made itself."""
+def run_training_task(pool: Pool, training, out: Path, timeout_s: float, resumed: bool = False) -> dict:
+    """Prefect step: run the job on the pool, each rank's lines into the run's log; a retry (or a re-run that
+    `resumed` an unfinished run) resumes from checkpoints. Returns the run's metrics, the job's command and the
+    attempts the backend made itself."""
+    if resumed:
+        get_run_logger().info("resuming run %s, left unfinished, from its newest checkpoint in %s", pool.run_id, out)
     job = pool.job(training, timeout_s)
     try:
         run_job(job, out / "logs", get_run_logger().info, timeout_s)

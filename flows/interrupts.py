@@ -1,0 +1,66 @@
+"""One way every command ends on an interrupt: Ctrl-C (SIGINT to the terminal's process group), SIGTERM or SIGHUP.
+
+The first interrupt raises KeyboardInterrupt in the command, so each `finally` on the way out runs: the job
+cancels its workers, the flow deletes its pool, Azurite and Prefect's server stop (they run in sessions of
+their own, so the terminal's Ctrl-C reaches only trainflow, which stops them in order, and Prefect records
+the flow run as crashed). The command then prints one line: what was interrupted and how to resume. A second
+interrupt exits at once; the leash on each service and launcher (infra/leash.py) stops them as this process
+goes.
+"""
+
+import os
+import signal
+import threading
+from contextlib import contextmanager
+from types import TracebackType
+from typing import Callable, Iterator
+
+INTERRUPTS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a command that Ctrl-C ended
+
+
+@contextmanager
+def stop_on_interrupt(say: Callable[[str], None]) -> Iterator[None]:
+    """Handle interrupts as above for the block (only the main thread can)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def at_once(signum, frame) -> None:
+        say("interrupted again: exiting now; the services and workers this command started stop with it")
+        os._exit(EXIT_INTERRUPTED)
+
+    def first(signum, frame) -> None:
+        for sig in INTERRUPTS:
+            signal.signal(sig, at_once)
+        say(f"{signal.Signals(signum).name}: stopping the workers, the pool and the services "
+            "(interrupt again to exit at once)")
+        raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, first) for sig in INTERRUPTS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def interrupted_step(tb: TracebackType | None) -> str | None:
+    """The innermost Prefect task or flow the interrupt came through (its name), if any."""
+    step = None
+    while tb is not None:
+        frame = tb.tb_frame
+        runnable = frame.f_globals.get(frame.f_code.co_name)
+        if getattr(getattr(runnable, "fn", None), "__code__", None) is frame.f_code:
+            step = runnable.name
+        tb = tb.tb_next
+    return step
+
+
+def interrupted_line(exc: KeyboardInterrupt, command: str) -> str:
+    """The one line an interrupted command ends with: what was interrupted and how to resume."""
+    step = interrupted_step(exc.__traceback__)
+    where = f" during {step}" if step else ""
+    resume = next(iter(getattr(exc, "__notes__", [])), f"run `{command}` again")
+    return (f"interrupted{where}: everything it started is stopped; to resume, {resume} (finished steps are "
+            "skipped and training continues from its last checkpoint)")

@@ -1,0 +1,155 @@
+"""Interrupts as people make them, and two commands on one workdir: nothing hangs, nothing is left running,
+nothing is left looking alive, and a re-run resumes.
+
+Each test starts `trainflow` in a process group of its own, as a terminal does, and signals the whole group
+(Ctrl-C in a terminal is SIGINT to its foreground process group).
+"""
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+TRAINFLOW = str(Path(sys.executable).parent / "trainflow")
+# Synthetic data (nothing to stage) and a small model, long enough to be interrupted mid-training.
+LONG = ("training: {model: resnet18, image_size: 32, batch_size: 8, num_classes: 4, loader_workers: 0, threads: 1,\n"
+        "           warmup_epochs: 0, epochs: %d, steps_per_epoch: 20, checkpoint_every: 10, log_every: 5, workers: 2}\n")
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+class Command:
+    """A trainflow command in its own process group, its output read line by line."""
+
+    def __init__(self, *args: str):
+        self.proc = subprocess.Popen([TRAINFLOW, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     start_new_session=True)
+        self.lines: list[str] = []
+
+    def wait_for(self, text: str, seconds: float = 240) -> None:
+        """Read output until a line holds `text`."""
+        deadline = time.monotonic() + seconds
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            if text in line:
+                return
+            assert time.monotonic() < deadline, f"no {text!r} within {seconds} s:\n{''.join(self.lines[-30:])}"
+        pytest.fail(f"ended before {text!r}:\n{''.join(self.lines[-30:])}")
+
+    def family(self) -> list[psutil.Process]:
+        """Every process it started (services and launchers run in sessions of their own, but are its children)."""
+        return psutil.Process(self.proc.pid).children(recursive=True)
+
+    def signal(self, sig: int) -> float:
+        """Send `sig` to its whole process group, as a terminal does; the time it was sent."""
+        os.killpg(self.proc.pid, sig)
+        return time.monotonic()
+
+    def finish(self, seconds: float = 120) -> str:
+        """Its exit status once it ends, and the rest of its output."""
+        rest, _ = self.proc.communicate(timeout=seconds)
+        self.lines.append(rest)
+        return "".join(self.lines)
+
+
+def gone(processes: list[psutil.Process], seconds: float) -> list[str]:
+    """The processes still running after `seconds` (their command lines)."""
+    _, alive = psutil.wait_procs(processes, timeout=seconds)
+    return [" ".join(p.cmdline()) for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+
+
+def flow_run_states(workdir: Path) -> list[str]:
+    """The state of every flow run in the workdir's Prefect database."""
+    with sqlite3.connect(workdir / "prefect" / "prefect.db") as db:
+        return [row[0] for row in db.execute("select state_type from flow_run")]
+
+
+def run_records(workdir: Path) -> list[dict]:
+    """Every run folder's run.json."""
+    return [json.loads(p.read_text()) for p in sorted((workdir / "runs").glob("*/run.json"))]
+
+
+def start_run(tmp_path: Path, epochs: int) -> tuple[Command, list[str]]:
+    """`trainflow run` on synthetic data, training `epochs` epochs of 20 steps; the command and its arguments."""
+    (tmp_path / "long.yaml").write_text(LONG % epochs)
+    args = ["run", "--config", str(tmp_path / "long.yaml"), "--data", "synthetic", "--workdir", str(tmp_path / "w")]
+    return Command(*args), args
+
+
+def test_one_ctrl_c_stops_everything_marks_the_run_and_says_how_to_resume(tmp_path):
+    run, args = start_run(tmp_path, 200)
+    run.wait_for("checkpoint step 30 saved")  # past the first epoch: metrics.json says running
+    started = run.family()
+    assert any("leash.py" in " ".join(p.cmdline()) for p in started)
+    sent = run.signal(signal.SIGINT)
+    output = run.finish()
+    took = time.monotonic() - sent
+    print(output[-3000:], f"\nstopped in {took:.1f} s")
+    assert run.proc.returncode == 130, output[-3000:]
+    assert took < 15, f"took {took:.1f} s to stop"
+    last = output.strip().splitlines()[-1]
+    assert last.startswith("interrupted during run-training: everything it started is stopped"), output[-3000:]
+    assert f"run `trainflow {' '.join(args)}` again" in last
+    assert "Traceback" not in output and "ConnectError" not in output
+    assert gone(started, 2) == []
+    assert flow_run_states(tmp_path / "w") == ["CRASHED"]
+    [record] = run_records(tmp_path / "w")
+    assert record["status"] == "interrupted"
+    metrics = json.loads((tmp_path / "w" / "runs" / record["run_id"] / "metrics.json").read_text())
+    assert metrics["status"] == "interrupted"
+
+
+def test_a_second_ctrl_c_exits_at_once_and_still_leaves_nothing_running(tmp_path):
+    run, _ = start_run(tmp_path, 200)
+    run.wait_for("checkpoint step 10 saved")
+    started = run.family()
+    run.signal(signal.SIGINT)
+    time.sleep(0.3)
+    sent = run.signal(signal.SIGINT)
+    output = run.finish()
+    assert time.monotonic() - sent < 3, output[-2000:]
+    assert run.proc.returncode == 130 and "interrupted again: exiting now" in output
+    assert gone(started, 12) == []  # each leash stops its group: SIGTERM, then SIGKILL after 5 s
+
+
+def test_a_run_killed_outright_takes_its_services_along_and_the_rerun_resumes_it(tmp_path):
+    run, args = start_run(tmp_path, 3)
+    run.wait_for("checkpoint step 30 saved")
+    started = run.family()
+    run.signal(signal.SIGKILL)
+    run.finish()
+    assert gone(started, 12) == []  # Azurite, Prefect's server, torchrun and its workers
+    [record] = run_records(tmp_path / "w")
+    assert record["status"] == "running"  # as the killed run left it
+    again = Command(*args)
+    output = again.finish(600)
+    assert again.proc.returncode == 0, output[-3000:]
+    assert f"resuming run {record['run_id']}" in output and "resumed from step-" in output
+    records = run_records(tmp_path / "w")
+    assert [r["status"] for r in records] == ["complete"] and records[0]["run_id"] == record["run_id"]
+    metrics = json.loads((tmp_path / "w" / "runs" / record["run_id"] / "metrics.json").read_text())
+    assert metrics["status"] == "complete" and len(metrics["resumed_from_steps"]) == 1 and metrics["resumed_from_steps"][0] >= 30
+
+
+def test_a_second_command_on_a_busy_workdir_is_refused_naming_the_first(tmp_path, digits):
+    workdir = tmp_path / "w"
+    first = Command("stage", "--data", str(digits), "--workdir", str(workdir))
+    deadline = time.monotonic() + 60
+    while not (workdir / "trainflow.lock").exists() or not (workdir / "trainflow.lock").read_text():
+        assert time.monotonic() < deadline and first.proc.poll() is None
+        time.sleep(0.1)
+    second = subprocess.run([TRAINFLOW, "stage", "--data", str(digits), "--workdir", str(workdir)],
+                            capture_output=True, text=True, timeout=60)
+    assert second.returncode == 2
+    assert f"is in use by `trainflow stage --data {digits} --workdir {workdir}` (pid {first.proc.pid}" \
+           in second.stderr, second.stderr
+    output = first.finish(300)
+    assert first.proc.returncode == 0, output[-3000:]
+    assert "staged" in output or "file server copy" in output
