@@ -21,6 +21,8 @@ from infra.errors import BadInput, TrainflowError
 from infra.trainer import index_data
 from trainer.datasets import (FORMAT, FileEntry, dataset_prefix, extract_members, manifest_blob,  # noqa: F401
                               parse_manifest, shard_blob, sizes_match)
+from trainer.errors import UsageError
+from trainer.layout import check_name
 
 
 def sha256_file(path: Path) -> str:
@@ -70,7 +72,13 @@ def relative_paths(data_dir: Path) -> list[str]:
 
 
 def check_names(paths: list[str]) -> None:
-    """Two names that differ only in case would collide on a case-insensitive file system."""
+    """Refuse names that cannot be staged: by the trainer's rule for a name (trainer/layout.py: valid UTF-8, no
+    control character), or two that differ only in case (they would collide on a case-insensitive file system)."""
+    for path in paths:
+        try:
+            check_name(path)
+        except UsageError as exc:
+            raise BadInput(str(exc)) from None
     clashes = case_clashes(paths)
     if clashes:
         a, b = clashes[0]

@@ -1,9 +1,11 @@
 """The ImageNet folder layout: which files a data set holds, checked, without torch.
 
-Layout: DATA/train/<class>/**/<image> and, optionally, DATA/val/<class>/**/<image>. Class folders may
-nest sub-folders; names may hold spaces and any unicode. Images may be RGB, grayscale (8 or 16 bit),
-CMYK, RGBA or palette images: all are read as RGB. Files whose names start with "." are ignored.
-A corrupt image is an error that names the file; it is never skipped silently.
+Layout: DATA/train/<class>/**/<image> and, optionally, DATA/val/<class>/**/<image>, with at least 2
+classes. Class folders may nest sub-folders and symlinks (followed; a broken one or a loop is an error
+naming the link); names may hold spaces and any unicode but control characters. Images may be RGB,
+grayscale (8 or 16 bit), CMYK, RGBA or palette images: all are read as RGB. Files whose names start
+with "." are ignored. An image that cannot be decoded (corrupt, or more pixels than PIL's guard against
+decompression bombs allows) is an error that names the file; it is never skipped silently.
 
 The staging step runs this module as a program, so that data is checked by the same rules the
 training engine applies, without importing the engine:
@@ -16,10 +18,16 @@ bad data exits with status 2 and one line.
 """
 
 import argparse
+import errno
 import json
 import os
+import re
+import stat
 import sys
+import unicodedata
+import warnings
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,22 +54,31 @@ class Split:
 
 def index_folder(data_dir: Path) -> tuple[Split, Split | None]:
     """Index DATA/train and DATA/val, checking the layout; val is None when absent."""
-    if not data_dir.is_dir():
-        raise UsageError(
-            f"data folder {data_dir} does not exist; point --data at a folder holding train/<class>/ images"
-        )
-    train_dir = data_dir / "train"
-    if not train_dir.is_dir() or not _class_dirs(train_dir):
+    kind = entry_kind(data_dir)
+    if kind != "folder":
+        what = "is a file, not a folder" if kind == "file" else "does not exist"
+        raise UsageError(f"data folder {data_dir} {what}; point --data at a folder holding train/<class>/ images")
+    train_dir, val_dir = data_dir / "train", data_dir / "val"
+    if entry_kind(train_dir) != "folder" or not _class_dirs(train_dir):
         raise UsageError(
             f"data folder {data_dir} is empty or has no train/<class>/ folders; "
             "lay it out as train/<class>/<image> (and val/<class>/<image>)"
         )
     train = index_split(train_dir, None)
-    val_dir = data_dir / "val"
-    if val_dir.is_dir() and not _class_dirs(val_dir):
+    check_classes(data_dir, train.classes)
+    val_kind = entry_kind(val_dir)
+    if val_kind == "missing":
+        return train, None
+    if val_kind == "file" or not _class_dirs(val_dir):
         raise UsageError(f"{val_dir} has no class folders; add val/<class>/ images or remove val/")
-    val = index_split(val_dir, train.classes) if val_dir.is_dir() else None
-    return train, val
+    return train, index_split(val_dir, train.classes)
+
+
+def check_classes(data_dir: Path, classes: list[str]) -> None:
+    """A classifier of one class learns nothing (its loss is 0 from the first step): refuse it."""
+    if len(classes) == 1:
+        raise UsageError(f"data folder {data_dir} has 1 class ({classes[0]}) under train/; a classifier needs at "
+                         "least 2: add another train/<class>/ folder of images")
 
 
 def index_split(split_dir: Path, classes: list[str] | None) -> Split:
@@ -83,38 +100,123 @@ def index_split(split_dir: Path, classes: list[str] | None) -> Split:
     return Split(classes=classes, samples=samples)
 
 
+def entry_kind(path: Path) -> str:
+    """"folder", "file" or "missing"; a symlink that loops or leads nowhere is an error that names it."""
+    try:
+        return "folder" if stat.S_ISDIR(os.stat(path).st_mode) else "file"
+    except (FileNotFoundError, NotADirectoryError):
+        if os.path.islink(path):
+            raise UsageError(f"{path} is a broken symlink (its target {_target(path)} does not exist); "
+                             "restore the target or remove the link") from None
+        return "missing"
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UsageError(f"{path} is a symlink loop (it points to {_target(path)}, which leads back to itself); "
+                             "remove the link or point it at a real folder or image") from None
+        raise UsageError(f"cannot read {path} ({exc.strerror}); fix its permissions or remove it") from None
+
+
+def _target(link: Path) -> str:
+    """Where a symlink points, as written in the link."""
+    try:
+        return os.readlink(link)
+    except OSError:
+        return "?"
+
+
+def check_name(name: str, folder: Path | str = "") -> None:
+    """The one rule for the names of a data set's files and folders (the orchestrator imports it): valid UTF-8,
+    no control character. The staging lists names one per line, and every message shows a name on one line."""
+    if name.isprintable():  # the common case, in C: no control character, no undecodable byte
+        return
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UsageError(f"{os.fsencode(os.path.join(folder, name))!r} is not a valid UTF-8 name; rename it") from None
+    bad = next((c for c in name if unicodedata.category(c) in ("Cc", "Zl", "Zp")), None)  # what splitlines splits
+    if bad is not None:
+        raise UsageError(f"{os.path.join(folder, name)!r} has a control character ({bad!r}) in its name; "
+                         "rename it to printable text")
+
+
+def _visible(folder: Path) -> list[tuple[Path, str]]:
+    """The entries of a folder that do not start with ".", sorted, each with its kind; names and links checked
+    (a link costs a stat, other entries none)."""
+    try:
+        with os.scandir(folder) as found:
+            entries = sorted((e for e in found if not e.name.startswith(".")), key=lambda e: e.name)
+    except OSError as exc:
+        raise UsageError(f"cannot list {folder} ({exc.strerror}); fix its permissions or remove it") from None
+    visible = []
+    for entry in entries:
+        check_name(entry.name, folder)
+        path = folder / entry.name
+        if entry.is_symlink():
+            visible.append((path, entry_kind(path)))
+        else:
+            visible.append((path, "folder" if entry.is_dir(follow_symlinks=False) else "file"))
+    return visible
+
+
 def _class_dirs(split_dir: Path) -> list[Path]:
-    return sorted(d for d in split_dir.iterdir() if d.is_dir() and not d.name.startswith("."))
+    return [path for path, kind in _visible(split_dir) if kind == "folder"]
 
 
-def _image_files(class_dir: Path) -> list[Path]:
-    """Every image under a class folder, recursively; anything else that is not hidden is an error."""
-    files = []
-    for root, dirs, names in os.walk(class_dir, followlinks=True):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        for name in sorted(n for n in names if not n.startswith(".")):
-            path = Path(root, name)
-            if path.suffix.lower() not in IMAGE_SUFFIXES:
-                raise UsageError(f"{path} is not an image file; remove it or move it out of the data folder")
-            if not os.access(path, os.R_OK):
-                raise UsageError(f"cannot read {path} (permission denied); fix its permissions or remove it")
+def _image_files(folder: Path, above: frozenset = frozenset()) -> list[Path]:
+    """Every image under a class folder, recursively (links followed); anything else not hidden is an error.
+    `above` holds the real paths of the folders walked down to here: a link to one of them, or to a folder
+    holding one, would never end."""
+    above = above | {os.path.realpath(folder)}
+    files, subfolders = [], []
+    for path, kind in _visible(folder):
+        if kind == "folder" and _holds_any(path, above):
+            raise UsageError(f"{path} is a symlink loop (it points to {_target(path)}, a folder that holds it); "
+                             "remove the link")
+        if kind == "folder":
+            subfolders.append(path)
+        elif path.suffix.lower() not in IMAGE_SUFFIXES:
+            raise UsageError(f"{path} is not an image file; remove it or move it out of the data folder")
+        elif not os.access(path, os.R_OK):
+            raise UsageError(f"cannot read {path} (permission denied); fix its permissions or remove it")
+        else:
             files.append(path)
-    return files
+    return files + [f for sub in subfolders for f in _image_files(sub, above)]
+
+
+def _holds_any(folder: Path, others: frozenset) -> bool:
+    """Whether the real folder behind `folder` is, or holds, one of the real paths `others`."""
+    real = os.path.join(os.path.realpath(folder), "")
+    return any(os.path.join(other, "").startswith(real) for other in others)
+
+
+@contextmanager
+def opened(path: str, action: str = "decode"):
+    """The PIL image at `path`; any failure to open or decode it (in the `with` body too) is a UsageError that
+    names the file and why. Decoders fail in many ways (OSError, SyntaxError, struct.error, EOFError, ...)."""
+    from PIL import Image
+
+    warnings.simplefilter("error", Image.DecompressionBombWarning)  # refused by name, not decoded for minutes
+    try:
+        with Image.open(path) as img:
+            yield img
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+        pixels = re.search(r"\((\d+) pixels\)", str(exc))
+        raise UsageError(f"image {path} has {int(pixels.group(1)) if pixels else 'too many'} pixels, more than the "
+                         f"{Image.MAX_IMAGE_PIXELS} that decoding allows (a guard against decompression bombs); "
+                         "shrink it or remove the file") from None
+    except Exception as exc:  # noqa: BLE001 - whatever the decoder raised, the file is what to name
+        why = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise UsageError(f"cannot {action} image {path} ({why}); replace or remove the file") from None
 
 
 def load_rgb(path: str):
     """Decode an image as RGB (a PIL image), whatever its mode; a corrupt file is a UsageError naming it."""
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(path) as img:
-            if img.mode in ("RGBA", "LA", "PA") or (img.mode == "P" and "transparency" in img.info):
-                img = img.convert("RGBA")
-            elif img.mode.startswith("I") or img.mode == "F":
-                img = _to_8_bit(img)
-            return img.convert("RGB")
-    except (OSError, UnidentifiedImageError, ValueError, SyntaxError) as exc:
-        raise UsageError(f"cannot decode image {path} ({exc}); replace or remove the file") from None
+    with opened(path) as img:
+        if img.mode in ("RGBA", "LA", "PA") or (img.mode == "P" and "transparency" in img.info):
+            img = img.convert("RGBA")
+        elif img.mode.startswith("I") or img.mode == "F":
+            img = _to_8_bit(img)
+        return img.convert("RGB")
 
 
 def _to_8_bit(img):
@@ -129,25 +231,15 @@ def _to_8_bit(img):
 
 def check_image(path: str) -> None:
     """Decode an image fully enough to find truncation or corruption (JPEGs at reduced scale: fast)."""
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(path) as img:
-            img.draft("RGB", (64, 64))  # JPEG only: DCT scaling still reads every byte of the scan
-            img.load()
-    except (OSError, UnidentifiedImageError, ValueError, SyntaxError) as exc:
-        raise UsageError(f"cannot decode image {path} ({exc}); replace or remove the file") from None
+    with opened(path) as img:
+        img.draft("RGB", (64, 64))  # JPEG only: DCT scaling still reads every byte of the scan
+        img.load()
 
 
 def check_header(path: str) -> None:
     """Check that a file is an image of a known format, reading its header only (fast)."""
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(path) as img:
-            img.verify()
-    except (OSError, UnidentifiedImageError, ValueError, SyntaxError) as exc:
-        raise UsageError(f"cannot read image {path} ({exc}); replace or remove the file") from None
+    with opened(path, "read") as img:
+        img.verify()
 
 
 def verify_images(samples: list[tuple[str, int]], rank: int = 0, world_size: int = 1, decode: bool = True) -> int:

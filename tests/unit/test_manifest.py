@@ -1,8 +1,14 @@
 """Shards and manifests: what changes when one file changes, and what stays."""
 
+import os
+
 import pytest
 
 from infra import manifest as mf
+from infra.errors import BadInput
+from tests.conftest import write_image
+from trainer.errors import UsageError
+from trainer.layout import check_name
 
 
 def entries(n: int, changed: int | None = None) -> list[mf.FileEntry]:
@@ -104,3 +110,34 @@ def test_the_manifest_records_the_bucket_count_not_the_non_empty_buckets():
 def test_sizes_match_reports_missing_and_short_files(tmp_path):
     write_tree(tmp_path, {"a": b"12"})
     assert mf.sizes_match(tmp_path, [{"path": "a", "size": 2}, {"path": "b", "size": 1}, {"path": "a", "size": 3}]) == ["b", "a"]
+
+
+@pytest.mark.parametrize("name", ["train/a/new\nline.png", "train/a\r/x.png", "train/a/nul\x00.png", "train/a/x\u2029.png",
+                                  os.fsdecode(b"train/a/caf\xe9.png")])
+def test_names_that_cannot_be_staged_are_refused_by_the_trainers_rule(name):
+    with pytest.raises(UsageError) as rule:
+        check_name(name)
+    with pytest.raises(BadInput) as refused:
+        mf.check_names(["train/a/fine é 日本.png", name])
+    assert str(refused.value) == str(rule.value) and len(str(refused.value).splitlines()) == 1
+
+
+def test_printable_unicode_names_pass():
+    mf.check_names(["train/chat noir é/日本語 名前.png", "train/a/emoji 🐈\u200d⬛.png", "val/a/ß.png"])
+
+
+@pytest.mark.parametrize("target, message", [("loop", "is a symlink loop"), ("../..", "is a symlink loop"),
+                                             ("gone.png", "is a broken symlink")])
+def test_listing_a_data_set_names_a_bad_link(tmp_path, target, message):
+    for rel in ("train/a/x.png", "train/b/y.png"):
+        write_image(tmp_path / rel)
+    os.symlink(target, tmp_path / "train" / "a" / "loop")
+    with pytest.raises(BadInput, match=f"^{tmp_path}/train/a/loop {message}"):
+        mf.relative_paths(tmp_path)
+
+
+def test_listing_a_data_set_refuses_a_name_with_a_newline(tmp_path):
+    for rel in ("train/a/x.png", "train/b/two\nlines.png"):
+        write_image(tmp_path / rel)
+    with pytest.raises(BadInput, match=r"/train/b/two\\nlines.png' has a control character \('\\n'\)"):
+        mf.relative_paths(tmp_path)
