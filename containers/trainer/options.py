@@ -100,10 +100,14 @@ def decay_epochs(text: str) -> tuple[float, ...]:
 
 
 def check_output_folder(out: Path) -> None:
-    """Create the results folder and prove it is writable."""
-    probe = out / f".write-test-{os.getpid()}"
+    """Prove the results folder can be written without creating it (a refused run leaves nothing behind): a file
+    is made and removed in it, or in the nearest folder above it that exists. Results create it as they are written."""
+    existing = next((p for p in [out, *out.parents] if os.path.lexists(p)), Path("."))
+    if os.path.exists(existing) and not existing.is_dir():
+        raise UsageError(f"output folder {out} is not writable ({existing} is a file, not a folder); "
+                         "pass a writable --out")
+    probe = existing / f".write-test-{os.getpid()}"
     try:
-        out.mkdir(parents=True, exist_ok=True)
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as exc:

@@ -22,6 +22,7 @@ retry is the only one).
 """
 
 import os
+import shutil
 import socket
 import threading
 from dataclasses import dataclass
@@ -200,14 +201,36 @@ def run_job(job: Job, log_dir: Path, echo: Callable[[str], None], timeout_s: flo
 
 
 def train_on_pool(pool: Pool, training, out: Path, echo: Callable[[str], None], timeout_s: float = 0) -> TrainingMetrics:
-    """Create the pool, run the training job on it, and delete it whatever happens; the run's metrics."""
+    """Create the pool, run the training job on it, and delete it whatever happens; the run's metrics. A run that
+    fails leaves no empty folder of its own making where its results would be."""
+    created = first_missing(out)
     try:
         pool.create()
         pool.wait_until_ready()
         run_job(pool.job(training, timeout_s), out / "logs", echo, timeout_s)
+    except BaseException:
+        if created:
+            remove_if_empty(created)
+        raise
     finally:
         pool.delete()
     return read_metrics(out)
+
+
+def first_missing(path: Path) -> Path | None:
+    """The highest folder of `path` that does not exist yet (None when it exists): where a run's creating begins."""
+    missing = None
+    for folder in [path, *path.parents]:
+        if os.path.lexists(folder):
+            return missing
+        missing = folder
+    return missing
+
+
+def remove_if_empty(folder: Path) -> None:
+    """Remove `folder` if it holds no file, only (nested) empty folders."""
+    if folder.is_dir() and not any(not p.is_dir() or p.is_symlink() for p in folder.rglob("*")):
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def wait_for(job: Job, interval: float = 0.2) -> int:

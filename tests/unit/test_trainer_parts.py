@@ -1,15 +1,22 @@
 """Options, models and metrics of the trainer."""
 
 import argparse
+import os
+import re
+import subprocess
+from pathlib import Path
 
 import pytest
 import torch
 
+from infra.backends.base import first_missing, remove_if_empty
+from tests.conftest import write_image
 from trainer import metrics
 from trainer.distributed import detect_backend
 from trainer.errors import UsageError
 from trainer.models import build_model, check_model_name
 from trainer.options import build_parser, check_args, check_output_folder
+from trainer.train import main as engine_main
 
 
 def parse(*extra: str) -> argparse.Namespace:
@@ -35,8 +42,65 @@ def test_defaults_pass_the_checks():
 
 def test_output_folder_under_a_file_is_not_writable(tmp_path):
     (tmp_path / "file").write_text("")
-    with pytest.raises(UsageError, match="is not writable"):
-        check_output_folder(tmp_path / "file" / "out")
+    for out in (tmp_path / "file" / "out", tmp_path / "file"):
+        with pytest.raises(UsageError, match=f"output folder {out} is not writable \\({tmp_path}/file is a file, not"):
+            check_output_folder(out)
+
+
+def test_a_read_only_output_folder_is_not_writable(tmp_path):
+    (tmp_path / "ro").mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(tmp_path / "ro")], check=True)
+    try:
+        for out in (tmp_path / "ro", tmp_path / "ro" / "new" / "out"):
+            with pytest.raises(UsageError, match="is not writable \\(Read-only file system\\)"):
+                check_output_folder(out)
+    finally:
+        subprocess.run(["umount", str(tmp_path / "ro")], check=True)
+
+
+@pytest.mark.parametrize("out", ["results/train-1", "a/b/c/d", "."])
+def test_checking_the_output_folder_creates_nothing(tmp_path, out):
+    check_output_folder(tmp_path / out)
+    assert sorted(tmp_path.rglob("*")) == []
+
+
+def one_class(root: Path) -> Path:
+    write_image(root / "train" / "only" / "x.png")
+    return root
+
+
+def data_file(root: Path) -> Path:
+    return write_image(root.with_suffix(".png"))
+
+
+def symlink_loop(root: Path) -> Path:
+    write_image(root / "train" / "a" / "x.png")
+    write_image(root / "train" / "b" / "y.png")
+    os.symlink("../..", root / "train" / "b" / "up")
+    return root
+
+
+@pytest.mark.parametrize("make, message", [(one_class, "has 1 class \\(only\\) under train/"),
+                                           (data_file, "is a file, not a folder"),
+                                           (symlink_loop, "train/b/up is a symlink loop")])
+def test_a_refused_check_leaves_no_output_folder(tmp_path, capsys, make, message):
+    data, out = make(tmp_path / "data"), tmp_path / "results" / "run"
+    assert engine_main(["--data", str(data), "--out", str(out), "--model", "resnet18", "--check"]) == 2
+    errors = [line for line in capsys.readouterr().out.splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and re.search(message, errors[0]), errors
+    assert not (tmp_path / "results").exists()
+
+
+def test_a_failed_run_removes_only_the_empty_folders_it_made(tmp_path):
+    out = tmp_path / "work" / "results" / "train-1"
+    assert first_missing(out) == tmp_path / "work" and first_missing(tmp_path) is None
+    (out / "logs").mkdir(parents=True)
+    remove_if_empty(tmp_path / "work")
+    assert not (tmp_path / "work").exists()
+    (out / "logs").mkdir(parents=True)
+    (out / "logs" / "launcher.log").write_text("what went wrong")
+    remove_if_empty(tmp_path / "work")
+    assert (out / "logs" / "launcher.log").exists()
 
 
 def test_unknown_model_suggests_real_names():
