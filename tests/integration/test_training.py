@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from infra.launchers import local_command
+from infra.launchers import LaunchError, local_command, route_output
 from infra.trainer import TrainingConfig, trainer_argv
 from tests.conftest import train_locally
 from trainer.models import build_model
@@ -102,3 +102,32 @@ def test_resume_mid_epoch_ends_where_an_uninterrupted_run_ends(tmp_path):
     whole, again = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("whole", "resumed"))
     assert again["resumed_from_steps"] == [4] and again["global_step"] == whole["global_step"] == 12
     assert again["parameter_digest"] == whole["parameter_digest"]
+
+
+ENDS = """import os, signal, sys, time
+rank = int(os.environ.get("RANK", os.environ.get("HOROVOD_RANK", "0")))
+print(f"[rank {rank}] step 1", flush=True)
+if rank == 1:
+    sys.exit(int(sys.argv[1])) if sys.argv[1].isdigit() else os.kill(os.getpid(), getattr(signal, sys.argv[1]))
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "horovodrun"])
+@pytest.mark.parametrize("how, message", [
+    ("SIGKILL", r"rank 1 was killed by signal 9 \(SIGKILL\), as the kernel does when memory runs out \(lower "
+                r"training.batch_size or training.loader_workers\); its last lines:"),
+    ("SIGSEGV", r"rank 1 was killed by signal 11 \(SIGSEGV\); its last lines:"),
+    ("SIGABRT", r"rank 1 was killed by signal 6 \(SIGABRT\); its last lines:"),
+    ("3", r"rank 1 failed: it died without an error \(exit status 3\); its last lines:"),
+])
+def test_a_worker_killed_by_a_signal_is_named_with_the_signal(tmp_path, launcher, how, message):
+    """The real launchers' own reports (torchrun's failure summary, horovodrun's status line) are read for the
+    rank that ended first and how."""
+    script = tmp_path / "ends.py"
+    script.write_text(ENDS)
+    proc = subprocess.Popen(local_command(launcher, 2, [str(script), how]), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    with pytest.raises(LaunchError) as failed:
+        route_output(proc.stdout, lambda: proc.wait(timeout=120), tmp_path / "logs", lambda line: None)
+    assert re.match(f"^{message}\n\\[rank 1\\] step 1$", str(failed.value)), str(failed.value)
