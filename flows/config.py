@@ -2,7 +2,9 @@
 
 Precedence, highest first: command-line options, TRAINFLOW_* environment variables
 (TRAINFLOW_TRAINING__EPOCHS=3 sets training.epochs), the --config file, the defaults.
-Each section lives next to the code that owns it.
+Each section lives next to the code that owns it, and takes a mapping from every source.
+No setting holds a secret: Prefect stores the whole config with every run, so secrets come from the
+environment variables that the *_env settings name, and a secret-shaped value anywhere is refused unshown.
 """
 
 import os
@@ -14,9 +16,10 @@ from pydantic import BaseModel, ConfigDict, ValidationError, create_model, model
 
 from infra.backends import JobConfig, PoolConfig, backend_of, backend_sections
 from infra.blobstore import StorageConfig
-from infra.errors import BadInput
+from infra.errors import BadInput, first_line
 from infra.fileshare import FileShareConfig
 from infra.images import ImageConfig
+from infra.redact import ENV_NAME_ERROR, names_a_variable, redact, secret_shapes
 from infra.sample_data import DIGITS_TRAINING
 from infra.trainer import SYNTHETIC, TrainingConfig
 
@@ -27,6 +30,9 @@ LOCAL_DATA_FREE = (SYNTHETIC, STAGED)  # values of `data` that name no local fol
 
 class ConfigError(BadInput):
     """A config file or option that cannot be used; the message names the setting and the fix."""
+
+    def __init__(self, message: str):
+        super().__init__(redact(message))  # a value quoted from a file or option may hold a secret
 
 
 class FlowSettings(BaseModel):
@@ -56,6 +62,14 @@ class FlowSettings(BaseModel):
     """The training image: Dockerfile flavour, base, registry and credentials."""
     fileserver_export: Path | None = None
     """The file server's export folder (on Azure: where the NFS share is mounted); unset: <workdir>/fileserver."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_secrets(cls, values):
+        # before every other check, so none quotes a secret: Prefect stores the whole config with every run
+        if isinstance(values, dict):
+            refuse_secrets(values, cls)
+        return values
 
     @model_validator(mode="after")
     def _the_backend_can_run_it(self) -> "FlowSettings":
@@ -103,10 +117,12 @@ def load_config(path: Path | None, overrides: dict, environ: dict[str, str] | No
     With `digits_defaults`, a config that names neither data (so trains on the built-in digits set) nor a model
     gets the training defaults that fit that set (a run of minutes, not ResNet-50's 90 epochs at 224 px), under
     its own settings; a config that names its model keeps the reference defaults for everything it leaves out."""
-    values = deep_merge(read_yaml(path) if path else {}, env_values(os.environ if environ is None else environ))
-    values = deep_merge(values, overrides)
-    training = values.get("training") or {}
-    if digits_defaults and values.get("data") is None and isinstance(training, dict) and "model" not in training:
+    values = checked_sections(read_yaml(path), f"config file {path}") if path else {}
+    env = env_values(os.environ if environ is None else environ)
+    values = deep_merge(values, checked_sections(env, FROM_ENV))
+    values = deep_merge(values, checked_sections(overrides, "the command-line options"))
+    training = values.get("training", {})
+    if digits_defaults and values.get("data") is None and "model" not in training:
         values["training"] = deep_merge(DIGITS_TRAINING, training)
     try:
         return FlowConfig.model_validate(values)
@@ -115,13 +131,13 @@ def load_config(path: Path | None, overrides: dict, environ: dict[str, str] | No
 
 
 def read_yaml(path: Path) -> dict:
-    """A YAML mapping from `path`, or a ConfigError that says what is wrong with the file."""
+    """A YAML mapping from `path`, or a ConfigError that says what is wrong with the file and where."""
     try:
         loaded = yaml.safe_load(path.read_text())
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path} ({exc.strerror}); check the --config path") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+        raise ConfigError(f"config file {path} is not valid YAML{yaml_problem(exc)}") from None
     if loaded is None:
         return {}
     if not isinstance(loaded, dict):
@@ -129,17 +145,42 @@ def read_yaml(path: Path) -> dict:
     return loaded
 
 
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """" at line L, column C: what is wrong (while ..., from line L, column C)", counting from 1 as editors do."""
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    problem = getattr(exc, "problem", None) or first_line(exc)
+    at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+    context, start = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+    if context and start and start is not mark:
+        problem += f" ({context} from line {start.line + 1}, column {start.column + 1})"
+    return f"{at}: {problem}"
+
+
+FROM_ENV = "TRAINFLOW_* variables"
+
+
 def env_values(environ: dict[str, str]) -> dict:
     """TRAINFLOW_SECTION__FIELD=value as nested dicts (values stay strings; pydantic converts them)."""
     values: dict = {}
-    for key, value in environ.items():
-        if key.startswith(ENV_PREFIX):
-            *parents, leaf = key[len(ENV_PREFIX):].lower().split("__")
-            node = values
-            for part in parents:
-                node = node.setdefault(part, {})
-            node[leaf] = value
+    for key in sorted(k for k in environ if k.startswith(ENV_PREFIX)):  # a parent sorts before its children
+        *parents, leaf = key[len(ENV_PREFIX):].lower().split("__")
+        node = values
+        for depth, part in enumerate(parents):
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"environment variables {env_name(parents[:depth + 1])} and {key} conflict: the "
+                                  f"first sets {'.'.join(parents[:depth + 1])} to one value, the second a setting "
+                                  "inside it; unset one of them")
+        if isinstance(node.get(leaf), dict):
+            raise ConfigError(f"environment variable {key} sets {'.'.join([*parents, leaf])}, which other TRAINFLOW_ "
+                              "variables fill setting by setting; unset it")
+        node[leaf] = environ[key]
     return values
+
+
+def env_name(where) -> str:
+    """The TRAINFLOW_* variable of a setting's path (training, epochs -> TRAINFLOW_TRAINING__EPOCHS)."""
+    return ENV_PREFIX + "__".join(where).upper()
 
 
 def deep_merge(base: dict, top: dict) -> dict:
@@ -153,17 +194,119 @@ def deep_merge(base: dict, top: dict) -> dict:
     return merged
 
 
-def describe(exc: ValidationError, path: Path | None) -> str:
-    """One line per invalid setting: where it is, its value, what is allowed."""
-    source = f" (from {path}, TRAINFLOW_* variables or options)" if path else ""
-    lines = []
-    for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"])
-        if not where or (err["type"] == "value_error" and isinstance(err["input"], dict)):  # a rule across settings:
-            lines.append(f"invalid config: {err['msg'].removeprefix('Value error, ')}")
+def section_type(field) -> type[BaseModel] | None:
+    """The model of a setting that is a section of settings (training, storage, ...), else None."""
+    kind = field.annotation
+    return kind if isinstance(kind, type) and issubclass(kind, BaseModel) else None
+
+
+def checked_sections(values: dict, source: str, model: type[BaseModel] | None = None, where: tuple = ()) -> dict:
+    """`values` with empty (null) sections left out; a ConfigError for a section given as anything but a mapping,
+    which merging would otherwise replace with the defaults or another source's mapping."""
+    checked = dict(values)
+    for name, field in (model or FlowConfig).model_fields.items():
+        section = section_type(field)
+        if section is None or name not in checked:
             continue
-        # an unknown key's value is not shown (it may be a secret set under the wrong name), nor a whole section
-        shown = err["type"] not in ("missing", "extra_forbidden") and not isinstance(err["input"], dict)
-        given = f" = {err['input']!r}" if shown else ""
-        lines.append(f"invalid setting {where}{given}: {err['msg'].removeprefix('Value error, ')}")
-    return "; ".join(lines) + source
+        if checked[name] is None:
+            del checked[name]  # `training:` with nothing under it, or an option left unset
+        elif isinstance(checked[name], dict):
+            checked[name] = checked_sections(checked[name], source, section, (*where, name))
+        else:
+            raise not_a_section((*where, name), checked[name], source)
+    return checked
+
+
+def not_a_section(where: tuple, value, source: str) -> ConfigError:
+    """The error for a section given a single value (never shown: it may be a secret)."""
+    dotted = ".".join(where)
+    kind = {bool: "true or false", int: "a number", float: "a number", str: "a string", list: "a list"}.get(
+        type(value), type(value).__name__)
+    if source == FROM_ENV:
+        origin, fix = f"environment variable {env_name(where)}", (
+            f"unset {env_name(where)} and set each setting as {env_name(where)}__<SETTING>=<value>")
+    elif source.startswith("config file"):
+        origin, fix = source, f"write them as a mapping ({where[-1]}: {{<setting>: <value>}}, or indented lines " \
+                              f"below {where[-1]}:)"
+    else:
+        origin, fix = source, "pass them as a mapping"
+    return ConfigError(f"{dotted} from {origin} is {kind}, but {dotted} is a section of settings: {fix}")
+
+
+def secret_homes(model: type[BaseModel], prefix: str = "") -> list[str]:
+    """The settings (dotted) that name an environment variable holding a secret."""
+    homes = []
+    for name, field in model.model_fields.items():
+        if names_a_variable(field):
+            homes.append(prefix + name)
+        elif section_type(field):
+            homes += secret_homes(section_type(field), f"{prefix}{name}.")
+    return homes
+
+
+def secrets_in(value, model: type[BaseModel] | None = None, where: str = ""):
+    """(setting, kinds of secret) for every text under `value` that holds something secret-shaped; a setting that
+    names a variable is left to its own check, which refuses anything but a name."""
+    if isinstance(value, BaseModel):
+        value, model = value.model_dump(mode="json"), type(value)
+    if isinstance(value, dict):
+        for key, item in value.items():
+            field = model.model_fields.get(key) if model else None
+            if field is None or not names_a_variable(field):
+                yield from secrets_in(item, section_type(field) if field else None, f"{where}.{key}" if where else str(key))
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            yield from secrets_in(item, None, f"{where}[{i}]")
+    elif isinstance(value, (str, os.PathLike)) and (shapes := secret_shapes(str(value))):
+        yield where, shapes
+
+
+def refuse_secrets(values: dict, model: type[BaseModel]) -> None:
+    """A ValueError naming each setting that holds something secret-shaped, and the settings where it belongs."""
+    homes = secret_homes(model)
+    problems = []
+    for where, shapes in secrets_in(values, model):
+        near = [h for h in homes if h.split(".")[0] == where.split(".")[0]] or homes
+        problems.append(f"{where} holds what looks like {shapes[0]}, and the config is stored with every run: put "
+                        f"the secret in an environment variable and name it in {either(near)}; the value given "
+                        "is not shown")
+    if problems:
+        raise ValueError("; ".join(problems))
+
+
+def either(names: list[str]) -> str:
+    """"a", "a or b", "a, b or c"."""
+    return " or ".join(filter(None, [", ".join(names[:-1]), names[-1]]))
+
+
+def default_at(loc: tuple):
+    """The default of the setting at a pydantic error location in FlowConfig (None when there is none)."""
+    model, field = FlowConfig, None
+    for part in loc:
+        field = model.model_fields.get(part) if model else None
+        if field is None:
+            return None
+        model = section_type(field)
+    return field.default
+
+
+def describe(exc: ValidationError, path: Path | None) -> str:
+    """One line naming each invalid setting, its value unless it may be a secret, and what is allowed."""
+    source = f" (from {path}, TRAINFLOW_* variables or options)" if path else ""
+    return "; ".join(explain(err) for err in exc.errors()) + source
+
+
+def explain(err: dict) -> str:
+    """One invalid setting: where it is, its value (unless it may be a secret), what is wrong."""
+    where = ".".join(str(p) for p in err["loc"])
+    message = err["msg"].removeprefix("Value error, ")
+    if not where or (err["type"] == "value_error" and isinstance(err["input"], dict)):  # a rule across settings
+        return f"invalid config: {message}"
+    if err["type"] == ENV_NAME_ERROR:
+        example = default_at(err["loc"]) or "MY_SECRET"
+        return f"{where} must name an environment variable such as {example}, not hold its value; the value given " \
+               "is not shown"
+    value = err["input"]  # a secret-shaped one never gets here (_no_secrets), and ConfigError masks any part left
+    # an unknown key's value is not shown (it may be a secret set under the wrong name), nor a whole section
+    shown = err["type"] not in ("missing", "extra_forbidden") and not isinstance(value, dict)
+    return f"invalid setting {where}{f' = {value!r}' if shown else ''}: {message}"

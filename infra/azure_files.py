@@ -11,7 +11,8 @@ from urllib.parse import urlsplit, urlunsplit
 from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError
 from azure.storage.fileshare import ExponentialRetry, ShareClient, ShareFileClient
 
-from infra.blobstore import StorageError, require_https_unless_loopback, storage_errors
+from infra.blobstore import StorageError, error_code, require_https_unless_loopback, storage_errors
+
 
 class AzureCopyError(StorageError):
     """A server-side copy ended in a state other than success."""
@@ -27,14 +28,18 @@ class AzureFileShare:
         self.copy_timeout_s = copy_timeout_s
 
     @classmethod
-    def from_settings(cls, account_url: str, share: str, credential) -> "AzureFileShare":
-        """Connect to `share` at `account_url` (https, or http to loopback) with an SDK credential."""
+    def from_settings(cls, account_url: str, share: str, credential, retry_total: int = 5,
+                      timeouts: tuple[float, float] | None = None) -> "AzureFileShare":
+        """Connect to `share` at `account_url` (https, or http to loopback) with an SDK credential;
+        `timeouts`: (connect, read) seconds, the SDK's own when None."""
         require_https_unless_loopback(account_url)
         if credential is None:
             raise ValueError("Azure Files needs a credential: a SAS token, an account key or a token credential.")
-        retry = ExponentialRetry(initial_backoff=0.5, increment_base=2, retry_total=5)
-        intent = {"token_intent": "backup"} if hasattr(credential, "get_token") else {}
-        return cls(ShareClient(account_url, share, credential=credential, retry_policy=retry, **intent))
+        retry = ExponentialRetry(initial_backoff=0.5, increment_base=2, retry_total=retry_total)
+        options = {"token_intent": "backup"} if hasattr(credential, "get_token") else {}
+        if timeouts:
+            options.update(connection_timeout=timeouts[0], read_timeout=timeouts[1])
+        return cls(ShareClient(account_url, share, credential=credential, retry_policy=retry, **options))
 
     def _file(self, path: str) -> ShareFileClient:
         return self._share.get_file_client(path.strip("/"))
@@ -50,6 +55,11 @@ class AzureFileShare:
     def errors(self, action: str):
         """SDK errors as StorageErrors that name the share and the action, secrets removed."""
         return storage_errors("Azure Files", self.where, action)
+
+    def check(self) -> None:
+        """One cheap authenticated request (the root directory's properties): the share exists and admits us."""
+        with self.errors("reach the share"):
+            self._share.get_directory_client("").get_directory_properties()
 
     def exists(self, path: str) -> bool:
         """Whether a file exists at `path`."""
@@ -87,7 +97,9 @@ class AzureFileShare:
         with self.errors(f"read {path}"):
             try:
                 return self._file(path).download_file().readall().decode("utf-8")
-            except ResourceNotFoundError:
+            except ResourceNotFoundError as exc:
+                if error_code(exc) not in ("ResourceNotFound", "ParentNotFound"):  # ShareNotFound is no file's absence
+                    raise
                 return None
 
     def write_text(self, path: str, text: str) -> None:

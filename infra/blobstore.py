@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Iterator, Literal
-from urllib.parse import urlparse
+from urllib.parse import parse_qs, urlparse
 
 import requests
 from azure.core.credentials import TokenCredential
@@ -27,15 +27,22 @@ from azure.storage.blob import BlobServiceClient, ContainerClient, ExponentialRe
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from infra.azurite import connection_string
-from infra.errors import TrainflowError, first_line
+from infra.errors import BadInput, TrainflowError, first_line
+from infra.redact import EnvName, redact
 from infra.sas import MAX_DELEGATION, Window, container_sas, delegated_container_sas, validity
 
 CONTAINER_NAME = re.compile(r"^(?=.{3,63}$)[a-z0-9](?:[a-z0-9]|-(?!-))*[a-z0-9]$")
-SECRET_PATTERNS = [re.compile(p) for p in (r"(sig=)[^&\s'\"]+", r"(AccountKey=)[^;\s'\"]+", r"(SharedAccessSignature=)[^;\s'\"]+")]
 
 
 class StorageError(TrainflowError):
     """A storage operation failed; `permanent` errors (credentials, names) are not worth a retry."""
+
+    def __init__(self, message: str, permanent: bool | None = None):
+        super().__init__(redact(message), permanent)  # whatever the SDK put in a message, no secret leaves here
+
+
+class MissingSecret(BadInput, StorageError):
+    """An environment variable the config names for a credential is not set (bad input: exit 2)."""
 
 
 class StorageConfig(BaseModel):
@@ -52,14 +59,14 @@ class StorageConfig(BaseModel):
     and signs a SAS per step (least privilege, sas_minutes), with no account key on the client; it needs a
     Storage Blob Data role on the account. key (the fallback): the account key signs the same SAS and never
     authorises a request itself. sas: a SAS token made elsewhere; connection_string: a connection string."""
-    sas_token_env: str = "AZURE_STORAGE_SAS_TOKEN"
+    sas_token_env: EnvName = "AZURE_STORAGE_SAS_TOKEN"
     """Environment variable holding the SAS token."""
-    account_key_env: str = "AZURE_STORAGE_KEY"
+    account_key_env: EnvName = "AZURE_STORAGE_KEY"
     """auth key: environment variable holding the account key."""
     sas_minutes: float = Field(120, gt=0)
     """auth default or key: lifetime of the SAS tokens trainflow signs (a step's retries sign a new one);
     at most 7 days with auth default (a user delegation key's longest life)."""
-    connection_string_env: str = "AZURE_STORAGE_CONNECTION_STRING"
+    connection_string_env: EnvName = "AZURE_STORAGE_CONNECTION_STRING"
     """Environment variable holding the connection string."""
     container: str = "trainflow"
     """Blob container: 3-63 lowercase letters, digits and single hyphens."""
@@ -86,8 +93,8 @@ class StorageConfig(BaseModel):
         if url is not None:
             require_https_unless_loopback(url)
             if urlparse(url).query:
-                raise ValueError("account_url must not carry a query string; put the SAS token in the "
-                                 "environment variable named by sas_token_env")
+                raise ValueError("account_url must not carry a query string (the config is stored with every run); "
+                                 "put a SAS token in the environment variable that storage.sas_token_env names")
         return url
 
     @model_validator(mode="after")
@@ -122,13 +129,6 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def redact(text: str) -> str:
-    """`text` with SAS signatures and account keys replaced by ***."""
-    for pattern in SECRET_PATTERNS:
-        text = pattern.sub(r"\1***", text)
-    return text
-
-
 class BlobStore:
     """The operations the pipeline needs from one blob container."""
 
@@ -139,10 +139,10 @@ class BlobStore:
     @classmethod
     def connect(cls, cfg: StorageConfig, environ: dict[str, str] | None = None,
                 connection_string: str | None = None, access: str = "stage",
-                credential: TokenCredential | None = None) -> "BlobStore":
+                credential: TokenCredential | None = None, timeouts: tuple[float, float] = (10, 60)) -> "BlobStore":
         """A store for cfg's container; `connection_string` is Azurite's (the local default); `access`
         (infra.sas.BLOB_ACCESS) is what a signed SAS allows with auth default or key; `credential` is the
-        identity of auth default (DefaultAzureCredential when None)."""
+        identity of auth default (DefaultAzureCredential when None); `timeouts`: (connect, read) seconds."""
         # retry_total alone still caps 5xx, connect and read retries at 3 each: set them all.
         n = cfg.retry_total
         retry = ExponentialRetry(initial_backoff=cfg.retry_initial_backoff, increment_base=2, retry_total=n,
@@ -151,7 +151,7 @@ class BlobStore:
         session.mount("http://", requests.adapters.HTTPAdapter(pool_maxsize=4 * cfg.upload_concurrency + 4))
         session.mount("https://", requests.adapters.HTTPAdapter(pool_maxsize=4 * cfg.upload_concurrency + 4))
         options = dict(retry_policy=retry, max_single_put_size=4 << 20, max_block_size=4 << 20,
-                       connection_timeout=10, read_timeout=60, session=session)
+                       connection_timeout=timeouts[0], read_timeout=timeouts[1], session=session)
         service = service_client(cfg, os.environ if environ is None else environ, connection_string, options, access,
                                  credential)
         try:
@@ -161,17 +161,34 @@ class BlobStore:
         return cls(service.get_container_client(cfg.container), cfg.upload_concurrency)
 
     def ensure_container(self) -> None:
-        """Create the container unless it exists (a container-scoped SAS may list it but not create it)."""
-        with self.errors("create the container"):
-            try:
-                next(iter(self.container.list_blobs(results_per_page=1).by_page()), None)
-                return
-            except ResourceNotFoundError:
-                pass
+        """Create the container unless it exists (a container-scoped SAS may list it but can never create it)."""
+        if self.holds() is not None:
+            return
+        with self.errors("create the missing container"):
             try:
                 self.container.create_container()
             except ResourceExistsError:
                 pass
+            except HttpResponseError as exc:
+                if exc.status_code != 403:
+                    raise
+                raise StorageError(  # what the user must fix is the missing container, not the credential
+                    f"blob storage has no container at {self.where} (ContainerNotFound) and these credentials may "
+                    f"not create it ({error_code(exc) or 403}; a container SAS never can): create it once (az storage "
+                    "container create --name <container> --account-name <account> --auth-mode login; infra/azure "
+                    "makes it), or set storage.container to a container that exists", permanent=True) from None
+
+    def holds(self, prefix: str = "") -> bool | None:
+        """Whether any blob's name starts with `prefix` (one page of one name); None when there is no container."""
+        with self.errors("list the container"):
+            try:
+                page = next(iter(self.container.list_blobs(name_starts_with=prefix or None, results_per_page=1)
+                                 .by_page()))
+                return any(True for _ in page)
+            except ResourceNotFoundError as exc:
+                if error_code(exc) != "ContainerNotFound":
+                    raise
+                return None
 
     def names(self, prefix: str) -> dict[str, int]:
         """Blob names under `prefix`, with their sizes."""
@@ -194,7 +211,9 @@ class BlobStore:
         with self.errors(f"read {name}"):
             try:
                 return self.container.download_blob(name).readall().decode("utf-8")
-            except ResourceNotFoundError:
+            except ResourceNotFoundError as exc:
+                if error_code(exc) not in ABSENT:
+                    raise
                 return None
 
     def write_text(self, name: str, text: str) -> None:
@@ -207,8 +226,9 @@ class BlobStore:
         with self.errors(f"delete {name}"):
             try:
                 self.container.delete_blob(name)
-            except ResourceNotFoundError:
-                pass
+            except ResourceNotFoundError as exc:
+                if error_code(exc) not in ABSENT:
+                    raise
 
     def errors(self, action: str):
         """Turn SDK errors into StorageErrors (see storage_errors)."""
@@ -220,19 +240,74 @@ def storage_errors(service: str, where: str, action: str) -> Iterator[None]:
     """Turn Azure SDK errors into StorageErrors that say what failed and how to fix it, secrets removed."""
     try:
         yield
-    except ClientAuthenticationError as exc:
-        raise refused_credentials(service, where, exc) from None
     except ServiceRequestError as exc:  # no connection at all, after the SDK's own retries: fail fast
-        raise StorageError(f"cannot reach {service} at {where} to {action} ({redact(first_line(exc))}); "
+        raise StorageError(f"cannot reach {service} at {where} to {action} ({first_line(exc)}); "
                            "check the account URL and the network", permanent=True) from None
     except ServiceResponseError as exc:  # a connection dropped mid-answer: worth a step retry
-        raise StorageError(f"{service} at {where} dropped the connection during {action} "
-                           f"({redact(first_line(exc))})") from None
-    except HttpResponseError as exc:
-        if exc.status_code in (401, 403):
-            raise refused_credentials(service, where, exc) from None
-        raise StorageError(f"{service} refused to {action}: {exc.status_code} {error_code(exc)}",
-                           permanent=exc.status_code in (400, 404, 409)) from None
+        raise StorageError(f"{service} at {where} dropped the connection during {action} ({first_line(exc)})") from None
+    except HttpResponseError as exc:  # ClientAuthenticationError and ResourceNotFoundError included
+        code = error_code(exc)
+        if exc.status_code is None and not code:  # a credential that failed before any request (an identity)
+            raise StorageError(f"{service} at {where}: the credentials failed to {action} ({first_line(exc)})",
+                               permanent=True) from None
+        raise storage_error(service, where, action, exc.status_code, code) from None
+
+
+# What the service's error code (x-ms-error-code) means and what fixes it. The code, not the SDK's exception
+# type, says what went wrong: a container SAS asked to create a missing container gets 403
+# AuthorizationPermissionMismatch, and a HEAD on a missing container is a bare 404. Codes and meanings from
+# learn.microsoft.com/rest/api/storageservices: "Common REST API error codes", "Blob Storage error codes",
+# "Azure Files error codes". Azurite answers a wrong signature with AuthorizationFailure, Azure with
+# AuthenticationFailed. Kinds: refused (the credential), missing (the resource), busy (transient: retried).
+ERROR_CODES = {
+    "AuthenticationFailed": ("refused", "the key or SAS signature is wrong, or the SAS token has expired"),
+    "AuthorizationFailure": ("refused", "the key or SAS signature is wrong, the SAS token has expired, or the "
+                                        "account's firewall does not admit this network"),
+    "InvalidAuthenticationInfo": ("refused", "the credential is malformed or expired"),
+    "NoAuthenticationInformation": ("refused", "the request carried no credential (a SAS token without its signature?)"),
+    "AuthorizationPermissionMismatch": ("refused", "the SAS token's permissions (sp), or the identity's Storage "
+                                                   "data role, do not allow this operation"),
+    "AuthorizationResourceTypeMismatch": ("refused", "the SAS token is not valid for this kind of resource (srt, sr)"),
+    "AuthorizationServiceMismatch": ("refused", "the SAS token is for another storage service (ss)"),
+    "AuthorizationProtocolMismatch": ("refused", "the SAS token allows https only (spr)"),
+    "AuthorizationSourceIPMismatch": ("refused", "the SAS token does not allow this machine's IP address (sip)"),
+    "KeyBasedAuthenticationNotPermitted": ("refused", "the account does not allow access with its key; use "
+                                                      "storage.auth default"),
+    "InsufficientAccountPermissions": ("refused", "the account's credential does not allow this operation"),
+    "AccountIsDisabled": ("refused", "the storage account is disabled"),
+    "ContainerNotFound": ("missing", "the container does not exist; check storage.container, or create it: az "
+                                     "storage container create --name <container> --account-name <account> "
+                                     "--auth-mode login"),
+    "ShareNotFound": ("missing", "the file share does not exist; check fileshare.share, or create it: az storage "
+                                 "share-rm create --name <share> --storage-account <account>"),
+    "BlobNotFound": ("missing", "the blob does not exist"),
+    "ResourceNotFound": ("missing", "it does not exist"),
+    "ParentNotFound": ("missing", "its parent directory does not exist"),
+    "ContainerBeingDeleted": ("busy", "the container is being deleted; it can be made again about 30 s later"),
+    "ShareBeingDeleted": ("busy", "the share is being deleted"),
+    "ServerBusy": ("busy", "the account is over its request or bandwidth limit"),
+    "OperationTimedOut": ("busy", "the operation timed out in the service"),
+    "InternalError": ("busy", "the service failed"),
+}
+ABSENT = ("BlobNotFound", "ContainerNotFound")  # a blob is not there when its container is not either
+REFUSED_FIX = ("check that the SAS token, key or connection string is right, unexpired and allows this operation "
+               "(with auth default, that the identity's data role allows it)")
+
+
+def storage_error(service: str, where: str, action: str, status: int | None, code: str) -> StorageError:
+    """The StorageError for a failed request, by the service's error code (by status when the code is unknown)."""
+    kind, why = ERROR_CODES.get(code, (None, None))
+    label = code or str(status)
+    if kind == "refused" or (kind is None and status in (401, 403)):
+        return StorageError(f"{service} at {where} refused the credentials to {action} ({label}): "
+                            f"{why or REFUSED_FIX}", permanent=True)
+    if kind == "missing" or (kind is None and status == 404):
+        return StorageError(f"{service} at {where} could not {action}: {why or 'it does not exist'} ({label})",
+                            permanent=True)
+    if kind == "busy":
+        return StorageError(f"{service} at {where} could not {action}: {why} ({label}); the step is retried")
+    return StorageError(f"{service} refused to {action}: {status} {code}".rstrip(),
+                        permanent=status in (400, 404, 409))
 
 
 def service_client(cfg: StorageConfig, environ, connection_string: str | None, options: dict,
@@ -243,14 +318,14 @@ def service_client(cfg: StorageConfig, environ, connection_string: str | None, o
             raise StorageError("Azurite is not running: start it with infra.azurite.running_azurite", permanent=True)
         return BlobServiceClient.from_connection_string(connection_string, **options)
     if cfg.auth == "connection_string":
-        return BlobServiceClient.from_connection_string(secret(environ, cfg.connection_string_env), **options)
+        return BlobServiceClient.from_connection_string(configured_secret(cfg, environ), **options)
     if cfg.account_url is None:
         raise StorageError("storage.account_url is not set; set it to https://<account>.blob.core.windows.net",
                            permanent=True)
     if cfg.auth == "sas":
-        return BlobServiceClient(cfg.account_url, credential=secret(environ, cfg.sas_token_env).lstrip("?"), **options)
+        return BlobServiceClient(cfg.account_url, credential=configured_secret(cfg, environ).lstrip("?"), **options)
     if cfg.auth == "key":
-        token = container_sas(cfg.account_url, cfg.container, secret(environ, cfg.account_key_env), access, cfg.sas_minutes)
+        token = container_sas(cfg.account_url, cfg.container, configured_secret(cfg, environ), access, cfg.sas_minutes)
         return BlobServiceClient(cfg.account_url, credential=token, **options)
     return delegated_client(cfg, credential or default_identity(), options, access)
 
@@ -302,26 +377,39 @@ def no_identity(exc: ClientAuthenticationError) -> StorageError:
                         permanent=True)
 
 
-def secret(environ, name: str) -> str:
-    """A secret from the environment, or a StorageError naming the variable to set."""
+AUTH_SECRET = {"sas": "sas_token_env", "key": "account_key_env", "connection_string": "connection_string_env"}
+
+
+def secret_settings(cfg: StorageConfig) -> dict[str, str]:
+    """The setting that names the variable cfg's credential is read from, and that variable (none for Azurite
+    or auth default)."""
+    field = AUTH_SECRET.get(cfg.auth) if cfg.backend == "azure" else None
+    return {f"storage.{field}": getattr(cfg, field)} if field else {}
+
+
+def configured_secret(cfg: StorageConfig, environ) -> str:
+    """The secret of cfg.auth (sas, key or connection_string), from the variable its setting names."""
+    ((setting, name),) = secret_settings(cfg).items()
+    return secret(environ, name, setting)
+
+
+def secret(environ, name: str, setting: str | None = None) -> str:
+    """A secret from the environment, or a MissingSecret naming the variable to set (and the setting naming it)."""
     value = environ.get(name)
     if not value:
-        raise StorageError(f"environment variable {name} is not set; export it (its value is never logged)",
-                           permanent=True)
+        named_by = f" (named by {setting})" if setting else ""
+        raise MissingSecret(f"environment variable {name}{named_by} is not set; export it (its value is never shown "
+                            "or stored)")
     return value
 
 
-def refused_credentials(service: str, where: str, exc: HttpResponseError) -> StorageError:
-    """The error for a 401/403: the credential is wrong, expired or lacks a permission."""
-    return StorageError(f"{service} at {where} refused the credentials ({error_code(exc)}); check that the "
-                        "SAS token or connection string is right, unexpired and allows this operation (with auth "
-                        "default, that the identity's data role allows it)", permanent=True)
-
-
 def error_code(exc: HttpResponseError) -> str:
-    """Azure's error code of a failed request."""
+    """Azure's error code of a failed request (x-ms-error-code), or "" when it sent none."""
     code = getattr(exc, "error_code", None)
-    return str(getattr(code, "value", code) or getattr(exc, "reason", "") or exc.status_code)
+    response = getattr(exc, "response", None)
+    if not code and response is not None:
+        code = response.headers.get("x-ms-error-code")
+    return str(getattr(code, "value", code) or "")
 
 
 def open_store(cfg: StorageConfig, azurite_port: int | None, access: str = "stage") -> BlobStore:
@@ -330,3 +418,28 @@ def open_store(cfg: StorageConfig, azurite_port: int | None, access: str = "stag
         raise StorageError("Azurite's port is unknown: the flow starts Azurite before staging", permanent=True)
     return BlobStore.connect(cfg, connection_string=connection_string(azurite_port) if azurite_port else None,
                              access=access)
+
+
+def quick_store(cfg: StorageConfig, environ: dict[str, str] | None = None,
+                credential: TokenCredential | None = None) -> BlobStore:
+    """A read store for cfg's container that gives up within seconds (one retry, short timeouts): for checks made
+    before a run starts. With auth default it gets the identity's user delegation key here."""
+    quick = cfg.model_copy(update={"retry_total": 1, "retry_initial_backoff": 0.2})
+    return BlobStore.connect(quick, environ, access="read", credential=credential, timeouts=(3, 5))
+
+
+
+def may_create_container(cfg: StorageConfig, environ: dict[str, str] | None = None) -> bool:
+    """Whether cfg's credential could create a missing container: the container SAS that auth key and default
+    sign never can, nor a container SAS given (sr=c); an account key or an account SAS (srt) with create (sp c) may."""
+    if cfg.backend == "azurite":
+        return True
+    if cfg.auth in ("key", "default"):
+        return False
+    given = configured_secret(cfg, os.environ if environ is None else environ)
+    if cfg.auth == "connection_string":
+        if "SharedAccessSignature=" not in given:
+            return True  # the account key itself
+        given = given.split("SharedAccessSignature=", 1)[1].split(";")[0]
+    token = parse_qs(given.lstrip("?"))
+    return "srt" in token and "c" in token.get("sp", [""])[0]

@@ -10,6 +10,8 @@ from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from infra.redact import EnvName
+
 
 class FileShare(Protocol):
     """The few operations the pipeline needs from a file share."""
@@ -84,9 +86,9 @@ class FileShareConfig(BaseModel):
     auth: Literal["sas", "key", "default"] = "sas"
     """A SAS token from sas_token_env; key: the account key signs a short-lived share SAS (read, create,
     write, list) that is used instead; or DefaultAzureCredential."""
-    sas_token_env: str = "AZURE_FILES_SAS_TOKEN"
+    sas_token_env: EnvName = "AZURE_FILES_SAS_TOKEN"
     """Environment variable holding the share's SAS token."""
-    account_key_env: str = "AZURE_STORAGE_KEY"
+    account_key_env: EnvName = "AZURE_STORAGE_KEY"
     """auth key: environment variable holding the account key."""
     sas_minutes: float = Field(120, gt=0)
     """auth key: lifetime of the SAS tokens trainflow signs."""
@@ -99,8 +101,19 @@ def local_root(workdir: Path) -> Path:
     return workdir / "fileshare"
 
 
-def open_share(cfg: FileShareConfig, workdir: Path, environ: dict[str, str] | None = None) -> FileShare:
-    """The configured share."""
+SHARE_SECRET = {"sas": "sas_token_env", "key": "account_key_env"}  # auth default reads no variable
+
+
+def secret_settings(cfg: FileShareConfig) -> dict[str, str]:
+    """The setting that names the variable the share's credential is read from, and that variable (none for a
+    local share or auth default)."""
+    field = SHARE_SECRET.get(cfg.auth) if cfg.backend == "azure" else None
+    return {f"fileshare.{field}": getattr(cfg, field)} if field else {}
+
+
+def open_share(cfg: FileShareConfig, workdir: Path, environ: dict[str, str] | None = None,
+               quick: bool = False) -> FileShare:
+    """The configured share; `quick`: one retry and short timeouts, for checks made before a run starts."""
     if cfg.backend == "local":
         return LocalFolderShare(local_root(workdir))
     from infra.azure_files import AzureFileShare
@@ -111,13 +124,22 @@ def open_share(cfg: FileShareConfig, workdir: Path, environ: dict[str, str] | No
                            permanent=True)
     env = os.environ if environ is None else environ
     if cfg.auth == "sas":
-        credential = secret(env, cfg.sas_token_env).lstrip("?")
+        credential = secret(env, cfg.sas_token_env, "fileshare.sas_token_env").lstrip("?")
     elif cfg.auth == "key":
         from infra.sas import share_sas
 
-        credential = share_sas(cfg.account_url, cfg.share, secret(env, cfg.account_key_env), cfg.sas_minutes)
+        key = secret(env, cfg.account_key_env, "fileshare.account_key_env")
+        credential = share_sas(cfg.account_url, cfg.share, key, cfg.sas_minutes)
     else:
         from azure.identity import DefaultAzureCredential
 
         credential = DefaultAzureCredential()
-    return AzureFileShare.from_settings(cfg.account_url, cfg.share, credential)
+    limits = {"retry_total": 1, "timeouts": (3, 5)} if quick else {}
+    return AzureFileShare.from_settings(cfg.account_url, cfg.share, credential, **limits)
+
+
+def check_share(cfg: FileShareConfig, environ: dict[str, str] | None = None) -> None:
+    """One quick authenticated call to an Azure file share: a StorageError when its variable is unset, or it
+    cannot be reached, refuses the credentials or does not exist. A local share needs no check."""
+    if cfg.backend == "azure":
+        open_share(cfg, Path("."), environ, quick=True).check()

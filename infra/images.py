@@ -16,6 +16,7 @@ from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 from pydantic import BaseModel, ConfigDict, field_validator
 
 from infra.errors import TrainflowError, first_line
+from infra.redact import EnvName
 
 # The grammar of github.com/distribution/reference: lowercase path components joined by / and a
 # registry host[:port] in front.
@@ -56,7 +57,7 @@ class ImageConfig(BaseModel):
     """Docker engine URL, e.g. unix:///var/run/docker.sock or tcp://host:2376; unset: DOCKER_HOST or the local socket."""
     username: str | None = None
     """Registry user (for ACR: the registry name, a token name or a service principal id); unset: push anonymously."""
-    password_env: str = "REGISTRY_PASSWORD"
+    password_env: EnvName = "REGISTRY_PASSWORD"
     """Environment variable holding the registry password or token."""
     password_secret: str | None = None
     """Name of a Prefect Secret block with the password, used when the environment variable is unset."""

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.config import ConfigError, load_config
+from flows.config import ConfigError, FlowConfig, load_config, section_type
 from infra.backends.base import NodePaths
 from infra.backends.docker_nodes import commands_on_nodes, torchrun_layout
 from infra.launchers import LaunchError, local_command, route_output
@@ -103,6 +103,60 @@ def test_bad_config_files_name_the_setting(tmp_path, text, message):
         load_config(path, {}, environ={})
 
 
+SECTIONS = [name for name, field in FlowConfig.model_fields.items() if section_type(field)]
+
+
+@pytest.mark.parametrize("section", SECTIONS)
+@pytest.mark.parametrize("value, kind", [(3, "a number"), ("epochs=3", "a string"), ([1, 2], "a list"),
+                                         (True, "true or false")])
+def test_a_section_given_a_single_value_is_refused_from_every_source(tmp_path, section, value, kind):
+    """Merging used to replace such a value with the defaults (or another source's mapping) without a word."""
+    path = tmp_path / "c.yaml"
+    path.write_text(f"{section}: {value if not isinstance(value, bool) else 'true'}\n")
+    with pytest.raises(ConfigError, match=rf"^{section} from config file {path} is {kind}, but {section} is a section "
+                                          rf"of settings: write them as a mapping \({section}: "):
+        load_config(path, {section: {}}, environ={})  # an option for the section, as the CLI passes, must not hide it
+    variable = f"TRAINFLOW_{section.upper()}"
+    with pytest.raises(ConfigError, match=rf"^{section} from environment variable {variable} is a string, but .*unset "
+                                          rf"{variable} and set each setting as {variable}__<SETTING>=<value>$"):
+        load_config(None, {}, environ={variable: str(value)})
+    with pytest.raises(ConfigError, match=rf"^{section} from the command-line options is {kind}, but"):
+        load_config(None, {section: value}, environ={})
+
+
+def test_an_empty_section_in_a_file_is_the_defaults(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("training:\n  # epochs: 3\nstorage:\n")
+    assert load_config(path, {"training": {"epochs": 2}}, environ={}).training.epochs == 2
+
+
+@pytest.mark.parametrize("environ, message", [
+    ({"TRAINFLOW_TRAINING": "x", "TRAINFLOW_TRAINING__EPOCHS": "3"},
+     "environment variables TRAINFLOW_TRAINING and TRAINFLOW_TRAINING__EPOCHS conflict"),
+    ({"TRAINFLOW_STORAGE__CONTAINER": "abc", "TRAINFLOW_STORAGE__CONTAINER__NAME": "x"},
+     "TRAINFLOW_STORAGE__CONTAINER and TRAINFLOW_STORAGE__CONTAINER__NAME conflict"),
+    ({"TRAINFLOW_POOL__NODES__X": "1", "TRAINFLOW_pool__nodes": "2"}, "TRAINFLOW_pool__nodes sets pool.nodes"),
+])
+def test_variables_that_set_a_setting_and_its_inside_are_refused(environ, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, {}, environ=environ)
+
+
+@pytest.mark.parametrize("text, where", [
+    ("training: [1, 2\n", r"at line 2, column 1: expected ',' or '\]', but got '<stream end>' \(while parsing a "
+                          r"flow sequence from line 1, column 11\)"),
+    ("training:\n  epochs: 3\n\tmodel: resnet18\n", r"at line 3, column 1: found character '\\t' that cannot "
+                                                     "start any token"),
+    ("storage: {container: 'abc}\n", "at line 2, column 1: found unexpected end of stream"),
+    ("a: b: c\n", "at line 1, column 5: mapping values are not allowed here"),
+])
+def test_invalid_yaml_is_named_with_its_line_and_column(tmp_path, text, where):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=rf"^config file {path} is not valid YAML {where}"):
+        load_config(path, {}, environ={})
+
+
 def test_missing_config_file(tmp_path):
     with pytest.raises(ConfigError, match="cannot read config file"):
         load_config(tmp_path / "nope.yaml", {}, environ={})
@@ -159,8 +213,8 @@ def test_the_node_that_failed_first_is_named_not_the_peer_that_lost_it(tmp_path)
              *torchrun_summary(1, "node1", -9),  # node1's torchrun: its worker was killed
              "[rank 0] 10:00:02 ERROR error: unexpected RuntimeError: Connection closed by peer\n",
              *torchrun_summary(0, "node0", 1)]  # node0's torchrun: its worker lost rank 1
-    with pytest.raises(LaunchError, match=r"^rank 1 failed: it died without an error \(exit status 1\); its last "
-                                          r"lines:\n\[rank 1\] .* step 5"):
+    with pytest.raises(LaunchError, match=r"^rank 1 was killed by signal 9 \(SIGKILL\).*; its last "
+                                          r"lines:\n\[rank 1\] .* step 5"):  # its signal, as torchrun reports it
         route_output(lines, lambda: 1, tmp_path, lambda line: None)
     assert (tmp_path / "rank0.log").read_text().count("\n") == 2
 
