@@ -16,6 +16,7 @@ from rich.console import Console
 
 from flows.config import LOCAL_DATA_FREE, ConfigError, FlowConfig, load_config, smoke_config
 from flows.interrupts import EXIT_INTERRUPTED, interrupted_line, stop_on_interrupt
+from flows.preflight import check_access
 from infra.backends import check_fits
 from infra.backends.process import train_here
 from infra.errors import exit_code
@@ -234,6 +235,7 @@ def deploy(
     if cron and not cron_valid(cron):
         raise ConfigError(f"--cron {cron!r} is not a cron expression such as '0 2 * * *' (minute hour day month weekday)")
     cfg = with_data(cfg)
+    check_access(cfg)
     with prefect_api(cfg.workdir):
         from flows.deploy import deploy_flow
 
@@ -295,8 +297,10 @@ def build(
 @contextmanager
 def holding(cfg: FlowConfig, prefect: bool = True) -> Iterator[None]:
     """What a command that starts services holds while it runs: the workdir's lock (a second command on the same
-    workdir is refused at once) and, with `prefect`, Prefect's API (`prefect_api`)."""
+    workdir is refused at once) and, with `prefect`, Prefect's API (`prefect_api`); the credentials and storage the
+    config names are checked first (flows/preflight.py), so their mistakes end the command in about a second."""
     with workdir_lock(cfg.workdir), ExitStack() as stack:
+        check_access(cfg)
         if prefect:
             stack.enter_context(prefect_api(cfg.workdir))
         yield

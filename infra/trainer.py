@@ -117,7 +117,7 @@ class TrainingMetrics(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    status: Literal["running", "complete"]
+    status: Literal["running", "complete", "interrupted", "failed"]  # the last two: set by infra/runs.py
     model: str
     world_size: int
     backend: str

@@ -2,8 +2,10 @@
 (Azurite, a Docker engine, a registry with authentication, the CPU training image)."""
 
 import secrets
+import struct
 import shutil
 import tempfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +45,17 @@ def write_image(path: Path, mode: str = "RGB", size: int = 12, fmt: str | None =
         image = image.convert("P")
         image.info["transparency"] = 0
     image.save(path, format=fmt)
+    return path
+
+
+def write_png_header(path, width: int, height: int):
+    """A PNG that declares width x height pixels and holds none: PIL's decompression-bomb check reads only this."""
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0))
+                     + chunk(b"IEND", b""))
     return path
 
 

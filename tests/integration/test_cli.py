@@ -1,4 +1,4 @@
-"""The trainflow command as a user runs it: help everywhere, and one clear line for bad input."""
+"""The trainflow command as a user runs it: help everywhere, the digits command, the dry run, the smoke run."""
 
 import subprocess
 import sys
@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from flows.cli import app
-from tests.conftest import write_image
+from tests.bad_inputs import with_file
 
 TRAINFLOW = str(Path(sys.executable).parent / "trainflow")
 QUICK = ["--model", "resnet18", "--epochs", "1", "--workers", "2", "--batch-size", "1"]
@@ -31,53 +31,10 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([TRAINFLOW, *args], capture_output=True, text=True, timeout=300)
 
 
-def make_data(root: Path, kind: str) -> Path:
-    """A data folder with one kind of problem."""
-    for i in range(4):
-        write_image(root / "train" / "a" / f"ok{i}.png")
-    if kind == "empty class":
-        (root / "train" / "b").mkdir()
-    elif kind == "corrupt":
-        (root / "train" / "a" / "bad.png").write_bytes(b"\x89PNG\r\n\x1a\n not really")
-    elif kind == "not an image":
-        (root / "train" / "a" / "labels.csv").write_text("a,b\n")
-    return root
-
-
-@pytest.mark.integration
-@pytest.mark.parametrize("case, args, message", [
-    ("missing data", ["--data", "{tmp}/nowhere"], "data folder .*nowhere does not exist"),
-    ("empty data", ["--data", "{tmp}/empty"], "is empty or has no train/<class>/ folders"),
-    ("empty class", ["--data", "{data}"], "class folder .*train/b has no images"),
-    ("corrupt", ["--data", "{data}"], "cannot decode image .*bad.png"),
-    ("not an image", ["--data", "{data}"], "labels.csv is not an image file"),
-    ("batch size", ["--data", "{data}", "--batch-size", "0"], "training.batch_size must be at least 1 \\(got 0\\)"),
-    ("model", ["--data", "{data}", "--model", "resnet5000"], "unknown model 'resnet5000'"),
-    ("stages without pipeline", ["--data", "{data}", "--stages", "2"], "training.stages needs training.parallel pipeline"),
-    ("out not writable", ["--data", "{data}", "--out", "{tmp}/file/out"], "output folder .* is not writable"),
-    ("workdir is a file", ["--workdir", "{tmp}/file"], "cannot write the digits set to .*file/data/digits"),
-    ("batch too big", ["--data", "{data}", "--batch-size", "4"], "--batch-size 4 x 2 workers is more than the 4 training"),
-    ("model and size", ["--data", "{data}", "--model", "vit_b_16", "--config", "{tmp}/32px.yaml"],
-     "vit_b_16 cannot train on batches of 1 images of 32 px"),
-])
-def test_bad_input_gives_one_clear_line(tmp_path, case, args, message):
-    data = make_data(tmp_path / "data", case)
-    (tmp_path / "empty").mkdir()
-    (tmp_path / "file").write_text("")
-    (tmp_path / "32px.yaml").write_text("training: {image_size: 32}\n")
-    args = [a.format(tmp=tmp_path, data=data) for a in args]
-    result = run_cli("train", *QUICK, "--workdir", str(tmp_path / "work"), *args)
-    assert result.returncode == 2, result.stderr
-    assert "Traceback" not in result.stdout + result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ")
-    assert __import__("re").search(message, lines[0]), lines[0]
-    assert not list((tmp_path / "work").glob("results/*/metrics.json"))
-
-
 @pytest.mark.integration
 def test_a_corrupt_image_found_during_training_names_rank_and_file(tmp_path):
-    data = make_data(tmp_path / "data", "corrupt")
+    with_file("train/a/bad.png", b"\x89PNG\r\n\x1a\n not really")(tmp_path)
+    data = tmp_path / "data"
     config = tmp_path / "c.yaml"
     config.write_text("training: {preflight_images: false, image_size: 16, loader_workers: 1}\n")
     result = run_cli("train", "--config", str(config), *QUICK[:-1], "2", "--data", str(data), "--workdir", str(tmp_path / "w"))

@@ -1,7 +1,5 @@
 import os
 import re
-import struct
-import zlib
 from pathlib import Path
 
 import numpy as np
@@ -9,7 +7,7 @@ import pytest
 import torch
 from PIL import Image
 
-from tests.conftest import write_image
+from tests.conftest import write_image, write_png_header
 from trainer import data, layout
 from trainer.errors import UsageError
 
@@ -112,17 +110,6 @@ def test_batch_must_fit_the_data():
     data.check_batch_fits(4, 2, 8)
     with pytest.raises(UsageError, match="--batch-size 5 x 2 workers is more than the 8 training images"):
         data.check_batch_fits(5, 2, 8)
-
-
-def write_png_header(path, width: int, height: int):
-    """A PNG that declares width x height pixels and holds none: PIL's decompression-bomb check reads only this."""
-    def chunk(kind: bytes, body: bytes) -> bytes:
-        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0))
-                     + chunk(b"IEND", b""))
-    return path
 
 
 @pytest.mark.parametrize("width, height", [(20000, 20000), (10000, 10000), (200000, 500)])  # past PIL's error; its warning
