@@ -34,22 +34,6 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def load_cache(path: Path) -> dict:
-    """The hash cache of the last successful run ({} if there is none or it is unreadable)."""
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def save_cache(path: Path, cache: dict) -> None:
-    """Write the hash cache atomically (call it once the data set is safely stored)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(cache))
-    os.replace(tmp, path)
-
-
 def hash_files(root: Path, paths: list[str], cache: dict) -> tuple[list[FileEntry], list[str], dict]:
     """Entries for `paths`, re-hashing only files whose size or mtime changed since the cached run.
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Iterator
 
 from infra.backends.base import owner, owner_alive
+from infra.jsonfiles import read_json, write_json
 
 RECORD = "run.json"
 UNFINISHED = ("interrupted", "failed")
@@ -27,28 +28,16 @@ def fingerprint(*inputs) -> str:
 
 def read_record(folder: Path) -> dict:
     """A run folder's record ({} when it has none or it cannot be read)."""
-    try:
-        return json.loads((folder / RECORD).read_text())
-    except (OSError, ValueError):
-        return {}
+    return read_json(folder / RECORD)
 
 
 def write_record(folder: Path, record: dict) -> None:
     """Replace a run folder's record in one step (a reader never sees half of it); an unfinished run's metrics.json
     that still says running says so too, so that no file in the folder looks alive."""
-    folder.mkdir(parents=True, exist_ok=True)
-    replace_json(folder / RECORD, record)
-    metrics = folder / "metrics.json"
-    if record["status"] in UNFINISHED and metrics.exists():
-        values = json.loads(metrics.read_text())
-        if values.get("status") == "running":
-            replace_json(metrics, {**values, "status": record["status"]})
-
-
-def replace_json(path: Path, values: dict) -> None:
-    """Write `values` to `path` through a temporary file, so the file is whole at every moment."""
-    path.with_suffix(".tmp").write_text(json.dumps(values, indent=1))
-    path.with_suffix(".tmp").replace(path)
+    write_json(folder / RECORD, record)
+    metrics = read_json(folder / "metrics.json")
+    if record["status"] in UNFINISHED and metrics.get("status") == "running":
+        write_json(folder / "metrics.json", {**metrics, "status": record["status"]})
 
 
 def mark_stale(root: Path) -> list[str]:
@@ -64,8 +53,9 @@ def mark_stale(root: Path) -> list[str]:
 
 def resumable(root: Path, inputs: str) -> str | None:
     """The newest unfinished run (interrupted or failed) with these inputs, if any: the run a re-run resumes."""
-    folders = [f for f in root.glob("*/") if read_record(f).get("fingerprint") == inputs
-               and read_record(f).get("status") in UNFINISHED] if root.exists() else []
+    records = {folder: read_record(folder) for folder in root.glob("*/")} if root.exists() else {}
+    folders = [f for f, record in records.items()
+               if record.get("fingerprint") == inputs and record.get("status") in UNFINISHED]
     return max(folders, key=lambda f: (f / RECORD).stat().st_mtime).name if folders else None
 
 

@@ -12,7 +12,6 @@ import os
 import shlex
 import socket
 import sys
-import tempfile
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Iterator
 
 from infra.errors import BadInput
 from infra.redact import redact
+from trainer.options import cannot_write_in, nearest_existing
 
 LOCK_FILE = "trainflow.lock"
 _held: set[Path] = set()  # workdirs this process holds: the flow, run in the command's process, takes them again
@@ -33,14 +33,12 @@ def check_workdir(path: Path) -> Path:
     """`path` made absolute; refused unless it is, or could be made, a folder this user can write. Creates nothing
     (a dry run leaves no trace)."""
     path = path.expanduser().absolute()
-    nearest = next(p for p in (path, *path.parents) if p.exists())
+    nearest = nearest_existing(path)
     if not nearest.is_dir():
         raise WorkdirError(f"workdir {path}: {nearest} is a file, not a folder; pass --workdir DIR (a folder)")
-    try:
-        tempfile.TemporaryFile(dir=nearest).close()
-    except OSError as exc:
-        raise WorkdirError(f"workdir {path}: cannot write in {nearest} ({exc.strerror}); pass --workdir DIR that you "
-                           "can write to") from None
+    if why := cannot_write_in(nearest):
+        raise WorkdirError(f"workdir {path}: cannot write in {nearest} ({why}); pass --workdir DIR that you "
+                           "can write to")
     return path
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from prefect import task
 
 from infra.blobstore import BlobStore, StorageConfig, open_store
+from infra.jsonfiles import read_json, write_json
 from infra.trainer import index_data
 from infra import manifest as mf
 from infra.transfers import Transfer, in_parallel, step_plan, transfer_progress
@@ -90,7 +91,7 @@ def plan_upload_offline(cfg: StorageConfig, data_dir: Path, name: str, workdir: 
                         synced: dict | None) -> UploadPlan:
     """The plan for the dry run, which reaches no storage: the container as the file server's copy `synced`
     (the manifest its last sync read) shows it, the files hashed with the step's cache (not written)."""
-    entries = scan_dataset(data_dir, mf.load_cache(cache_path(workdir, name)))[0]
+    entries = scan_dataset(data_dir, read_json(cache_path(workdir, name)))[0]
     stored = {mf.shard_blob(name, f["shard"]) for f in synced["files"]} if synced else set()
     return decide_upload(cfg, name, entries, synced, stored)
 
@@ -106,7 +107,7 @@ def upload_dataset(store: BlobStore, cfg: StorageConfig, data_dir: Path, name: s
     The image check of new files runs while shards upload; the manifest is written only if it passes.
     """
     cache_file = cache_path(workdir, name)
-    entries, fresh, cache = scan_dataset(data_dir, mf.load_cache(cache_file))
+    entries, fresh, cache = scan_dataset(data_dir, read_json(cache_file))
     plan = plan_upload(store, cfg, name, entries)
     todo, transfer = plan.todo(name), Transfer("data set -> blob", plan=plan.row(name))
     transfer.skipped_files = sum(len(f) for sid, f in plan.shards.items() if sid not in todo)
@@ -120,7 +121,7 @@ def upload_dataset(store: BlobStore, cfg: StorageConfig, data_dir: Path, name: s
     text = mf.manifest_bytes(plan.manifest).decode()
     if plan.previous is None or mf.manifest_bytes(plan.previous).decode() != text:
         store.write_text(mf.manifest_blob(name), text)  # last: from now on the data set is complete
-    mf.save_cache(cache_file, cache)
+    write_json(cache_file, cache)
     for blob in plan.unreferenced(name):
         store.delete(blob)
     transfer.notes.append(f"{len(plan.shards)} shards, {len(todo)} uploaded, version {plan.manifest['version'][:12]}")

@@ -100,15 +100,27 @@ def decay_epochs(text: str) -> tuple[float, ...]:
 
 
 def check_output_folder(out: Path) -> None:
-    """Prove the results folder can be written without creating it (a refused run leaves nothing behind): a file
-    is made and removed in it, or in the nearest folder above it that exists. Results create it as they are written."""
-    existing = next((p for p in [out, *out.parents] if os.path.lexists(p)), Path("."))
+    """Prove the results folder can be written without creating it (a refused run leaves nothing behind).
+    Results create it as they are written."""
+    existing = nearest_existing(out)
     if os.path.exists(existing) and not existing.is_dir():
         raise UsageError(f"output folder {out} is not writable ({existing} is a file, not a folder); "
                          "pass a writable --out")
-    probe = existing / f".write-test-{os.getpid()}"
+    if why := cannot_write_in(existing):
+        raise UsageError(f"output folder {out} is not writable ({why}); pass a writable --out")
+
+
+def nearest_existing(path: Path) -> Path:
+    """`path`, or the nearest folder above it that exists: where a folder to be made at `path` would be made."""
+    return next((p for p in [path, *path.parents] if os.path.lexists(p)), Path("."))
+
+
+def cannot_write_in(folder: Path) -> str | None:
+    """Why no file can be made in `folder` (None when one can): a file is made there and removed."""
+    probe = folder / f".write-test-{os.getpid()}"
     try:
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as exc:
-        raise UsageError(f"output folder {out} is not writable ({exc.strerror}); pass a writable --out") from None
+        return exc.strerror
+    return None

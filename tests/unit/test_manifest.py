@@ -6,6 +6,7 @@ import pytest
 
 from infra import manifest as mf
 from infra.errors import BadInput
+from infra.jsonfiles import read_json, write_json
 from tests.conftest import write_image
 from trainer.errors import UsageError
 from trainer.layout import check_name
@@ -84,15 +85,15 @@ def test_hash_cache_rehashes_only_changed_files(tmp_path):
     paths = ["train/a/1.png", "train/a/2.png"]
     first, fresh, cache = mf.hash_files(tmp_path, paths, {})
     assert len(fresh) == 2
-    mf.save_cache(tmp_path / "cache.json", cache)
+    write_json(tmp_path / "cache.json", cache)
     (tmp_path / "train/a/2.png").write_bytes(b"22")
-    second, fresh, _ = mf.hash_files(tmp_path, paths, mf.load_cache(tmp_path / "cache.json"))
+    second, fresh, _ = mf.hash_files(tmp_path, paths, read_json(tmp_path / "cache.json"))
     assert fresh == ["train/a/2.png"] and second[0] == first[0] and second[1] != first[1]
 
 
 def test_an_unreadable_hash_cache_counts_as_empty(tmp_path):
     (tmp_path / "cache.json").write_text('{"train/a/1.png": ["3:1')
-    assert mf.load_cache(tmp_path / "cache.json") == {} and mf.load_cache(tmp_path / "missing.json") == {}
+    assert read_json(tmp_path / "cache.json") == {} and read_json(tmp_path / "missing.json") == {}
 
 
 def test_a_file_changed_after_hashing_is_not_packed(tmp_path):

@@ -1,0 +1,21 @@
+"""JSON files that trainflow keeps on this machine (the hash cache, run records): read forgivingly, written whole."""
+
+import json
+import os
+from pathlib import Path
+
+
+def read_json(path: Path) -> dict:
+    """The mapping in `path` ({} when there is none or it cannot be read)."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def write_json(path: Path, values: dict) -> None:
+    """Write `values` to `path` through a temporary file, so a reader never sees half of it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(values))
+    os.replace(tmp, path)
