@@ -123,6 +123,10 @@ CASES = [
                                                    "--config", "{dir}/c.yaml"],
          files(c_yaml="storage: {backend: azure, account_url: 'https://acct.blob.core.windows.net', "
                       "auth: key, account_key_env: TRAINFLOW_TEST_UNSET_KEY}\n")),
+    Case("the storage key's variable is not set (run)", ["run", "--data", "{dir}/data", "--workdir", "{dir}/w",
+                                                         "--config", "{dir}/c.yaml"],
+         files(c_yaml="storage: {backend: azure, account_url: 'https://acct.blob.core.windows.net', "
+                      "auth: key, account_key_env: TRAINFLOW_TEST_UNSET_KEY}\n")),
     Case("environment variable of the wrong type", ["run", "--dry-run"], env={"TRAINFLOW_TRAINING__EPOCHS": "abc"}),
     Case("unknown compute backend", ["run", "--dry-run"], env={"TRAINFLOW_POOL__BACKEND": "slurm"}),
     Case("more workers than the pool has slots", ["run", "--dry-run", "--config", "{dir}/c.yaml"],
@@ -134,6 +138,9 @@ CASES = [
     Case("workdir inside a file", ["stage", "--data", "{dir}/data", "--workdir", "{dir}/file/w"], files(file="")),
     Case("workdir held by another command", ["stage", "--data", "{dir}/data", "--workdir", "{dir}/w"],
          lambda root: (images(root / "data"), held_workdir(root))),
+    Case("workdir held by another command (run)", ["run", "--data", "{dir}/data", "--workdir", "{dir}/w"],
+         lambda root: (images(root / "data"), held_workdir(root))),
+    Case("workdir held by another command (build)", ["build", "--workdir", "{dir}/w"], held_workdir),
     Case("UI port in use", ["ui", "--workdir", "{dir}/w", "--port", "{port}"], busy_port),
     Case("data folder missing", [*TRAIN, "--data", "{dir}/nowhere"]),
     Case("data folder empty", [*TRAIN, "--data", "{dir}/data"], lambda root: (root / "data").mkdir()),

@@ -119,6 +119,22 @@ def test_a_second_ctrl_c_exits_at_once_and_still_leaves_nothing_running(tmp_path
     assert gone(started, 12) == []  # each leash stops its group: SIGTERM, then SIGKILL after 5 s
 
 
+def test_ctrl_c_on_train_names_the_results_folder_to_resume(tmp_path):
+    (tmp_path / "long.yaml").write_text(LONG % 200)
+    train = Command("train", "--config", str(tmp_path / "long.yaml"), "--data", "synthetic", "--workdir",
+                    str(tmp_path / "w"))
+    train.wait_for("checkpoint step 10 saved")
+    started = train.family()
+    train.signal(signal.SIGINT)
+    output = train.finish()
+    assert train.proc.returncode == 130, output[-3000:]
+    out = next((tmp_path / "w" / "results").glob("train-*"))
+    assert output.strip().splitlines()[-1].startswith(
+        f"interrupted: everything it started is stopped; to resume, run `trainflow train --config "
+        f"{tmp_path / 'long.yaml'} --data synthetic --workdir {tmp_path / 'w'}` with --out {out}")
+    assert gone(started, 2) == []
+
+
 def test_a_run_killed_outright_takes_its_services_along_and_the_rerun_resumes_it(tmp_path):
     run, args = start_run(tmp_path, 3)
     run.wait_for("checkpoint step 30 saved")
