@@ -39,9 +39,19 @@ def summary_markdown(summary: dict, durations: dict[str, float]) -> str:
              f"- scaling efficiency: {'%.2f' % efficiency if efficiency else 'not measured in this run (trainflow bench train)'}",
              f"- final val top-1: {'n/a (no val/ split)' if top1 is None else f'{top1:.2%}'}",
              f"- image: `{summary['image'] or 'none (process pool)'}`",
-             f"- results: `{summary['results']['share']}`", "", "| step | seconds |", "|---|---|"]
+             f"- results: `{summary['results']['share']}`", *bad_files_lines(m, summary['results']['share']),
+             "", "| step | seconds |", "|---|---|"]
     lines += [f"| {name} | {seconds:.1f} |" for name, seconds in durations.items()]
     return "\n".join(lines + attempt_lines(summary.get("attempts") or [])) + "\n"
+
+
+def bad_files_lines(metrics: dict, results: str) -> list[str]:
+    """The images the run left out (training.bad_files: skip), and where in the results they are listed."""
+    bad = metrics.get("bad_files")
+    if not bad:
+        return []
+    listing = f"{results.rstrip('/')}/{Path(bad['list']).name}"
+    return [f"- images left out (cannot be decoded): {bad['count']}, listed in `{listing}`"]
 
 
 def attempt_lines(attempts: list[dict]) -> list[str]:

@@ -130,6 +130,9 @@ class TrainingMetrics(BaseModel):
     epochs: list[dict] = []
     peak_memory_mb: list[float] = []
     pipeline: dict | None = None
+    bad_files: dict | None = None
+    """Images the run left out because they cannot be decoded (training.bad_files: skip): {"count": N, "list":
+    path of the list file (TSV `path<TAB>reason`, in the results), "first": [[path, reason], ...] (up to 20)}."""
 
 
 def read_metrics(out: Path) -> TrainingMetrics:

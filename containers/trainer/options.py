@@ -40,7 +40,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps-per-epoch", type=int, default=0, help="cap on steps per epoch; synthetic data needs it (default 100 there)")
     p.add_argument("--num-classes", type=int, default=1000, help="classes of synthetic data (real data: the class folders)")
     p.add_argument("--seed", type=int, default=0, help="seed of initialisation, shuffling and augmentation")
-    p.add_argument("--verify-images", action=argparse.BooleanOptionalAction, default=False, help="every worker decodes its share of the images before training (the flow's preflight can do it once instead)")
+    p.add_argument("--verify-images", action=argparse.BooleanOptionalAction, default=False,
+                   help="decode every image once before training (with --check: all of them; in training: each worker "
+                        "its share); not needed where DATA/.verified.json vouches for the data version")
+    p.add_argument("--bad-files", choices=["fail", "skip"], default="fail",
+                   help="images that cannot be decoded: fail refuses them all in one line (two or more listed in "
+                        "OUT/bad-files.tsv); skip trains without them, listed in OUT/bad-files.tsv and metrics.json")
     p.add_argument("--parallel", choices=["data", "pipeline"], default="data",
                    help="data: every worker holds the model; pipeline: the model split into --stages (torchrun only)")
     p.add_argument("--stages", type=int, default=1, help="pipeline: stages the model is split into; the world is stages x replicas")

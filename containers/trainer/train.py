@@ -18,12 +18,17 @@ DATA is an ImageNet-layout folder (train/<class>/..., val/<class>/...) or the wo
 Rank 0 alone writes OUT: checkpoints/ (every --checkpoint-every steps and at each epoch end),
 metrics.json (per epoch: loss, val top-1/top-5, images/s) and model.pt. A run started again with the
 same OUT resumes from its newest checkpoint, mid-epoch included. Bad input exits with status 2 and a
-one-line message. Run with --help for every option.
+one-line message. Images that cannot be decoded are refused all at once, listed in OUT/bad-files.tsv, or
+with --bad-files skip left out of training (metrics.json says which); see data.py. Run with --help for
+every option.
 """
 
 import contextlib
+import itertools
+import json
 import logging
 import os
+import re
 import resource
 import socket
 import sys
@@ -36,7 +41,7 @@ if __package__ in (None, ""):  # run as a script: make the `trainer` package imp
 
 import torch
 
-from trainer import checkpoint, data, metrics
+from trainer import checkpoint, data, layout, metrics
 from trainer.distributed import Backend, make_backend, pick_device
 from trainer.errors import UsageError
 from trainer.models import build_model, check_model_name
@@ -71,6 +76,7 @@ class Run:
     wall_before: float = 0.0  # seconds spent by the attempts before a resume
     started: float = field(default_factory=time.perf_counter)
     pipeline: Pipeline | None = None  # --parallel pipeline: this rank's stage
+    data_facts: dict = field(default_factory=dict)  # images trained and validated on, the bad ones left out
 
     @property
     def replicas(self) -> int:
@@ -112,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
 def one_line(exc: Exception) -> str:
     """The message of a UsageError, also when a DataLoader worker re-raised it inside its own text."""
     text = str(exc).strip().splitlines()[-1]
-    return text.split("UsageError: ", 1)[-1]
+    return re.sub(r"^(\w+\.)*(UsageError|BadImage): ", "", text)  # its class named by a DataLoader worker's traceback
 
 
 def check_only(args) -> int:
@@ -124,10 +130,10 @@ def check_only(args) -> int:
         check_layout(args.check_workers, args.stages, args.batch_size, args.microbatches)
         replicas = args.check_workers // args.stages
     if args.data != SYNTHETIC:
-        train_split, val_split = data.index_folder(Path(args.data))
+        train_split, val_split, record, source = usable_splits(args, Backend(), data.index_folder(Path(args.data)))
+        if source == data.DECODED:
+            data.hand_to_workers(Path(args.out), record)  # the workers skip what this decode found, not decode again
         data.check_batch_fits(args.batch_size, replicas, len(train_split.samples))
-        if args.verify_images:
-            data.verify_images(train_split.samples + (val_split.samples if val_split else []))
         num_classes = len(train_split.classes)
         log.info("data ok: %d training images in %d classes", len(train_split.samples), num_classes)
     try_one_step(args, num_classes)
@@ -190,7 +196,7 @@ def set_up(args) -> Run:
     if backend.rank == 0:
         check_output_folder(args.out)
     replica, replicas = data_shard(args, backend)
-    train_batches, val_batches, classes = make_batches(args, backend, device, replica, replicas)
+    train_batches, val_batches, classes, facts = make_batches(args, backend, device, replica, replicas)
     model = build_model(args.model, len(classes)).to(device)
     channels_last = resolve(args.channels_last, device)
     if channels_last:
@@ -198,7 +204,8 @@ def set_up(args) -> Run:
     pipeline = split_for_pipeline(args, backend, model, device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
     run = Run(args, backend, device, model, model, optimizer, None, train_batches, val_batches, classes,
-              amp=resolve_precision(args.precision, device) == "bf16", channels_last=channels_last, pipeline=pipeline)
+              amp=resolve_precision(args.precision, device) == "bf16", channels_last=channels_last, pipeline=pipeline,
+              data_facts=facts)
     state = load_latest_checkpoint(run)
     wrap_for_backend(run, state)
     run.scheduler = make_scheduler(run)
@@ -232,14 +239,14 @@ def split_for_pipeline(args, backend: Backend, model: torch.nn.Module, device: t
 
 
 def make_batches(args, backend: Backend, device: torch.device, shard: int, shards: int):
-    """This worker's training batches (shard `shard` of `shards`, or a fixed synthetic batch), val batches, classes."""
+    """This worker's training batches (shard `shard` of `shards`, or a fixed synthetic batch), val batches, classes,
+    and the facts metrics.json records about the data (images used, images left out)."""
     if args.data == SYNTHETIC:
         steps = args.steps_per_epoch or 100
         batches = data.SyntheticBatches(args.batch_size, args.image_size, args.num_classes, steps, args.seed + shard)
-        return batches, None, [str(i) for i in range(args.num_classes)]
-    train_split, val_split = data.index_folder(Path(args.data))
-    if args.verify_images:
-        data.verify_images(train_split.samples, backend.rank, backend.world_size)
+        return batches, None, [str(i) for i in range(args.num_classes)], {}
+    train_split, val_split, record, _ = usable_splits(args, backend, data.index_folder(Path(args.data)))
+    facts = data_facts(args, train_split, val_split, record)
     data.check_batch_fits(args.batch_size, shards, len(train_split.samples))
     pin = resolve(args.pin_memory, device)
     train_set = data.ImageFiles(train_split, data.train_transform(args.image_size, args.min_crop_scale, args.hflip))
@@ -247,11 +254,68 @@ def make_batches(args, backend: Backend, device: torch.device, shard: int, shard
     train_batches = data.make_loader(train_set, args.batch_size, sampler, args.loader_workers, pin, drop_last=True)
     if val_split is None:
         log.warning("no val/ folder in %s: training without validation", args.data)
-        return train_batches, None, train_split.classes
+        return train_batches, None, train_split.classes, facts
     val_set = data.ImageFiles(val_split, data.val_transform(args.image_size))
     val_sampler = data.ShardSampler(len(val_set), backend.rank, backend.world_size)
     val_batches = data.make_loader(val_set, args.batch_size, val_sampler, args.loader_workers, pin, drop_last=False)
-    return train_batches, val_batches, train_split.classes
+    return train_batches, val_batches, train_split.classes, facts
+
+
+def usable_splits(args, backend: Backend, splits: tuple[data.Split, data.Split | None]):
+    """(train, val, record, source): the splits this run uses, as indexed, or without the images that cannot be
+    decoded (--bad-files skip), with the record that lists those and where it came from. --bad-files fail
+    refuses them in one line. Every rank takes part (a decode is shared out) and gets the same answer."""
+    paths = [path for split in splits if split for path, _ in split.samples]
+    record, source = data.known_bad_images(Path(args.data), Path(args.out), paths, args.verify_images, backend.rank,
+                                           backend.world_size, lambda mine: all_gather_json(backend, mine))
+    if record is not None and record.files != len(paths):
+        log.warning("%s counts %d images, the data folder holds %d: it may be out of date", source, record.files,
+                    len(paths))
+    if record is None or not record.bad:
+        log.info("images: %s", f"{record.files} checked, none bad ({source})" if record else source)
+        return *splits, record, source
+    listing = data.bad_list_path(Path(args.out), len(record.bad), args.bad_files)
+    if backend.rank == 0:
+        show_bad_images(record, listing, source)
+    backend.all_reduce_sum(torch.zeros(1))  # rank 0 has written the list before any rank names it
+    if args.bad_files == "fail":
+        raise layout.bad_images_error(record.bad, record.files, listing, args.data)
+    log.info("images: leaving out the %d of %d that cannot be decoded (--bad-files skip; listed in %s; known from %s)",
+             len(record.bad), record.files, listing, source)
+    return *data.skip_bad_images(splits, Path(args.data), record.bad), record, source
+
+
+def show_bad_images(record: layout.Verified, listing: Path | None, source: str) -> None:
+    """Rank 0: the list of bad images written to `listing`, and its first lines in the log."""
+    if listing is not None:
+        layout.write_bad_list(record.bad, listing)
+    log.warning("%d of %d images cannot be decoded (%s):", len(record.bad), record.files, source)
+    for line in layout.bad_image_lines(record.bad):
+        log.warning("  %s", line)
+
+
+def data_facts(args, train_split: data.Split, val_split: data.Split | None, record: layout.Verified | None) -> dict:
+    """What metrics.json records about the data: images trained and validated on, and those left out."""
+    facts = {"train_images": len(train_split.samples), "val_images": len(val_split.samples) if val_split else 0}
+    if record is not None and record.bad:
+        listing = data.bad_list_path(Path(args.out), len(record.bad), args.bad_files)
+        facts["bad_files"] = data.bad_files_entry(record.bad, listing)
+    log.info("data: training on %d images, validating on %d", facts["train_images"], facts["val_images"])
+    return facts
+
+
+def all_gather_json(backend: Backend, value) -> list:
+    """`value` (anything JSON holds) of every rank, in rank order: its bytes, each rank's at its own offset of
+    one buffer, summed over the ranks (all_reduce_sum is the one collective every backend has)."""
+    if backend.world_size == 1:
+        return [value]
+    mine = json.dumps(value).encode()
+    sizes = [int(n) for n in rank_values(backend, len(mine))]
+    start = sum(sizes[:backend.rank])
+    buffer = torch.zeros(sum(sizes), dtype=torch.int32)  # Horovod reduces no uint8 tensors
+    buffer[start:start + len(mine)] = torch.frombuffer(bytearray(mine), dtype=torch.uint8)
+    total = backend.all_reduce_sum(buffer).to(torch.uint8).numpy().tobytes()
+    return [json.loads(total[at:at + n]) for at, n in zip(itertools.accumulate([0] + sizes), sizes)]
 
 
 def load_latest_checkpoint(run: Run) -> dict | None:
@@ -440,7 +504,7 @@ def args_checkpoints(args) -> Path:
 def finish(run: Run) -> None:
     """Check that all workers hold the same parameters; rank 0 writes model.pt and metrics.json."""
     gather_model(run)
-    extra = {"peak_memory_mb": per_rank(run, peak_memory_mb(run.device)), **pipeline_report(run)}
+    extra = {"peak_memory_mb": rank_values(run.backend, peak_memory_mb(run.device)), **pipeline_report(run)}
     digest = metrics.parameter_digest(run.raw_model)
     chunks = torch.tensor(metrics.digest_chunks(digest), dtype=torch.float64)
     sums = run.backend.all_reduce_sum(torch.stack([chunks, chunks**2]))
@@ -454,11 +518,11 @@ def finish(run: Run) -> None:
     run.backend.shutdown()
 
 
-def per_rank(run: Run, value: float) -> list[float]:
+def rank_values(backend: Backend, value: float) -> list[float]:
     """`value` of every rank, in rank order (a sum of one-hot vectors)."""
-    mine = torch.zeros(run.backend.world_size, dtype=torch.float64)
-    mine[run.backend.rank] = value
-    return run.backend.all_reduce_sum(mine).tolist()
+    mine = torch.zeros(backend.world_size, dtype=torch.float64)
+    mine[backend.rank] = value
+    return backend.all_reduce_sum(mine).tolist()
 
 
 def peak_memory_mb(device: torch.device) -> float:
@@ -473,7 +537,7 @@ def pipeline_report(run: Run) -> dict:
     if not run.pipeline:
         return {"parallel": "data"}
     p, args = run.pipeline, run.args
-    idle, steps = per_rank(run, p.idle_fraction()), p.steady_steps()
+    idle, steps = rank_values(run.backend, p.idle_fraction()), p.steady_steps()
     return {"parallel": "pipeline", "pipeline": {
         "stages": p.stages, "replicas": p.replicas, "microbatches": p.microbatches, "schedule": args.pipeline_schedule,
         "balance": args.balance, "split": p.split.names, "stage_params": p.split.params,
@@ -492,7 +556,7 @@ def write_metrics(run: Run, status: str, **extra) -> None:
                "wall_seconds": run.wall_seconds(), "final_val_top1": last.get("val_top1"), "final_val_top5": last.get("val_top5"),
                "images_per_sec": last.get("images_per_sec"), "versions": metrics.library_versions(),
                "trainer": str(Path(__file__).resolve().parent),  # which scripts version trained the model
-               "epochs": run.history, **extra}
+               **run.data_facts, "epochs": run.history, **extra}
     checkpoint.save_json(Path(args.out) / "metrics.json", summary)
 
 
