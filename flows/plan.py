@@ -6,6 +6,7 @@ step's cache, the file server's current copy (which stands for Blob: it is the m
 read), the Docker engine and registry, and the backend's pool and job as they would be made.
 """
 
+import tempfile
 from pathlib import Path
 
 from flows.config import STAGED, SYNTHETIC, FlowConfig
@@ -18,7 +19,8 @@ from infra.transfers import step_plan
 from tasks.build_image import plan_image
 from tasks.sync_file_server import decide_sync, sync_row
 from tasks.train_on_pool import plan_pool, run_paths
-from tasks.upload_dataset import plan_upload_offline
+from tasks.upload_dataset import decide_upload, scan_dataset, synced_state
+from trainer.datasets import Manifest
 from tasks.upload_scripts import package_files, plan_scripts
 
 RUN_ID = "<run id>"
@@ -87,10 +89,13 @@ def plan_data(cfg: FlowConfig) -> tuple[list[dict], Path]:
         what = f"write the digits set to {data}, then stage it (never staged)"
         return [step_plan("upload-dataset", "run", what), step_plan("sync-to-file-server", "run", what)], \
             server.current(name)
-    current = server.current_manifest(name)
-    upload = plan_upload_offline(cfg.storage, data, name, cfg.workdir, current and current[1])
-    sync = decide_sync(server, name, upload.manifest)
-    return [upload.row(name), sync_row(sync, name)], server.version_dir(name, upload.manifest["version"])
+    with tempfile.TemporaryDirectory() as tmp, scan_dataset(data, cfg.workdir, name, keep=False) as index:
+        previous, stored = synced_state(server.current_manifest(name), name)
+        upload = decide_upload(cfg.storage, name, index, previous, stored)
+        path = mf.write_manifest(index, upload.header, Path(tmp) / "manifest.jsonl")
+        with Manifest.load(path, Path(tmp) / "manifest.db") as manifest:
+            sync = decide_sync(server, name, manifest)
+            return [upload.row(name), sync_row(sync, name)], server.version_dir(name, upload.version)
 
 
 def remote_sync_row(cfg: FlowConfig, pool) -> dict:

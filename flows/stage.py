@@ -42,7 +42,7 @@ def stage_steps(cfg: FlowConfig, port: int | None, run_id: str = "local", image:
     if cfg.data == STAGED:  # the sync reads Blob's manifest, and says so when the data set was never staged
         dataset = Transfer("data set -> blob (data: staged, nothing uploaded)").row()
     else:
-        dataset = upload_dataset_task(cfg.storage, port, Path(cfg.data), name, cfg.workdir)
+        dataset = upload_dataset_task(cfg.storage, port, Path(cfg.data), name, cfg.workdir, cfg.training.bad_files)
     return scripts, dataset, sync_step(cfg, port, scripts["version"], run_id, image)
 
 

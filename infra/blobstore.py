@@ -216,6 +216,16 @@ class BlobStore:
                     raise
                 return None
 
+    def metadata(self, name: str) -> dict[str, str] | None:
+        """A blob's metadata (one HEAD request), or None when it does not exist."""
+        with self.errors(f"read the properties of {name}"):
+            try:
+                return dict(self.container.get_blob_client(name).get_blob_properties().metadata)
+            except ResourceNotFoundError as exc:
+                if error_code(exc) not in ABSENT:
+                    raise
+                return None
+
     def write_text(self, name: str, text: str) -> None:
         """Write a small text blob in one request."""
         with self.errors(f"write {name}"):

@@ -5,7 +5,7 @@ share the pool mounts (written by the sync job on the cluster, see infra/backend
 layout and the version logic are the nodes' too, so they live in trainer/datasets.py; this module adds
 the orchestrator's errors:
 
-    <export>/datasets/<name>/v-<version>/   one complete copy (train/, val/, .manifest.json)
+    <export>/datasets/<name>/v-<version>/   one complete copy (train/, val/, .manifest.jsonl, .verified.json)
     <export>/datasets/<name>/current        symlink to the newest complete version: what training reads
 """
 
@@ -29,13 +29,13 @@ class FileServer(datasets.FileServer):
     """Data set versions under one export folder; a failed write says what is wrong with the file server."""
 
     @contextmanager
-    def new_version(self, name: str, manifest: dict) -> Iterator[Path]:
+    def new_version(self, name: str, manifest: datasets.Manifest) -> Iterator[Path]:
         """Yield a temporary folder to fill; on success it becomes the current version, on error it goes."""
         try:
             with super().new_version(name, manifest) as tmp:
                 yield tmp
         except OSError as exc:
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise FileServerError(f"the file server at {self.export} is full ({manifest['bytes'] / 1e6:.1f} MB "
+                raise FileServerError(f"the file server at {self.export} is full ({manifest.header['bytes'] / 1e6:.1f} MB "
                                       "needed); free space there or point fileserver.export elsewhere") from None
             raise FileServerError(f"cannot write to the file server at {self.export} ({exc.strerror})") from None

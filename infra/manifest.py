@@ -1,28 +1,41 @@
-"""The data set's listing, manifest and shards: plain functions that the upload and sync steps share.
+"""The data set's index, manifest and shards on the orchestrator: what the upload step and its dry run share.
 
-A data set in Blob is `datasets/<name>/manifest.json` plus `datasets/<name>/shards/<id>.tar`. The
+A data set in Blob is `datasets/<name>/manifest.jsonl` plus `datasets/<name>/shards/<id>.tar`. The
 manifest lists every file (relative path, size, SHA-256, shard) and is written last: the data set is
 complete exactly when it exists. A file goes to the shard picked by a hash of its path, so changing
 one file changes (and re-uploads) only its shard; a shard's id is a hash of the paths and contents it
-holds, so an unchanged shard keeps its name and is never sent twice. The layout, the manifest's format and
-the checked extraction live in trainer/datasets.py, which the nodes run too.
+holds, so an unchanged shard keeps its name and is never sent twice. The manifest's format, the file
+server's versions and the checked extraction live in trainer/datasets.py, which the nodes run too.
+
+Nothing here holds the data set's file list in memory (ImageNet has 1.33 million files): a scan writes one
+row per file to a SQLite index (`Index`), a batch at a time, taking each unchanged file's SHA-256 and image
+check from the previous scan's index (same size and mtime), and the manifest and shards are read back from it.
 """
 
 import hashlib
 import io
-import json
+import itertools
 import math
 import os
+import sqlite3
 import tarfile
+import tempfile
+import threading
+import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable, Iterator
 
 from infra.errors import BadInput, TrainflowError
-from infra.trainer import index_data
-from trainer.datasets import (FORMAT, FileEntry, dataset_prefix, extract_members, manifest_blob,  # noqa: F401
-                              parse_manifest, shard_blob, sizes_match)
+from trainer.datasets import (FORMAT, ROWS_PER_BATCH, FileEntry, Manifest, dataset_prefix, extract_members,  # noqa: F401
+                              manifest_blob, manifest_lines, shard_blob, sizes_match)
 from trainer.errors import UsageError
-from trainer.layout import check_name
+from trainer.layout import check_name, index_folder
+
+LOOKUP_BATCH = 500  # paths per cache query (SQLite's limit on variables is far above)
+SCHEMA = ("CREATE TABLE IF NOT EXISTS files (path TEXT PRIMARY KEY, size INT, mtime_ns INT, sha256 TEXT, bad TEXT, "
+          "folded TEXT, bucket INT) WITHOUT ROWID")
 
 
 def sha256_file(path: Path) -> str:
@@ -34,42 +47,36 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def hash_files(root: Path, paths: list[str], cache: dict) -> tuple[list[FileEntry], list[str], dict]:
-    """Entries for `paths`, re-hashing only files whose size or mtime changed since the cached run.
-
-    Returns the entries, the paths that were (re)hashed (new or changed files) and the new cache.
-    """
-    stats = {rel: os.stat(os.path.join(root, rel)) for rel in paths}
-    keys = {rel: f"{st.st_size}:{st.st_mtime_ns}" for rel, st in stats.items()}
-    fresh = [rel for rel in paths if cache.get(rel, [None])[0] != keys[rel]]
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:  # hashlib hashes without the GIL
-        digests = dict(zip(fresh, pool.map(lambda rel: sha256_file(root / rel), fresh)))
-    new_cache = {rel: [keys[rel], digests.get(rel) or cache[rel][1]] for rel in paths}
-    return [FileEntry(rel, stats[rel].st_size, new_cache[rel][1]) for rel in paths], fresh, new_cache
-
-
-def relative_paths(data_dir: Path) -> list[str]:
-    """Every image of the data set, relative to data_dir, as the trainer lists them."""
-    index = index_data(data_dir)
+def relative_paths(data_dir: Path) -> Iterator[str]:
+    """Every image of the data set, relative to data_dir, as the trainer lists them (its rules, its errors)."""
+    try:
+        train, val = index_folder(data_dir)
+    except UsageError as exc:
+        raise BadInput(str(exc)) from None
     prefix = str(data_dir).rstrip("/") + "/"
-    return [p.removeprefix(prefix) for p, _ in index["train"] + (index["val"] or [])]
+    return (path.removeprefix(prefix) for split in (train, val) if split for path, _ in split.samples)
 
 
-def check_names(paths: list[str]) -> None:
+def check_names(paths) -> None:
     """Refuse names that cannot be staged: by the trainer's rule for a name (trainer/layout.py: valid UTF-8, no
     control character), or two that differ only in case (they would collide on a case-insensitive file system)."""
+    paths = list(paths)
     for path in paths:
         try:
             check_name(path)
         except UsageError as exc:
             raise BadInput(str(exc)) from None
-    clashes = case_clashes(paths)
+    refuse_clashes(case_clashes(paths))
+
+
+def refuse_clashes(clashes: list[tuple[str, str]]) -> None:
+    """BadInput naming the first pair of names that differ only in case, if any."""
     if clashes:
         a, b = clashes[0]
         raise BadInput(f"{a!r} and {b!r} differ only in letter case ({len(clashes)} such pairs); rename one of each")
 
 
-def case_clashes(paths: list[str]) -> list[tuple[str, str]]:
+def case_clashes(paths) -> list[tuple[str, str]]:
     """Pairs of names (files or folders) equal after case folding: on a case-insensitive share one
     would overwrite the other, or two class folders would merge."""
     seen: dict[str, str] = {}
@@ -97,30 +104,159 @@ def shard_count(total_bytes: int, shard_bytes: int, previous: int | None, parall
     return target
 
 
-def assign_shards(entries: list[FileEntry], count: int) -> dict[str, list[FileEntry]]:
-    """Group files into `count` buckets by a hash of their path; key each group by its content id."""
-    buckets: dict[int, list[FileEntry]] = {}
-    for entry in sorted(entries, key=lambda e: e.path):
-        bucket = int.from_bytes(hashlib.sha256(entry.path.encode()).digest()[:8], "big") % count
-        buckets.setdefault(bucket, []).append(entry)
-    return {shard_id(files): files for files in buckets.values()}
+def bucket_of(path: str, count: int) -> int:
+    """The bucket of a file among `count`: a hash of its path, so a file stays put while the count does."""
+    return int.from_bytes(hashlib.sha256(path.encode()).digest()[:8], "big") % count
 
 
-def shard_id(files: list[FileEntry]) -> str:
-    """A name that changes exactly when a path or a content in the shard changes."""
-    h = hashlib.sha256()
-    for entry in files:
-        h.update(f"{entry.path}\0{entry.sha256}\n".encode())
-    return h.hexdigest()[:32]
+class Index:
+    """One row per file of a data set folder (path, size, mtime, SHA-256, image check, bucket) in SQLite.
+
+    `scan` fills a fresh index from the folder; files whose size and mtime match a row of `cache` (the previous
+    scan's index) keep its hash and image check, the rest are read (hashed, and checked by `check`), a batch at
+    a time. The manifest and the shards are read back from it sorted by path, so nothing holds every file.
+    """
+
+    def __init__(self, db: Path):
+        self.path = db
+        self.db = sqlite3.connect(db, check_same_thread=False, isolation_level=None, uri=True)
+        self.db.executescript(f"PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF; {SCHEMA};")
+        self.shards: dict[int, str] = {}  # bucket -> shard id, once planned
+        self.lock = threading.Lock()  # the upload's threads each read their shard's files
+
+    def close(self) -> None:
+        self.db.close()
+
+    def one(self, sql: str, args: tuple = ()):
+        """The first value of a query's first row."""
+        return self.db.execute(sql, args).fetchone()[0]
+
+    def scan(self, data_dir: Path, cache: Path | None, check: Callable[[list[str]], list[tuple[str, str]]],
+             progress: Callable[[int], None] = lambda n: None) -> int:
+        """Index the folder (the trainer's layout rules); returns how many files were new or changed."""
+        if cache and cache.exists():  # read only: a dry run changes nothing
+            self.db.execute("ATTACH DATABASE ? AS cache", (f"file:{urllib.parse.quote(str(cache))}?mode=ro",))
+        else:
+            self.db.execute("ATTACH DATABASE ':memory:' AS cache")
+            self.db.execute(SCHEMA.replace("files", "cache.files", 1))
+        fresh, paths = 0, relative_paths(data_dir)
+        while batch := list(itertools.islice(paths, ROWS_PER_BATCH)):
+            fresh += self.add(data_dir, batch, check)
+            progress(len(batch))
+        self.db.execute("DETACH DATABASE cache")
+        self.refuse_case_clashes()
+        return fresh
+
+    def add(self, root: Path, paths: list[str], check) -> int:
+        """Rows for a batch of paths: cached where size and mtime match, else hashed and checked now."""
+        cached = {}
+        for i in range(0, len(paths), LOOKUP_BATCH):
+            part = paths[i:i + LOOKUP_BATCH]
+            cached.update((row[0], row[1:]) for row in self.db.execute(
+                f"SELECT path, size, mtime_ns, sha256, bad FROM cache.files WHERE path IN "
+                f"({','.join('?' * len(part))})", part))
+        rows, fresh = [], []
+        for rel in paths:  # names checked by the listing (trainer/layout.py)
+            st = os.stat(os.path.join(root, rel))
+            hit = cached.get(rel)
+            if hit and hit[0] == st.st_size and hit[1] == st.st_mtime_ns:
+                rows.append((rel, st.st_size, st.st_mtime_ns, hit[2], hit[3]))
+            else:
+                fresh.append((rel, st.st_size, st.st_mtime_ns))
+        if fresh:
+            rows += read_fresh(root, fresh, check)
+        self.db.execute("BEGIN")
+        self.db.executemany("INSERT INTO files VALUES (?, ?, ?, ?, ?, ?, NULL)",
+                            [(*row, row[0].casefold()) for row in rows])
+        self.db.execute("COMMIT")
+        return len(fresh)
+
+    def refuse_case_clashes(self) -> None:
+        """Two files, or two folders, whose names differ only in case (see case_clashes)."""
+        pairs = self.db.execute("SELECT min(path), max(path) FROM files GROUP BY folded HAVING count(*) > 1").fetchall()
+        folders = {os.path.dirname(p) for (p,) in self.db.execute("SELECT DISTINCT path FROM files")} if not pairs else ()
+        refuse_clashes(pairs or case_clashes(folders))
+
+    def total(self) -> tuple[int, int]:
+        """Files and bytes."""
+        return self.db.execute("SELECT count(*), coalesce(sum(size), 0) FROM files").fetchone()
+
+    def bad(self) -> list[tuple[str, str]]:
+        """The files whose image check failed, with why, sorted by path."""
+        return self.db.execute("SELECT path, bad FROM files WHERE bad IS NOT NULL ORDER BY path").fetchall()
+
+    def plan_shards(self, count: int) -> str:
+        """Put each file in its bucket of `count`, name each bucket's shard by its content; returns the data set's
+        version (a hash of every path and content)."""
+        shards, version = {}, hashlib.sha256()
+        self.db.create_function("bucket_of", 2, bucket_of, deterministic=True)
+        self.db.execute("UPDATE files SET bucket = bucket_of(path, ?)", (count,))
+        self.db.execute("CREATE INDEX IF NOT EXISTS by_bucket ON files (bucket, path)")
+        for path, sha, bucket in self.rows("SELECT path, sha256, bucket FROM files ORDER BY path"):
+            line = f"{path}\0{sha}\n".encode()
+            shards.setdefault(bucket, hashlib.sha256()).update(line)
+            version.update(line)
+        self.shards = {bucket: h.hexdigest()[:32] for bucket, h in shards.items()}
+        return version.hexdigest()[:32]
+
+    def rows(self, sql: str, args: tuple = ()) -> Iterator[tuple]:
+        """A query's rows, a batch at a time."""
+        cursor = self.db.execute(sql, args)
+        while batch := cursor.fetchmany(ROWS_PER_BATCH):
+            yield from batch
+
+    def shard_files(self, shard: str) -> list[FileEntry]:
+        """The files of one shard, sorted by path."""
+        bucket = next(b for b, s in self.shards.items() if s == shard)
+        with self.lock:
+            return [FileEntry(*row) for row in self.db.execute(
+                "SELECT path, size, sha256 FROM files WHERE bucket = ? ORDER BY path", (bucket,))]
+
+    def shard_sizes(self) -> dict[str, tuple[int, int]]:
+        """Each shard's files and bytes."""
+        return {self.shards[b]: (n, size) for b, n, size in
+                self.db.execute("SELECT bucket, count(*), sum(size) FROM files GROUP BY bucket")}
+
+    def manifest_rows(self) -> Iterator[tuple]:
+        """(path, size, sha256, shard) of every file, sorted by path: the manifest's lines."""
+        shards = self.shards
+        return ((p, s, h, shards[b]) for p, s, h, b in self.rows("SELECT path, size, sha256, bucket FROM files "
+                                                                  "ORDER BY path"))
 
 
-def build_manifest(name: str, shards: dict[str, list[FileEntry]], shard_count: int) -> dict:
-    """The manifest of a data set made of `shards` (hashed into `shard_count` buckets, some maybe empty)."""
-    files = sorted(({"path": e.path, "size": e.size, "sha256": e.sha256, "shard": sid}
-                    for sid, group in shards.items() for e in group), key=lambda f: f["path"])
-    version = hashlib.sha256("".join(f"{f['path']}\0{f['sha256']}\n" for f in files).encode()).hexdigest()[:32]
-    return {"format": FORMAT, "dataset": name, "version": version, "shard_count": shard_count,
-            "files": files, "bytes": sum(f["size"] for f in files)}
+def read_fresh(root: Path, fresh: list[tuple[str, int, int]], check) -> list[tuple]:
+    """Rows of new or changed files: hashed on every core (hashlib releases the GIL), and image-checked."""
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        digests = list(pool.map(lambda row: sha256_file(root / row[0]), fresh))
+    bad = dict(check([os.path.join(root, rel) for rel, _, _ in fresh]))
+    return [(rel, size, mtime, digest, bad.get(os.path.join(root, rel)))
+            for (rel, size, mtime), digest in zip(fresh, digests)]
+
+
+@contextmanager
+def scanned(data_dir: Path, cache: Path, check, keep: bool, progress=lambda n: None) -> Iterator[tuple[Index, int]]:
+    """A fresh index of the folder and how many files were new or changed; with `keep` it becomes the cache of
+    the next scan once the block succeeds (the dry run keeps nothing)."""
+    if keep:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".index-", dir=cache.parent if keep else None) as tmp:
+        index = Index(Path(tmp) / cache.name)
+        try:
+            fresh = index.scan(data_dir, cache, check, progress)
+            if keep:  # the hashes and checks are kept even if the caller then fails (on bad images, say)
+                os.replace(index.path, cache)
+            yield index, fresh
+        finally:
+            index.close()
+
+
+def write_manifest(index: Index, header: dict, path: Path) -> Path:
+    """The manifest file of an index whose shards are planned."""
+    tmp = path.with_name(f".{path.name}.partial")
+    with open(tmp, "wb") as f:
+        f.writelines(manifest_lines(header, index.manifest_rows()))
+    os.replace(tmp, path)
+    return path
 
 
 def write_shard(root: Path, files: list[FileEntry], dest: Path) -> int:
@@ -141,8 +277,3 @@ def write_shard(root: Path, files: list[FileEntry], dest: Path) -> int:
 
 class ChangedWhileStaging(TrainflowError):
     """A source file changed between hashing and packing (a retry re-hashes it)."""
-
-
-def manifest_bytes(manifest: dict) -> bytes:
-    """The manifest as stored (compact: the C encoder, fast for a million files)."""
-    return json.dumps(manifest, separators=(",", ":"), sort_keys=True).encode()

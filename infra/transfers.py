@@ -26,6 +26,16 @@ class Transfer:
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
     plan: dict = field(default_factory=dict)  # the step's decision (step_plan), recorded beside what it moved
+    phases: dict[str, float] = field(default_factory=dict)  # seconds of each phase, as `timed` records them
+
+    @contextmanager
+    def timed(self, phase: str) -> Iterator[None]:
+        """Add the block's wall time to `phase`."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.phases[phase] = self.phases.get(phase, 0.0) + time.perf_counter() - started
 
     @property
     def mb_per_s(self) -> float:

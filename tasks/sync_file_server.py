@@ -6,7 +6,10 @@ against the manifest; the new version appears (as `current`) only once whole. Th
 versions are trainer/datasets.py's, which the sync job on an Azure ML cluster runs too.
 """
 
+import tempfile
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
@@ -16,63 +19,69 @@ from infra.blobstore import BlobStore, StorageConfig, StorageError, open_store
 from infra.errors import BadInput
 from infra.fileserver import FileServer
 from infra import manifest as mf
-from infra.transfers import Transfer, in_parallel, step_plan, transfer_progress
+from infra.transfers import Transfer, step_plan, transfer_progress
 from tasks.retry import unless_permanent
-from trainer.datasets import SyncPlan, decide_sync, link_unchanged
+from trainer.datasets import Manifest, SyncPlan, decide_sync, fill_version
 
 
-def read_manifest(store: BlobStore, name: str) -> dict:
-    """The data set's manifest, or BadInput when it was never (completely) staged."""
-    text = store.read_text(mf.manifest_blob(name))
-    if text is None:
+@contextmanager
+def staged_manifest(store: BlobStore, name: str, workdir: Path) -> Iterator[Manifest]:
+    """The data set's manifest, downloaded and indexed under the workdir's tmp/ for the block; BadInput when it was
+    never (completely) staged."""
+    if store.metadata(mf.manifest_blob(name)) is None:
         raise BadInput(f"data set {name!r} was never staged: {store.where} has no {mf.manifest_blob(name)}; "
                        "run `trainflow stage` first")
-    return mf.parse_manifest(text)
+    (workdir / "tmp").mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=workdir / "tmp") as tmp:
+        store.download_to(mf.manifest_blob(name), Path(tmp) / "manifest.jsonl")
+        with Manifest.load(Path(tmp) / "manifest.jsonl", Path(tmp) / "manifest.db") as manifest:
+            yield manifest
 
 
 def sync_row(plan: SyncPlan, name: str) -> dict:
     """The step's decision, as the dry run and the step's summary show it."""
-    version = plan.manifest["version"][:12]
+    version = plan.manifest.version[:12]
     if plan.complete:
         return step_plan("sync-to-file-server", "skip", f"{name}: the file server holds version {version}", files=0)
-    files = sum(map(len, plan.needed.values()))
+    files = sum(plan.needed.values())
     return step_plan("sync-to-file-server", "run", f"{name}: fetch {files} files from {len(plan.needed)} shards, "
-                     f"link {len(plan.reused)} unchanged, as version {version}", files=files)
+                     f"link {plan.reused} unchanged, as version {version}", files=files)
 
 
 def sync_to_file_server(store: BlobStore, server: FileServer, name: str, workdir: Path) -> tuple[Transfer, Path]:
     """Make server's `current` version of `name` equal the manifest in Blob."""
-    plan = decide_sync(server, name, read_manifest(store, name))
-    manifest, transfer = plan.manifest, Transfer("blob -> file server", plan=sync_row(plan, name))
-    if plan.complete:
-        server.activate(name, manifest["version"])
-        transfer.skipped_files, transfer.skipped_bytes = len(manifest["files"]), manifest["bytes"]
-        return transfer, server.current(name)
-    with server.new_version(name, manifest) as dest:
-        if plan.reused:
-            link_unchanged(server.current_manifest(name)[0], plan.reused, dest)
-        transfer.skipped_files = len(plan.reused)
-        transfer.skipped_bytes = sum(f["size"] for f in manifest["files"] if f["path"] in plan.reused)
-        total = sum(e.size for group in plan.needed.values() for e in group.values())
-        with transfer_progress(transfer, total, sum(map(len, plan.needed.values()))) as advance:
-            fetch_shards(store, name, plan.needed, dest, workdir, advance)
-        bad = mf.sizes_match(dest, manifest["files"])
-        if bad:
-            raise StorageError(f"{len(bad)} files are missing after the sync, e.g. {bad[0]}")
+    transfer = Transfer("blob -> file server")
+    with ExitStack() as stack:
+        with transfer.timed("manifest"):
+            manifest = stack.enter_context(staged_manifest(store, name, workdir))
+            plan = decide_sync(server, name, manifest)
+        transfer.plan = sync_row(plan, name)
+        if plan.complete:
+            server.activate(name, manifest.version)
+            transfer.skipped_files, transfer.skipped_bytes = manifest.header["files"], manifest.header["bytes"]
+            return transfer, server.current(name)
+        transfer.skipped_files, transfer.skipped_bytes = plan.reused, plan.reused_bytes()
+        with transfer.timed("link + fetch + extract"), server.new_version(name, manifest) as dest, \
+                transfer_progress(transfer, plan.needed_bytes(), sum(plan.needed.values())) as advance:
+            try:
+                fill_version(plan, dest, shard_fetcher(store, name, dest, workdir, advance), store.concurrency)
+            except ValueError as exc:
+                raise StorageError(str(exc)) from None
     return transfer, server.current(name)
 
 
-def fetch_shards(store: BlobStore, name: str, needed: dict, dest: Path, workdir: Path, advance) -> None:
-    """Download each needed shard to a temporary file and extract the wanted, verified members."""
+def shard_fetcher(store: BlobStore, name: str, dest: Path, workdir: Path, advance):
+    """fetch(shard, wanted): download one shard to a temporary file and extract the wanted, verified members."""
 
-    def fetch(sid: str, wanted: dict[str, mf.FileEntry], tmp: Path) -> None:
-        store.download_to(mf.shard_blob(name, sid), tmp / "shard.tar")
-        try:
-            advance(mf.extract_members(tmp / "shard.tar", wanted, dest), len(wanted))
-        except ValueError as exc:  # a damaged download: the step's retry fetches it again
-            raise StorageError(f"shard {sid} of {name} does not match the manifest ({exc})") from None
+    def fetch(sid: str, wanted: dict[str, mf.FileEntry]) -> None:
+        with tempfile.TemporaryDirectory(dir=workdir / "tmp") as tmp:
+            store.download_to(mf.shard_blob(name, sid), Path(tmp) / "shard.tar")
+            try:
+                advance(mf.extract_members(Path(tmp) / "shard.tar", wanted, dest), len(wanted))
+            except ValueError as exc:  # a damaged download: the step's retry fetches it again
+                raise StorageError(f"shard {sid} of {name} does not match the manifest ({exc})") from None
 
-    in_parallel(needed, fetch, workdir / "tmp", store.concurrency)
+    return fetch
 
 
 @task(name="sync-to-file-server", retries=3, retry_delay_seconds=[2, 10, 30], retry_condition_fn=unless_permanent)

@@ -1,10 +1,10 @@
 """A staged data set and the file server's versions of it: what the sync writes and the nodes read.
 
-Staged (in Blob, or a datastore folder that mounts it): `datasets/<name>/manifest.json` plus
+Staged (in Blob, or a datastore folder that mounts it): `datasets/<name>/manifest.jsonl` plus
 `datasets/<name>/shards/<id>.tar`. The manifest lists every file (path, size, SHA-256, shard) and is
 written last. On a file server (the NFS share, or a node's local disk):
 
-    <export>/datasets/<name>/v-<version>/   one complete copy (train/, val/, .manifest.json)
+    <export>/datasets/<name>/v-<version>/   one complete copy (train/, val/, .manifest.jsonl, .verified.json)
     <export>/datasets/<name>/current        symlink to the newest complete version: what training reads
 
 The orchestrator's sync (tasks/sync_file_server.py) and the node-side fetch below share this module,
@@ -21,24 +21,34 @@ import argparse
 import errno
 import fcntl
 import hashlib
+import itertools
 import json
 import os
 import shutil
+import sqlite3
 import sys
 import tarfile
+import tempfile
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterable, Iterator
 
-FORMAT = 1
-MANIFEST = ".manifest.json"  # a complete version's copy of its manifest, on the file server
-MANIFEST_FILE = "manifest.json"  # the staged manifest, in the data set's folder
+if __package__ in (None, ""):  # run as a script on a node: make the `trainer` package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from trainer.layout import write_verified
+
+FORMAT = 2
+MANIFEST = ".manifest.jsonl"  # a complete version's copy of its manifest, on the file server
+MANIFEST_FILE = "manifest.jsonl"  # the staged manifest, in the data set's folder
 BAD_INPUT = "error: "  # how this command's bad-input lines begin
+ROWS_PER_BATCH = 10_000  # rows moved between the manifest file and its index at a time
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class FileEntry:
     """One file of the data set."""
 
@@ -67,12 +77,106 @@ def manifest_blob(name: str) -> str:
     return f"{dataset_prefix(name)}{MANIFEST_FILE}"
 
 
-def parse_manifest(text: str) -> dict:
-    """A stored manifest, checked for its format."""
-    manifest = json.loads(text)
-    if manifest.get("format") != FORMAT:
-        raise ValueError(f"manifest format {manifest.get('format')} is not {FORMAT}")
-    return manifest
+class Manifest:
+    """A data set's manifest, held in a SQLite file rather than in memory (ImageNet has 1.33 million files).
+
+    Stored (in Blob, on the file server) as JSON lines: the header, a JSON object (format, dataset, version,
+    shard_count, files, bytes, and `verified` when staging checked the images), then one JSON array per file,
+    sorted by path: [path, size, sha256, shard]. Written and read a batch of rows at a time, so that neither end
+    holds the whole list. `SyncPlan` adds the file server's current version to the same database.
+    """
+
+    def __init__(self, db: Path | str, header: dict | None = None):
+        self.db = sqlite3.connect(db, check_same_thread=False, isolation_level=None)
+        self.db.executescript("PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF; PRAGMA temp_store=FILE;"
+                              "CREATE TABLE IF NOT EXISTS files (path TEXT PRIMARY KEY, size INT, sha256 TEXT, "
+                              "shard TEXT) WITHOUT ROWID; CREATE INDEX IF NOT EXISTS by_shard ON files (shard);")
+        self.header = header or {}
+        self.lock = threading.Lock()  # one query at a time: the sync's threads ask for their shards
+
+    @classmethod
+    def read(cls, lines: Iterable[bytes | str], db: Path | str) -> "Manifest":
+        """A manifest from its stored lines (a file or a blob's lines), checked for its format."""
+        lines = iter(lines)
+        header = json.loads(next(lines, b"{}") or b"{}")
+        if not isinstance(header, dict) or header.get("format") != FORMAT:
+            found = header.get("format") if isinstance(header, dict) else None
+            raise ValueError(f"manifest format {found} is not {FORMAT}")
+        manifest = cls(db, header)
+        manifest.insert(json.loads(line) for line in lines if line.strip())
+        return manifest
+
+    @classmethod
+    def load(cls, path: Path, db: Path | str) -> "Manifest":
+        """A manifest from a file."""
+        with open(path, "rb") as f:
+            return cls.read(f, db)
+
+    def insert(self, rows: Iterable) -> None:
+        """Add (path, size, sha256, shard) rows, a batch at a time."""
+        rows = iter(rows)
+        with self.lock:
+            while batch := list(itertools.islice(rows, ROWS_PER_BATCH)):
+                self.db.execute("BEGIN")
+                self.db.executemany("INSERT INTO files VALUES (?, ?, ?, ?)", batch)
+                self.db.execute("COMMIT")
+
+    def query(self, sql: str, args: tuple = ()) -> list:
+        """All rows of a query that returns few (counts, one shard's files)."""
+        with self.lock:
+            return self.db.execute(sql, args).fetchall()
+
+    def rows(self, sql: str = "SELECT path, size, sha256, shard FROM files ORDER BY path", args: tuple = ()) -> Iterator:
+        """The rows of a query, a batch at a time (by default every file, sorted by path)."""
+        with self.lock:
+            cursor = self.db.execute(sql, args)
+        while True:
+            with self.lock:
+                batch = cursor.fetchmany(ROWS_PER_BATCH)
+            if not batch:
+                return
+            yield from batch
+
+    def __len__(self) -> int:
+        return self.query("SELECT count(*) FROM files")[0][0]
+
+    @property
+    def version(self) -> str:
+        return self.header["version"]
+
+    def shards(self) -> set[str]:
+        """The shards that hold the files."""
+        return {row[0] for row in self.query("SELECT DISTINCT shard FROM files")}
+
+    def shard_files(self, shard: str) -> dict[str, FileEntry]:
+        """One shard's files, by path."""
+        return {p: FileEntry(p, s, h) for p, s, h in
+                self.query("SELECT path, size, sha256 FROM files WHERE shard = ? ORDER BY path", (shard,))}
+
+    def write(self, path: Path) -> Path:
+        """Write the manifest to a file, whole or not at all."""
+        tmp = path.with_name(f".{path.name}.partial")
+        with open(tmp, "wb") as f:
+            f.writelines(manifest_lines(self.header, self.rows()))
+        os.replace(tmp, path)
+        return path
+
+    def close(self) -> None:
+        self.db.close()
+
+    def __enter__(self) -> "Manifest":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def manifest_lines(header: dict, rows: Iterable[tuple]) -> Iterator[bytes]:
+    """A manifest as stored: the header, then one line per (path, size, sha256, shard) row."""
+    yield json.dumps(header, separators=(",", ":"), sort_keys=True).encode() + b"\n"
+    dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+    for row in rows:
+        yield dumps(row).encode() + b"\n"
 
 
 def extract_members(tar_path: Path, wanted: dict[str, FileEntry], dest: Path) -> int:
@@ -99,15 +203,15 @@ def extract_members(tar_path: Path, wanted: dict[str, FileEntry], dest: Path) ->
     return written
 
 
-def sizes_match(root: Path, files: list[dict]) -> list[str]:
-    """Paths in `files` that are missing under root or differ in size (a cheap completeness check)."""
+def sizes_match(root: Path, rows: Iterable) -> list[str]:
+    """Paths of (path, size, ...) rows that are missing under root or differ in size (a cheap completeness check)."""
     bad = []
-    for f in files:
+    for path, size, *_ in rows:
         try:
-            if os.stat(root / f["path"]).st_size != f["size"]:
-                bad.append(f["path"])
+            if os.stat(os.path.join(root, path)).st_size != size:
+                bad.append(path)
         except FileNotFoundError:
-            bad.append(f["path"])
+            bad.append(path)
     return bad
 
 
@@ -130,26 +234,30 @@ class FileServer:
     def is_complete(self, name: str, version: str) -> bool:
         return (self.version_dir(name, version) / MANIFEST).is_file()
 
-    def current_manifest(self, name: str) -> tuple[Path, dict] | None:
-        """The folder and manifest of the current version, if there is one."""
+    def current_manifest(self, name: str) -> Path | None:
+        """The manifest file of the current version, if there is one (of this format)."""
         path = self.current(name) / MANIFEST
-        return (self.current(name).resolve(), json.loads(path.read_text())) if path.is_file() else None
+        return path if path.is_file() else None
 
     @contextmanager
-    def new_version(self, name: str, manifest: dict) -> Iterator[Path]:
+    def new_version(self, name: str, manifest: "Manifest") -> Iterator[Path]:
         """Yield a temporary folder to fill; on success it becomes the current version, on any error it goes."""
-        final = self.version_dir(name, manifest["version"])
+        final = self.version_dir(name, manifest.version)
         tmp = final.with_name(f".{final.name}.partial")
         try:
             self.remove_leftovers(name)  # of a sync that crashed: never visible, safe to drop
             tmp.mkdir(parents=True)
             yield tmp
-            (tmp / MANIFEST).write_text(json.dumps(manifest))
+            verify_version(tmp, manifest.header)
+            manifest.write(tmp / MANIFEST)
+            if final.exists():  # the same version in an older layout (another manifest format): replaced
+                os.replace(final, final.with_name(f".{final.name}.deleting"))
             os.replace(tmp, final)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        self.activate(name, manifest["version"])
+        self.activate(name, manifest.version)
+        self.remove_leftovers(name)
 
     def activate(self, name: str, version: str) -> None:
         """Point `current` at a complete version with one atomic rename; keep it and the one before."""
@@ -180,39 +288,95 @@ class FileServer:
             shutil.rmtree(leftover, ignore_errors=True)
 
 
+def verify_version(folder: Path, header: dict) -> None:
+    """The version's image check as the trainer reads it (`.verified.json`: which files staging found bad), when
+    staging checked the images; the trainer then decodes none of them again."""
+    verified = header.get("verified")
+    if verified:
+        write_verified(folder, header["version"], header["files"], [tuple(b) for b in verified["bad"]],
+                       verified["check"])
+
+
 @dataclass
 class SyncPlan:
     """What bringing a file server to one manifest takes: nothing (it has that version), or link what the
     current version already holds and extract the rest by shard."""
 
-    manifest: dict
+    manifest: Manifest
     complete: bool  # the file server already holds this version whole
-    reused: set[str]  # paths hard-linked from the current version
-    needed: dict[str, dict[str, FileEntry]]  # shard -> the files to extract from it
+    reused: int  # files hard-linked from the current version
+    needed: dict[str, int]  # shard -> how many of its files to extract
+    current: Path | None = None  # the current version's folder, where reused files come from
+
+    def wanted(self, shard: str) -> dict[str, FileEntry]:
+        """The files to extract from one shard."""
+        return {p: FileEntry(p, s, h) for p, s, h in self.manifest.query(
+            "SELECT path, size, sha256 FROM files WHERE shard = ? AND path NOT IN (SELECT path FROM reuse)", (shard,))}
+
+    def reused_paths(self) -> Iterator[str]:
+        return (row[0] for row in self.manifest.rows("SELECT path FROM reuse"))
+
+    def reused_bytes(self) -> int:
+        return self.manifest.query("SELECT coalesce(sum(size), 0) FROM files WHERE path IN (SELECT path FROM reuse)")[0][0]
+
+    def needed_bytes(self) -> int:
+        return self.manifest.header["bytes"] - self.reused_bytes()
 
 
-def decide_sync(server: FileServer, name: str, manifest: dict) -> SyncPlan:
-    """The sync's decision for `manifest`: the orchestrator's step, its dry run and the node-side fetch share it."""
-    if server.is_complete(name, manifest["version"]):
-        return SyncPlan(manifest, True, set(), {})
+def decide_sync(server: FileServer, name: str, manifest: Manifest) -> SyncPlan:
+    """The sync's decision for `manifest`: the orchestrator's step, its dry run and the node-side fetch share it.
+    Files whose path and SHA-256 the current version holds are reused; the comparison runs in the manifest's
+    database, a batch of the current version's rows at a time."""
+    if server.is_complete(name, manifest.version):
+        return SyncPlan(manifest, True, 0, {})
+    db = manifest.db
+    with manifest.lock:
+        db.executescript("DROP TABLE IF EXISTS old; DROP TABLE IF EXISTS reuse;"
+                         "CREATE TABLE old (path TEXT PRIMARY KEY, sha256 TEXT) WITHOUT ROWID;"
+                         "CREATE TABLE reuse (path TEXT PRIMARY KEY) WITHOUT ROWID;")
     current = server.current_manifest(name)
-    old = {f["path"]: f["sha256"] for f in current[1]["files"]} if current else {}
-    reused = {f["path"] for f in manifest["files"] if old.get(f["path"]) == f["sha256"]}
-    needed: dict[str, dict[str, FileEntry]] = {}
-    for f in manifest["files"]:
-        if f["path"] not in reused:
-            needed.setdefault(f["shard"], {})[f["path"]] = FileEntry(f["path"], f["size"], f["sha256"])
-    return SyncPlan(manifest, False, reused, needed)
+    if current:
+        with open(current, "rb") as f:
+            next(f, None)  # the header
+            rows = (json.loads(line) for line in f if line.strip())
+            with manifest.lock:
+                while batch := [(r[0], r[2]) for r in itertools.islice(rows, ROWS_PER_BATCH)]:
+                    db.execute("BEGIN")
+                    db.executemany("INSERT INTO old VALUES (?, ?)", batch)
+                    db.execute("COMMIT")
+        manifest.query("INSERT INTO reuse SELECT f.path FROM files f JOIN old o ON o.path = f.path AND "
+                       "o.sha256 = f.sha256")
+    reused = manifest.query("SELECT count(*) FROM reuse")[0][0]
+    needed = dict(manifest.query("SELECT shard, count(*) FROM files WHERE path NOT IN (SELECT path FROM reuse) "
+                                 "GROUP BY shard ORDER BY shard"))
+    return SyncPlan(manifest, False, reused, needed, current.parent.resolve() if current else None)
 
 
-def link_unchanged(folder: Path, reused: set[str], dest: Path) -> None:
-    """Hard-link (or copy) the reused files of the current version `folder` into the new version `dest`."""
-    for rel in reused:
-        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+def link_unchanged(plan: SyncPlan, dest: Path) -> None:
+    """Hard-link (or copy) the reused files of the current version into the new version `dest`."""
+    made = set()
+    for rel in plan.reused_paths():
+        parent = os.path.dirname(rel)
+        if parent not in made:
+            os.makedirs(dest / parent, exist_ok=True)
+            made.add(parent)
         try:
-            os.link(folder / rel, dest / rel)
+            os.link(plan.current / rel, dest / rel)
         except OSError:
-            shutil.copyfile(folder / rel, dest / rel)
+            shutil.copyfile(plan.current / rel, dest / rel)
+
+
+def fill_version(plan: SyncPlan, dest: Path, extract: Callable[[str, dict[str, FileEntry]], None],
+                 threads: int) -> None:
+    """Fill `dest` with the plan's version: reused files linked, each needed shard's files extracted by
+    `extract(shard, wanted)`, `threads` shards at a time; then check that every file is there."""
+    if plan.reused:
+        link_unchanged(plan, dest)
+    with ThreadPoolExecutor(threads) as pool:  # tarfile and hashing release the GIL while reading
+        list(pool.map(lambda shard: extract(shard, plan.wanted(shard)), plan.needed))
+    bad = sizes_match(dest, plan.manifest.rows())
+    if bad:
+        raise ValueError(f"{len(bad)} files are missing after the sync, e.g. {bad[0]}")
 
 
 @contextmanager
@@ -225,30 +389,25 @@ def node_lock(export: Path) -> Iterator[None]:
 
 
 def fetch(source: Path, export: Path, name: str, threads: int = 8) -> Path:
-    """Bring `export`'s current version of `name` to the data set staged in the folder `source` (its manifest.json
-    and shards/); the folder to read."""
+    """Bring `export`'s current version of `name` to the data set staged in the folder `source` (its manifest and
+    shards/); the folder to read."""
     server = FileServer(export)
-    with node_lock(export):
-        plan = decide_sync(server, name, parse_manifest((source / MANIFEST_FILE).read_text()))
+    with node_lock(export), tempfile.TemporaryDirectory(prefix=".trainflow-", dir=export) as tmp, \
+            Manifest.load(source / MANIFEST_FILE, Path(tmp) / "manifest.db") as manifest:
+        plan = decide_sync(server, name, manifest)
         if plan.complete:
-            server.activate(name, plan.manifest["version"])
+            server.activate(name, manifest.version)
             return server.current(name)
-        with server.new_version(name, plan.manifest) as dest:
-            if plan.reused:
-                link_unchanged(server.current_manifest(name)[0], plan.reused, dest)
-            with ThreadPoolExecutor(threads) as pool:  # tarfile and hashing release the GIL while reading
-                list(pool.map(lambda item: extract_members(source / shard_file(item[0]), item[1], dest),
-                              plan.needed.items()))
-            bad = sizes_match(dest, plan.manifest["files"])
-            if bad:
-                raise ValueError(f"{len(bad)} files are missing after the fetch, e.g. {bad[0]}")
+        with server.new_version(name, manifest) as dest:
+            fill_version(plan, dest, lambda shard, wanted: extract_members(source / shard_file(shard), wanted, dest),
+                         threads)
     return server.current(name)
 
 
 def main(argv: list[str] | None = None) -> int:
     """The node-side fetch as a command; bad input exits 2 with one line."""
     p = argparse.ArgumentParser(description="Bring a file server (NFS or local disk) to a staged data set version.")
-    p.add_argument("--source", type=Path, required=True, help="the staged data set's folder: manifest.json, shards/ "
+    p.add_argument("--source", type=Path, required=True, help="the staged data set's folder: manifest.jsonl, shards/ "
                    "(a datastore mount of datasets/<name>/)")
     p.add_argument("--export", type=Path, required=True, help="the file server's root (NFS mount or local disk)")
     p.add_argument("--dataset", required=True, help="the data set's name")

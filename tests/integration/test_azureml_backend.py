@@ -16,6 +16,7 @@ from azure.core.exceptions import HttpResponseError
 
 from flows.config import load_config
 from infra import manifest as mf
+from trainer.layout import find_bad_images
 from infra.backends import PoolError, RunPaths, run_job
 from infra.backends.azureml import AzureMLPool, attempt_name, compute_spec, nfs_mount
 from infra.launchers import LaunchError
@@ -155,12 +156,13 @@ def test_results_on_azure_files_cannot_be_downloaded(tmp_path):
 
 def stage_to(root: Path, data: Path, name: str) -> None:
     """The data set as the upload step stages it (manifest and shards), into a datastore folder."""
-    entries, _, _ = mf.hash_files(data, mf.relative_paths(data), {})
-    shards = mf.assign_shards(entries, 2)
     (root / mf.dataset_prefix(name) / "shards").mkdir(parents=True)
-    for sid, files in shards.items():
-        mf.write_shard(data, files, root / mf.shard_blob(name, sid))
-    (root / mf.manifest_blob(name)).write_bytes(mf.manifest_bytes(mf.build_manifest(name, shards, 2)))
+    with mf.scanned(data, root / "index.sqlite", find_bad_images, keep=False) as (index, _):
+        header = {"format": mf.FORMAT, "dataset": name, "version": index.plan_shards(2), "shard_count": 2,
+                  "files": index.total()[0], "bytes": index.total()[1], "verified": {"check": "decode", "bad": []}}
+        for sid in index.shards.values():
+            mf.write_shard(data, index.shard_files(sid), root / mf.shard_blob(name, sid))
+        mf.write_manifest(index, header, root / mf.manifest_blob(name))
 
 
 @pytest.mark.parametrize("mode", ["ro_mount", "download"])
@@ -171,7 +173,7 @@ def test_the_nodes_fetch_the_staged_shards_from_blob_to_their_local_disk(tmp_pat
     pool.create()
     job = fast(pool.job(cfg.training.model_copy(update={"num_classes": 10}), 0))
     run_job(job, pool.run.out / "logs", lambda line: None, 0)
-    assert (disk / "datasets/digits/current/.manifest.json").is_file()
+    assert (disk / "datasets/digits/current/.manifest.jsonl").is_file()
     metrics = json.loads((pool.run.out / "metrics.json").read_text())  # trained on the unpacked copy
     assert (metrics["data"], metrics["num_classes"]) == (str(disk / "datasets/digits/current"), 10)
 
@@ -184,9 +186,10 @@ def test_the_node_side_fetch_runs_once_per_node_and_the_others_wait(tmp_path, di
     ranks = [subprocess.Popen(command, stdout=subprocess.PIPE, text=True) for _ in range(3)]
     outs = [r.communicate()[0] for r in ranks]
     assert [r.returncode for r in ranks] == [0, 0, 0] and len({o.split()[-1] for o in outs}) == 1
-    assert len(list((export / "datasets/digits").glob("v-*"))) == 1 and not mf.sizes_match(
-        export / "datasets/digits/current", mf.parse_manifest((export / "datasets/digits/current/.manifest.json")
-                                                              .read_text())["files"])
+    current = export / "datasets/digits/current"
+    with mf.Manifest.load(current / ".manifest.jsonl", tmp_path / "m.db") as manifest:
+        assert len(list((export / "datasets/digits").glob("v-*"))) == 1 and not mf.sizes_match(current, manifest.rows())
+    assert json.loads((current / ".verified.json").read_text())["bad"] == []  # the ranks decode no image again
     missing = subprocess.run(command[:3] + [str(tmp_path / "nothing")] + command[4:], capture_output=True, text=True)
     assert missing.returncode == 2 and "never staged" in missing.stderr
 

@@ -99,7 +99,7 @@ MISTAKES = {
     "container SAS, no such container": (case("sas", {"AZURE_STORAGE_SAS_TOKEN": "{missing container}"},
                                               container="nowhere-{uid}"), StorageError, r"\(ContainerNotFound\)$"),
     "staged data set never staged": (case(data="staged", container="{empty}"), BadInput,
-                                     r"^data set 'pets' was never staged: .* has no datasets/pets/manifest.json; run "
+                                     r"^data set 'pets' was never staged: .* has no datasets/pets/manifest.jsonl; run "
                                      "`trainflow stage` first$"),
     "unset key variable": (case(env={}), MissingSecret, r"^environment variable AZURE_STORAGE_KEY \(named by "
                                                         r"storage.account_key_env\) is not set; export it"),

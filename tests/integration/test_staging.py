@@ -1,5 +1,6 @@
 """Data staging against a real Azurite and real folders: complete, incremental, resumable, fault-tolerant."""
 
+import json
 import os
 import shutil
 import signal
@@ -159,7 +160,7 @@ def test_sync_of_a_never_staged_data_set_is_refused(staged):
 
 @pytest.mark.parametrize("problem, message", [
     ("not an image", "notes.txt is not an image file"),
-    ("corrupt", "cannot read image .*broken.png"),
+    ("corrupt", r"1 of 64 images in .* cannot be decoded \(train/cat/broken.png: .* listed in .*bad-files-pets.tsv"),
     ("case clash", "differ only in letter case"),
 ])
 def test_bad_data_is_refused_and_nothing_looks_staged(staged, problem, message):
@@ -208,3 +209,22 @@ def test_a_shrinking_data_set_is_followed_and_old_shards_go_one_version_later(st
     _, current = sync_to_file_server(store, server, "pets", work)
     assert tree(current) == tree(data)
     assert len([p for p in current.parent.iterdir() if p.name.startswith("v-")]) == 2  # current and previous
+
+
+def test_bad_images_are_checked_where_they_enter_and_the_version_carries_the_result(staged):
+    """Staging decodes each new file once; with bad_files: skip the version's .verified.json lists the bad ones,
+    which training then leaves out without decoding anything again (tests/integration/test_bad_data.py)."""
+    store, cfg, data, work = staged
+    for i in range(3):
+        (data / "train" / "dog" / f"broken {i}.png").write_bytes(b"\x89PNG\r\n\x1a\n garbage")
+    with pytest.raises(BadInput, match=r"^3 of 66 images in .* cannot be decoded .*all 3 are listed in "):
+        upload_dataset(store, cfg, data, "pets", work)
+    listed = (work / "cache" / "bad-files-pets.tsv").read_text().splitlines()
+    assert sorted(line.split("\t")[0] for line in listed) == [f"train/dog/broken {i}.png" for i in range(3)]
+    assert shards_in(store) == {}  # refused before anything moved
+    upload_dataset(store, cfg, data, "pets", work, bad_files="skip")
+    _, current = sync_to_file_server(store, FileServer(work / "fileserver"), "pets", work)
+    verified = json.loads((current / ".verified.json").read_text())
+    assert verified["files"] == 66 and verified["version"] == current.resolve().name.removeprefix("v-")
+    assert [path for path, _ in verified["bad"]] == [f"train/dog/broken {i}.png" for i in range(3)]
+    assert tree(current) == tree(data)  # the bad files are staged too: the data set is what the folder holds

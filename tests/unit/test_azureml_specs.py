@@ -110,7 +110,7 @@ def test_compute_environment_and_storage_specs(tmp_path):
     assert grown["max_instances"] == 6 and grown["tier"] == "low_priority"
     (tmp_path / "env.yaml").write_text(specs["environment"])
     assert load_environment(tmp_path / "env.yaml").image.startswith("myregistry.azurecr.io/trainflow-gpu:")
-    assert "sig=" not in specs["storage"] and "datasets/imagenet/manifest.json" in specs["storage"]
+    assert "sig=" not in specs["storage"] and "datasets/imagenet/manifest.jsonl" in specs["storage"]
 
 
 def test_infiniband_follows_the_vm_size():

@@ -6,22 +6,41 @@ import pytest
 
 from infra import manifest as mf
 from infra.errors import BadInput
-from infra.jsonfiles import read_json, write_json
 from tests.conftest import write_image
 from trainer.errors import UsageError
 from trainer.layout import check_name
 
 
-def entries(n: int, changed: int | None = None) -> list[mf.FileEntry]:
-    return [mf.FileEntry(f"train/c{i % 3}/img {i}.jpg", 100 + i, ("f" if i == changed else "0") * 64) for i in range(n)]
+def no_check(paths: list[str]) -> list:
+    return []
 
 
-def test_one_changed_file_changes_exactly_one_shard():
-    before, after = mf.assign_shards(entries(200), 8), mf.assign_shards(entries(200, changed=17), 8)
+def indexed(root, workdir, keep=True):
+    """The upload's index of the folder (hashes cached under workdir)."""
+    return mf.scanned(root, workdir / "index.sqlite", no_check, keep)
+
+
+def folder(root, n: int, changed: int | None = None):
+    for i in range(n):
+        (root / f"train/c{i % 3}").mkdir(parents=True, exist_ok=True)
+        (root / f"train/c{i % 3}/img {i}.jpg").write_bytes(b"changed" if i == changed else b"x" * (100 + i))
+    return root
+
+
+def shards_of(root, workdir, count: int) -> tuple[str, dict[str, set[str]]]:
+    """The version and each shard's paths."""
+    with indexed(root, workdir) as (index, _):
+        version = index.plan_shards(count)
+        return version, {sid: {e.path for e in index.shard_files(sid)} for sid in index.shards.values()}
+
+
+def test_one_changed_file_changes_exactly_one_shard(tmp_path):
+    before = shards_of(folder(tmp_path / "a", 200), tmp_path / "wa", 8)[1]
+    after = shards_of(folder(tmp_path / "b", 200, changed=17), tmp_path / "wb", 8)[1]
     assert len(before) == 8
     assert len(set(before) - set(after)) == 1 and len(set(after) - set(before)) == 1
     (new,) = set(after) - set(before)
-    assert "train/c2/img 17.jpg" in {e.path for e in after[new]}
+    assert "train/c2/img 17.jpg" in after[new]
 
 
 def test_shard_count_is_kept_while_sizes_stay_near_the_target():
@@ -38,15 +57,55 @@ def test_mid_size_data_sets_get_enough_shards_to_upload_in_parallel():
     assert mf.shard_count(140_000 * mb, 256 * mb, previous=None, parallel=8) == 547  # ImageNet: the size rules
 
 
-def test_manifest_version_follows_content_not_order():
-    shards = mf.assign_shards(entries(20), 3)
-    again = mf.assign_shards(list(reversed(entries(20))), 3)
-    assert mf.build_manifest("d", shards, 3)["version"] == mf.build_manifest("d", again, 3)["version"]
-    assert mf.build_manifest("d", mf.assign_shards(entries(20, changed=3), 3), 3)["version"] != \
-        mf.build_manifest("d", shards, 3)["version"]
-    manifest = mf.build_manifest("d", shards, 3)
-    assert mf.parse_manifest(mf.manifest_bytes(manifest).decode()) == manifest
-    assert {f["shard"] for f in manifest["files"]} == set(shards)
+def test_the_version_follows_content_and_the_manifest_streams_back_sorted(tmp_path):
+    version, shards = shards_of(folder(tmp_path / "a", 20), tmp_path / "wa", 3)
+    assert shards_of(folder(tmp_path / "b", 20), tmp_path / "wb", 3)[0] == version  # another folder, same content
+    assert shards_of(folder(tmp_path / "c", 20, changed=3), tmp_path / "wc", 3)[0] != version
+    with indexed(tmp_path / "a", tmp_path / "wa") as (index, _):
+        header = {"format": mf.FORMAT, "version": index.plan_shards(3), "files": 20}
+        path = mf.write_manifest(index, header, tmp_path / "m.jsonl")
+    lines = path.read_text().splitlines()
+    assert len(lines) == 21 and lines[1:] == sorted(lines[1:])
+    with mf.Manifest.load(path, tmp_path / "m.db") as manifest:
+        assert manifest.header == header and len(manifest) == 20 and manifest.shards() == set(shards)
+        assert {sid: set(manifest.shard_files(sid)) for sid in shards} == shards
+
+
+def test_a_manifest_of_another_format_is_refused(tmp_path):
+    (tmp_path / "old.json").write_text('{"format": 1, "files": []}')
+    with pytest.raises(ValueError, match="manifest format 1 is not 2"):
+        mf.Manifest.load(tmp_path / "old.json", tmp_path / "m.db")
+
+
+def test_the_index_reads_only_new_or_changed_files_and_keeps_nothing_on_a_dry_run(tmp_path):
+    folder(tmp_path / "d", 6)
+    read = []
+
+    def check(paths):
+        read.extend(paths)
+        return [(p, "bad") for p in paths if p.endswith("img 5.jpg")]
+
+    with mf.scanned(tmp_path / "d", tmp_path / "w" / "index.sqlite", check, keep=True) as (index, fresh):
+        assert fresh == 6 and index.bad() == [("train/c2/img 5.jpg", "bad")]
+    (tmp_path / "d/train/c1/img 1.jpg").write_bytes(b"new")
+    read.clear()
+    with mf.scanned(tmp_path / "d", tmp_path / "w" / "index.sqlite", check, keep=False) as (index, fresh):
+        assert fresh == 1 and read == [str(tmp_path / "d/train/c1/img 1.jpg")]
+        assert index.bad() == [("train/c2/img 5.jpg", "bad")]  # remembered, not decoded again
+    read.clear()
+    with mf.scanned(tmp_path / "d", tmp_path / "w" / "index.sqlite", check, keep=True) as (index, fresh):
+        assert fresh == 1  # the dry run above kept nothing
+    (tmp_path / "d/train/c0/img 0.jpg").unlink()
+    with mf.scanned(tmp_path / "d", tmp_path / "w" / "index.sqlite", check, keep=True) as (index, fresh):
+        assert fresh == 0 and index.total()[0] == 5  # a removed file leaves the index
+
+
+def test_the_index_refuses_names_that_differ_only_in_case(tmp_path):
+    for rel in ("train/a/X.png", "train/a/x.png", "train/b/y.png"):
+        write_image(tmp_path / "d" / rel)
+    with pytest.raises(BadInput, match="'train/a/X.png' and 'train/a/x.png' differ only in letter case"):
+        with mf.scanned(tmp_path / "d", tmp_path / "i.sqlite", no_check, keep=False):
+            pass
 
 
 def test_case_clashes_are_found_in_file_and_folder_names():
@@ -80,22 +139,6 @@ def test_shards_are_reproducible_and_extraction_verifies(tmp_path):
         mf.extract_members(tmp_path / "s1.tar", {**wanted, "x.png": mf.FileEntry("x.png", 1, "0")}, tmp_path / "o3")
 
 
-def test_hash_cache_rehashes_only_changed_files(tmp_path):
-    write_tree(tmp_path, {"train/a/1.png": b"1", "train/a/2.png": b"2"})
-    paths = ["train/a/1.png", "train/a/2.png"]
-    first, fresh, cache = mf.hash_files(tmp_path, paths, {})
-    assert len(fresh) == 2
-    write_json(tmp_path / "cache.json", cache)
-    (tmp_path / "train/a/2.png").write_bytes(b"22")
-    second, fresh, _ = mf.hash_files(tmp_path, paths, read_json(tmp_path / "cache.json"))
-    assert fresh == ["train/a/2.png"] and second[0] == first[0] and second[1] != first[1]
-
-
-def test_an_unreadable_hash_cache_counts_as_empty(tmp_path):
-    (tmp_path / "cache.json").write_text('{"train/a/1.png": ["3:1')
-    assert read_json(tmp_path / "cache.json") == {} and read_json(tmp_path / "missing.json") == {}
-
-
 def test_a_file_changed_after_hashing_is_not_packed(tmp_path):
     files = write_tree(tmp_path / "src", {"train/a/1.png": b"one"})
     (tmp_path / "src" / "train/a/1.png").write_bytes(b"two")
@@ -103,14 +146,9 @@ def test_a_file_changed_after_hashing_is_not_packed(tmp_path):
         mf.write_shard(tmp_path / "src", files, tmp_path / "s.tar")
 
 
-def test_the_manifest_records_the_bucket_count_not_the_non_empty_buckets():
-    shards = mf.assign_shards(entries(3), 8)
-    assert len(shards) <= 3 and mf.build_manifest("d", shards, 8)["shard_count"] == 8
-
-
 def test_sizes_match_reports_missing_and_short_files(tmp_path):
     write_tree(tmp_path, {"a": b"12"})
-    assert mf.sizes_match(tmp_path, [{"path": "a", "size": 2}, {"path": "b", "size": 1}, {"path": "a", "size": 3}]) == ["b", "a"]
+    assert mf.sizes_match(tmp_path, [("a", 2), ("b", 1), ("a", 3)]) == ["b", "a"]
 
 
 @pytest.mark.parametrize("name", ["train/a/new\nline.png", "train/a\r/x.png", "train/a/nul\x00.png", "train/a/x\u2029.png",
