@@ -356,6 +356,34 @@ def digits(config: ConfigOpt = None, data: DataOpt = None, workdir: WorkdirOpt =
     print(digits_at(Path(cfg.data) if cfg.data else cfg.workdir / "data" / "digits"))
 
 
+@data_app.command("imagenet-shaped")
+@friendly_errors
+def imagenet_shaped(
+    classes: Annotated[int, typer.Option(help="Class folders, named like ImageNet's (n01440764, ...).")] = 1000,
+    per_class: Annotated[int, typer.Option(help="Training images per class.")] = 1281,
+    val_per_class: Annotated[int, typer.Option(help="Validation images per class (0: no val/ folder).")] = 50,
+    config: ConfigOpt = None, data: DataOpt = None, workdir: WorkdirOpt = None,
+) -> None:
+    """Write an ImageNet-shaped set of small, distinct JPEGs (default: ImageNet-1k's shape, 1,331,000 files, about
+    5.5 GB on disk) to --data, or under the workdir; one already there with the same shape is kept."""
+    from infra.sample_data import ImagenetShape, write_imagenet_shaped
+
+    shape = ImagenetShape(classes, per_class, val_per_class)
+    shape.check()  # before anything is created
+    cfg = configure(config, data, workdir, digits_defaults=False)
+    dest = (Path(cfg.data) if cfg.data else cfg.workdir / "data" / f"imagenet-shaped-{shape.label}").resolve()
+    try:
+        done = write_imagenet_shaped(dest, *shape)
+    except OSError as exc:
+        raise ConfigError(f"cannot write the ImageNet-shaped set to {dest} ({exc.strerror}); "
+                          "pass a writable --workdir or --data") from None
+    size = f"{done['files']:,} files, {done['bytes'] / 1e6:,.2f} MB"
+    if done["kept"]:
+        print(f"kept {dest}: {size}, written before with this shape (delete it to write it again)")
+    else:
+        print(f"wrote {dest}: {size} in {done['seconds']:.1f} s ({done['files'] / done['seconds']:,.0f} files/s)")
+
+
 @bench_app.command("train")
 @friendly_errors
 def bench_train(
