@@ -415,6 +415,24 @@ def bench_staging(
         run_bench(cfg, json_out, files, classes)
 
 
+@bench_app.command("scale")
+@friendly_errors
+def bench_scale(
+    config: ConfigOpt = None, workdir: WorkdirOpt = None,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the figures to this JSON file.")] = None,
+    files: Annotated[list[int], typer.Option(min=100, help="Data set sizes (repeat the option); ImageNet is 1331167.")] = [10_000, 100_000],  # noqa: B006
+) -> None:
+    """Staging and training start-up as the data set grows: wall time, time per file and peak RSS of every stage.
+
+    Each size is an ImageNet-shaped folder of small JPEGs (`trainflow data imagenet-shaped`), kept under the workdir.
+    """
+    from flows.bench.scale import bench_scale as run_bench
+
+    cfg = configure(config, None, workdir, digits_defaults=False)
+    with holding(cfg, prefect=False):
+        run_bench(cfg, files, json_out)
+
+
 @bench_app.command("images")
 @friendly_errors
 def bench_images(

@@ -1,0 +1,30 @@
+"""`trainflow bench scale` at its smallest: every stage measured in a process of its own, the table and the JSON."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+TRAINFLOW = str(Path(sys.executable).with_name("trainflow"))
+STAGES = ["first", "unchanged", "one changed", "1% changed", "training start-up"]
+
+
+def test_bench_scale_measures_every_stage_and_writes_the_json(tmp_path):
+    out = subprocess.run([TRAINFLOW, "bench", "scale", "--files", "300", "--workdir", str(tmp_path / "w"), "--json",
+                          str(tmp_path / "scale.json")], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    [point] = json.loads((tmp_path / "scale.json").read_text())["points"]
+    assert point["files"] == 300 and list(point["stages"]) == STAGES
+    first, unchanged = point["stages"]["first"], point["stages"]["unchanged"]
+    assert first["uploaded files"] == first["fetched files"] == 300
+    assert set(first["phases"]) == {"upload: list + hash + check", "upload: pack + upload", "upload: manifest",
+                                    "sync: manifest", "sync: link + fetch + extract"}
+    assert unchanged["uploaded files"] == unchanged["fetched files"] == 0
+    assert point["stages"]["one changed"]["files changed"] == 1 and point["stages"]["1% changed"]["files changed"] == 3
+    assert point["stages"]["one changed"]["uploaded files"] >= 1 and point["stages"]["one changed"]["fetched files"] == 1
+    for stage in STAGES:
+        assert point["stages"][stage]["seconds"] > 0 and point["stages"][stage]["peak_rss_mb"] > 0
+    assert "µs/file" in out.stdout and "training start-up" in out.stdout
