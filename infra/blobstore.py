@@ -209,22 +209,14 @@ class BlobStore:
     def read_text(self, name: str) -> str | None:
         """A text blob, or None when it does not exist."""
         with self.errors(f"read {name}"):
-            try:
-                return self.container.download_blob(name).readall().decode("utf-8")
-            except ResourceNotFoundError as exc:
-                if error_code(exc) not in ABSENT:
-                    raise
-                return None
+            data = unless_absent(lambda: self.container.download_blob(name).readall())
+            return None if data is None else data.decode("utf-8")
 
     def metadata(self, name: str) -> dict[str, str] | None:
         """A blob's metadata (one HEAD request), or None when it does not exist."""
         with self.errors(f"read the properties of {name}"):
-            try:
-                return dict(self.container.get_blob_client(name).get_blob_properties().metadata)
-            except ResourceNotFoundError as exc:
-                if error_code(exc) not in ABSENT:
-                    raise
-                return None
+            props = unless_absent(self.container.get_blob_client(name).get_blob_properties)
+            return None if props is None else dict(props.metadata)
 
     def write_text(self, name: str, text: str) -> None:
         """Write a small text blob in one request."""
@@ -234,11 +226,7 @@ class BlobStore:
     def delete(self, name: str) -> None:
         """Delete a blob if it exists."""
         with self.errors(f"delete {name}"):
-            try:
-                self.container.delete_blob(name)
-            except ResourceNotFoundError as exc:
-                if error_code(exc) not in ABSENT:
-                    raise
+            unless_absent(lambda: self.container.delete_blob(name))
 
     def errors(self, action: str):
         """Turn SDK errors into StorageErrors (see storage_errors)."""
@@ -300,6 +288,16 @@ ERROR_CODES = {
     "InternalError": ("busy", "the service failed"),
 }
 ABSENT = ("BlobNotFound", "ContainerNotFound")  # a blob is not there when its container is not either
+
+
+def unless_absent(call):
+    """call()'s result, or None when the blob (or its container) does not exist."""
+    try:
+        return call()
+    except ResourceNotFoundError as exc:
+        if error_code(exc) not in ABSENT:
+            raise
+        return None
 REFUSED_FIX = ("check that the SAS token, key or connection string is right, unexpired and allows this operation "
                "(with auth default, that the identity's data role allows it)")
 

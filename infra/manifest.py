@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from infra.errors import BadInput, TrainflowError
-from trainer.datasets import (FORMAT, ROWS_PER_BATCH, FileEntry, Manifest, dataset_prefix, extract_members,  # noqa: F401
-                              manifest_blob, manifest_lines, shard_blob, sizes_match)
+from trainer.datasets import (FORMAT, ROWS_PER_BATCH, FileEntry, Manifest, batched, dataset_prefix,  # noqa: F401
+                              extract_members, insert_batches, manifest_blob, manifest_lines, shard_blob, sizes_match)
 from trainer.errors import UsageError
 from trainer.layout import check_name, index_folder
 
@@ -127,10 +127,6 @@ class Index:
     def close(self) -> None:
         self.db.close()
 
-    def one(self, sql: str, args: tuple = ()):
-        """The first value of a query's first row."""
-        return self.db.execute(sql, args).fetchone()[0]
-
     def scan(self, data_dir: Path, cache: Path | None, check: Callable[[list[str]], list[tuple[str, str]]],
              progress: Callable[[int], None] = lambda n: None) -> int:
         """Index the folder (the trainer's layout rules); returns how many files were new or changed."""
@@ -165,16 +161,14 @@ class Index:
                 fresh.append((rel, st.st_size, st.st_mtime_ns))
         if fresh:
             rows += read_fresh(root, fresh, check)
-        self.db.execute("BEGIN")
-        self.db.executemany("INSERT INTO files VALUES (?, ?, ?, ?, ?, ?, NULL)",
-                            [(*row, row[0].casefold()) for row in rows])
-        self.db.execute("COMMIT")
+        insert_batches(self.db, "INSERT INTO files VALUES (?, ?, ?, ?, ?, ?, NULL)",
+                       ((*row, row[0].casefold()) for row in rows))
         return len(fresh)
 
     def refuse_case_clashes(self) -> None:
         """Two files, or two folders, whose names differ only in case (see case_clashes)."""
         pairs = self.db.execute("SELECT min(path), max(path) FROM files GROUP BY folded HAVING count(*) > 1").fetchall()
-        folders = {os.path.dirname(p) for (p,) in self.db.execute("SELECT DISTINCT path FROM files")} if not pairs else ()
+        folders = {os.path.dirname(p) for (p,) in self.rows("SELECT path FROM files")} if not pairs else ()
         refuse_clashes(pairs or case_clashes(folders))
 
     def total(self) -> tuple[int, int]:
@@ -201,9 +195,9 @@ class Index:
 
     def rows(self, sql: str, args: tuple = ()) -> Iterator[tuple]:
         """A query's rows, a batch at a time."""
-        cursor = self.db.execute(sql, args)
-        while batch := cursor.fetchmany(ROWS_PER_BATCH):
-            yield from batch
+        with self.lock:
+            cursor = self.db.execute(sql, args)
+        yield from batched(cursor, self.lock)
 
     def shard_files(self, shard: str) -> list[FileEntry]:
         """The files of one shard, sorted by path."""

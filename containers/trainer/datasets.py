@@ -114,12 +114,8 @@ class Manifest:
 
     def insert(self, rows: Iterable) -> None:
         """Add (path, size, sha256, shard) rows, a batch at a time."""
-        rows = iter(rows)
         with self.lock:
-            while batch := list(itertools.islice(rows, ROWS_PER_BATCH)):
-                self.db.execute("BEGIN")
-                self.db.executemany("INSERT INTO files VALUES (?, ?, ?, ?)", batch)
-                self.db.execute("COMMIT")
+            insert_batches(self.db, "INSERT INTO files VALUES (?, ?, ?, ?)", rows)
 
     def query(self, sql: str, args: tuple = ()) -> list:
         """All rows of a query that returns few (counts, one shard's files)."""
@@ -130,12 +126,7 @@ class Manifest:
         """The rows of a query, a batch at a time (by default every file, sorted by path)."""
         with self.lock:
             cursor = self.db.execute(sql, args)
-        while True:
-            with self.lock:
-                batch = cursor.fetchmany(ROWS_PER_BATCH)
-            if not batch:
-                return
-            yield from batch
+        yield from batched(cursor, self.lock)
 
     def __len__(self) -> int:
         return self.query("SELECT count(*) FROM files")[0][0]
@@ -169,6 +160,25 @@ class Manifest:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def insert_batches(db: sqlite3.Connection, sql: str, rows: Iterable) -> None:
+    """Run an INSERT for each row, one transaction per batch of rows (the rows are not all held at once)."""
+    rows = iter(rows)
+    while batch := list(itertools.islice(rows, ROWS_PER_BATCH)):
+        db.execute("BEGIN")
+        db.executemany(sql, batch)
+        db.execute("COMMIT")
+
+
+def batched(cursor: sqlite3.Cursor, lock: threading.Lock) -> Iterator:
+    """A query's rows, fetched a batch at a time (under `lock`: the connection is shared by threads)."""
+    while True:
+        with lock:
+            batch = cursor.fetchmany(ROWS_PER_BATCH)
+        if not batch:
+            return
+        yield from batch
 
 
 def manifest_lines(header: dict, rows: Iterable[tuple]) -> Iterator[bytes]:
@@ -340,10 +350,7 @@ def decide_sync(server: FileServer, name: str, manifest: Manifest) -> SyncPlan:
             next(f, None)  # the header
             rows = (json.loads(line) for line in f if line.strip())
             with manifest.lock:
-                while batch := [(r[0], r[2]) for r in itertools.islice(rows, ROWS_PER_BATCH)]:
-                    db.execute("BEGIN")
-                    db.executemany("INSERT INTO old VALUES (?, ?)", batch)
-                    db.execute("COMMIT")
+                insert_batches(db, "INSERT INTO old VALUES (?, ?)", ((r[0], r[2]) for r in rows))
         manifest.query("INSERT INTO reuse SELECT f.path FROM files f JOIN old o ON o.path = f.path AND "
                        "o.sha256 = f.sha256")
     reused = manifest.query("SELECT count(*) FROM reuse")[0][0]

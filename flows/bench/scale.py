@@ -67,7 +67,7 @@ def measure_size(cfg: FlowConfig, root: Path, files: int) -> dict:
     """One size: generate (or keep) the folder, then run and measure each stage."""
     classes, per_class, val = shape(files)
     data = root / f"data-{classes}x{per_class}+{val}"
-    write_imagenet_shaped(data, classes, per_class, val)
+    count = write_imagenet_shaped(data, classes, per_class, val)["files"]
     work = root / f"work-{files}"
     shutil.rmtree(work, ignore_errors=True)
     stages = {}
@@ -77,7 +77,6 @@ def measure_size(cfg: FlowConfig, root: Path, files: int) -> dict:
             stages[stage] = run_stage(cfg, data, work, port)
             stages[stage]["files changed"] = touched
     stages["training start-up"] = training_startup(work / "fileserver" / "datasets" / NAME / "current", work)
-    count = sum(1 for _ in data.rglob("*.JPEG"))
     return {"files": count, "classes": classes, "stages": stages}
 
 
