@@ -42,7 +42,7 @@ if __package__ in (None, ""):  # run as a script: make the `trainer` package imp
 import torch
 
 from trainer import checkpoint, data, layout, metrics
-from trainer.distributed import Backend, make_backend, pick_device
+from trainer.distributed import Backend, leave_process_group, make_backend, pick_device
 from trainer.errors import UsageError
 from trainer.models import build_model, check_model_name
 from trainer.options import SYNTHETIC, build_parser, check_args, check_layout, check_output_folder, decay_epochs
@@ -109,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except UsageError as exc:
         log.error("error: %s", one_line(exc))
+        leave_process_group()  # every rank that refuses exits 2, none aborts on the way out
         return 2
     except Exception as exc:  # noqa: BLE001 - a worker's crash must reach the launcher's summary
         log.exception("error: unexpected %s: %s", type(exc).__name__, exc)
