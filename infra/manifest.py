@@ -25,13 +25,13 @@ import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from infra.errors import BadInput, TrainflowError
 from trainer.datasets import (FORMAT, ROWS_PER_BATCH, FileEntry, Manifest, batched, dataset_prefix,  # noqa: F401
                               extract_members, insert_batches, manifest_blob, manifest_lines, shard_blob, sizes_match)
 from trainer.errors import UsageError
-from trainer.layout import check_name, index_folder
+from trainer.layout import check_name, folder_images
 
 LOOKUP_BATCH = 500  # paths per cache query (SQLite's limit on variables is far above)
 SCHEMA = ("CREATE TABLE IF NOT EXISTS files (path TEXT PRIMARY KEY, size INT, mtime_ns INT, sha256 TEXT, bad TEXT, "
@@ -48,25 +48,29 @@ def sha256_file(path: Path) -> str:
 
 
 def relative_paths(data_dir: Path) -> Iterator[str]:
-    """Every image of the data set, relative to data_dir, as the trainer lists them (its rules, its errors)."""
+    """Every image of the data set, relative to data_dir, as the trainer lists them (its rules, its errors), one
+    class folder at a time."""
+    prefix = str(data_dir).rstrip("/") + "/"
     try:
-        train, val = index_folder(data_dir)
+        for path in folder_images(data_dir):
+            yield path.removeprefix(prefix)
     except UsageError as exc:
         raise BadInput(str(exc)) from None
-    prefix = str(data_dir).rstrip("/") + "/"
-    return (path.removeprefix(prefix) for split in (train, val) if split for path, _ in split.samples)
 
 
-def check_names(paths) -> None:
+def check_names(paths: Iterable[str]) -> None:
     """Refuse names that cannot be staged: by the trainer's rule for a name (trainer/layout.py: valid UTF-8, no
-    control character), or two that differ only in case (they would collide on a case-insensitive file system)."""
-    paths = list(paths)
-    for path in paths:
-        try:
-            check_name(path)
-        except UsageError as exc:
-            raise BadInput(str(exc)) from None
-    refuse_clashes(case_clashes(paths))
+    control character), or two that differ only in case (they would collide on a case-insensitive file system).
+    `paths` are streamed, each folder's files together (as the listing yields them)."""
+    def checked() -> Iterator[str]:
+        for path in paths:
+            try:
+                check_name(path)
+            except UsageError as exc:
+                raise BadInput(str(exc)) from None
+            yield path
+
+    refuse_clashes(case_clashes(checked()))
 
 
 def refuse_clashes(clashes: list[tuple[str, str]]) -> None:
@@ -76,19 +80,30 @@ def refuse_clashes(clashes: list[tuple[str, str]]) -> None:
         raise BadInput(f"{a!r} and {b!r} differ only in letter case ({len(clashes)} such pairs); rename one of each")
 
 
-def case_clashes(paths) -> list[tuple[str, str]]:
-    """Pairs of names (files or folders) equal after case folding: on a case-insensitive share one
-    would overwrite the other, or two class folders would merge."""
-    seen: dict[str, str] = {}
-    clashes = []
-    for path in sorted(paths):
-        parts = path.split("/")
-        for depth in range(1, len(parts) + 1):
-            name = "/".join(parts[:depth])
-            first = seen.setdefault(name.casefold(), name)
-            if first != name and (first, name) not in clashes:
-                clashes.append((first, name))
+def case_clashes(paths: Iterable[str]) -> list[tuple[str, str]]:
+    """Pairs of names (files or folders) equal after case folding: on a case-insensitive share one would overwrite
+    the other, or two class folders would merge. Two paths clash exactly where two names in one folder do, so it
+    holds every folder's name (thousands for ImageNet) but only one folder's files at a time: `paths` must come
+    each folder's files together, as the listing yields them."""
+    folders: dict[str, str] = {}
+    clashes: list[tuple[str, str]] = []
+    parent, names = None, {}
+    for path in paths:
+        folder, _, name = path.rpartition("/")
+        if folder != parent:
+            parent, names = folder, {}
+            parts = folder.split("/")
+            for depth in range(1, len(parts) + 1):
+                clash(folders, "/".join(parts[:depth]), clashes)
+        clash(names, path, clashes)
     return clashes
+
+
+def clash(seen: dict[str, str], name: str, clashes: list[tuple[str, str]]) -> None:
+    """Record `name` in `seen` (by its case folding), and a clash with the name seen before it, once."""
+    first = seen.setdefault(name.casefold(), name)
+    if first != name and (first, name) not in clashes:
+        clashes.append((first, name))
 
 
 MIN_SHARD_BYTES = 16 << 20
@@ -169,7 +184,7 @@ class Index:
         """Two files, or two folders, whose names differ only in case (see case_clashes)."""
         pairs = self.db.execute("SELECT min(path), max(path) FROM files GROUP BY folded HAVING count(*) > 1").fetchall()
         folders = {os.path.dirname(p) for (p,) in self.rows("SELECT path FROM files")} if not pairs else ()
-        refuse_clashes(pairs or case_clashes(folders))
+        refuse_clashes(pairs or case_clashes(f"{folder}/" for folder in sorted(folders)))  # each a folder of its own
 
     def total(self) -> tuple[int, int]:
         """Files and bytes."""

@@ -194,6 +194,7 @@ def extract_members(tar_path: Path, wanted: dict[str, FileEntry], dest: Path) ->
     written, found = 0, set()
     with tarfile.open(tar_path, "r") as tar:
         for member in tar:
+            tar.members = []  # tarfile keeps every member read: at ImageNet's scale, hundreds of MB across shards
             entry = wanted.get(member.name)
             if entry is None or not member.isfile():
                 continue

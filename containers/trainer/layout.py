@@ -36,6 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 if __package__ in (None, ""):  # run as a script: make the `trainer` package importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -72,6 +73,25 @@ class Split:
 
 def index_folder(data_dir: Path) -> tuple[Split, Split | None]:
     """Index DATA/train and DATA/val, checking the layout; val is None when absent."""
+    train_dir, val_dir = split_folders(data_dir)
+    train = index_split(train_dir, None)
+    check_classes(data_dir, train.classes)
+    return train, index_split(val_dir, train.classes) if val_dir else None
+
+
+def folder_images(data_dir: Path) -> Iterator[str]:
+    """Every image path of the folder, train's then val's, in index_folder's order and by its rules, one class
+    folder at a time: what staging walks without holding a list of ImageNet's 1.33 million files."""
+    train_dir, val_dir = split_folders(data_dir)
+    classes = class_names(train_dir, None)
+    check_classes(data_dir, classes)
+    for split_dir in filter(None, (train_dir, val_dir)):
+        for path, _ in split_images(split_dir, classes):
+            yield path
+
+
+def split_folders(data_dir: Path) -> tuple[Path, Path | None]:
+    """DATA/train, and DATA/val or None when absent, each checked to hold class folders."""
     kind = entry_kind(data_dir)
     if kind != "folder":
         what = "is a file, not a folder" if kind == "file" else "does not exist"
@@ -82,14 +102,12 @@ def index_folder(data_dir: Path) -> tuple[Split, Split | None]:
             f"data folder {data_dir} is empty or has no train/<class>/ folders; "
             "lay it out as train/<class>/<image> (and val/<class>/<image>)"
         )
-    train = index_split(train_dir, None)
-    check_classes(data_dir, train.classes)
     val_kind = entry_kind(val_dir)
     if val_kind == "missing":
-        return train, None
+        return train_dir, None
     if val_kind == "file" or not _class_dirs(val_dir):
         raise UsageError(f"{val_dir} has no class folders; add val/<class>/ images or remove val/")
-    return train, index_split(val_dir, train.classes)
+    return train_dir, val_dir
 
 
 def check_classes(data_dir: Path, classes: list[str]) -> None:
@@ -101,21 +119,30 @@ def check_classes(data_dir: Path, classes: list[str]) -> None:
 
 def index_split(split_dir: Path, classes: list[str] | None) -> Split:
     """List one split's images; `classes` (from train) fixes the label of each class folder."""
+    classes = class_names(split_dir, classes)
+    return Split(classes=classes, samples=list(split_images(split_dir, classes)))
+
+
+def class_names(split_dir: Path, classes: list[str] | None) -> list[str]:
+    """The split's class names: its own folders (train), or `classes` once every folder is one of them (val)."""
     found = [d.name for d in _class_dirs(split_dir)]
-    classes = classes if classes is not None else found
-    unknown = sorted(set(found) - set(classes))
+    unknown = sorted(set(found) - set(classes)) if classes is not None else []
     if unknown:
         raise UsageError(
             f"{split_dir} has class folders that train/ lacks: {', '.join(unknown[:5])}; "
             "add them to train/ or remove them"
         )
-    samples = []
-    for name in found:
-        files = _image_files(split_dir / name)
+    return classes if classes is not None else found
+
+
+def split_images(split_dir: Path, classes: list[str]) -> Iterator[tuple[str, int]]:
+    """(path, label) of each image of the split, one class folder at a time."""
+    labels = {name: label for label, name in enumerate(classes)}
+    for folder in _class_dirs(split_dir):
+        files = _image_files(folder)
         if not files:
-            raise UsageError(f"class folder {split_dir / name} has no images; add images or remove the folder")
-        samples += [(str(f), classes.index(name)) for f in files]
-    return Split(classes=classes, samples=samples)
+            raise UsageError(f"class folder {folder} has no images; add images or remove the folder")
+        yield from ((str(f), labels[folder.name]) for f in files)
 
 
 def entry_kind(path: Path) -> str:

@@ -112,6 +112,27 @@ def test_case_clashes_are_found_in_file_and_folder_names():
     assert mf.case_clashes(["train/a/X.png", "train/a/x.png", "train/b/y.png"]) == [("train/a/X.png", "train/a/x.png")]
     assert mf.case_clashes(["train/Cat/a.png", "train/cat/b.png"]) == [("train/Cat", "train/cat")]  # classes would merge
     assert mf.case_clashes(["train/a/x.png", "train/b/X.png"]) == []
+    assert mf.case_clashes(iter(["train/Cat/a.png", "train/b/y.png", "train/cat/b.png"])) == [("train/Cat", "train/cat")]
+
+
+def test_the_index_refuses_class_folders_that_differ_only_in_case(tmp_path):
+    for rel in ("train/Cat/a.png", "train/b/y.png", "train/cat/b.png"):
+        write_image(tmp_path / "d" / rel)
+    with pytest.raises(BadInput, match="'train/Cat' and 'train/cat' differ only in letter case"):
+        with mf.scanned(tmp_path / "d", tmp_path / "i.sqlite", no_check, keep=False):
+            pass
+
+
+def test_the_listing_is_streamed_one_class_folder_at_a_time(tmp_path):
+    """A folder of 1.33 million files is never held as one list: the first class's images come before the
+    last class folder is even read (here, a last class that is not readable is found only when reached)."""
+    for rel in ("train/a/x.png", "train/b/y.png", "train/c/z.png"):
+        write_image(tmp_path / rel)
+    (tmp_path / "train" / "c" / "notes.txt").write_text("not an image")
+    paths = mf.relative_paths(tmp_path)
+    assert [next(paths), next(paths)] == ["train/a/x.png", "train/b/y.png"]
+    with pytest.raises(BadInput, match="notes.txt is not an image file"):
+        next(paths)
 
 
 def write_tree(root, files: dict[str, bytes]) -> list[mf.FileEntry]:
@@ -172,11 +193,11 @@ def test_listing_a_data_set_names_a_bad_link(tmp_path, target, message):
         write_image(tmp_path / rel)
     os.symlink(target, tmp_path / "train" / "a" / "loop")
     with pytest.raises(BadInput, match=f"^{tmp_path}/train/a/loop {message}"):
-        mf.relative_paths(tmp_path)
+        list(mf.relative_paths(tmp_path))
 
 
 def test_listing_a_data_set_refuses_a_name_with_a_newline(tmp_path):
     for rel in ("train/a/x.png", "train/b/two\nlines.png"):
         write_image(tmp_path / rel)
     with pytest.raises(BadInput, match=r"/train/b/two\\nlines.png' has a control character \('\\n'\)"):
-        mf.relative_paths(tmp_path)
+        list(mf.relative_paths(tmp_path))
