@@ -5,7 +5,6 @@
   (`check_args`, `check_layout`) validate it. Two settings are the orchestrator's: the launcher and
   the number of workers; `preflight_images` says whether the preflight decodes every image.
 - Its command line (`trainer_argv`) and its preflight (`train.py --check`, one process, before any worker).
-- Its data index (trainer/layout.py run as a program).
 - Its output: every line starts with `[rank N]`, an input error is `... ERROR error: MESSAGE`, and rank 0
   writes metrics.json (`TrainingMetrics`).
 
@@ -17,7 +16,6 @@ import json
 import re
 import subprocess
 import sys
-import tempfile
 from argparse import Namespace
 from pathlib import Path
 from typing import Literal
@@ -37,7 +35,7 @@ PER_RUN = {"help", "data", "out", "check", "check_workers"}
 FLAG = re.compile(r"--([a-z][a-z-]*)")
 
 __all__ = ["SYNTHETIC", "TrainingConfig", "TrainingMetrics", "trainer_argv", "check_command", "preflight",
-           "index_data", "read_metrics", "trainer_script"]
+           "read_metrics", "trainer_script"]
 
 
 class LauncherSettings(BaseModel):
@@ -163,21 +161,3 @@ def preflight(cfg: LauncherSettings, data: str, out: Path, script: str | None = 
     if proc.returncode != 0:
         errors = [m.group(2) for m in map(ERROR_LINE.search, proc.stdout.splitlines()) if m]
         raise BadInput(errors[-1] if errors else f"training check failed:\n{proc.stdout}{proc.stderr}")
-
-
-def index_data(data: Path, verify: list[str] | None = None, headers_only: bool = False) -> dict:
-    """The trainer's own index of an ImageNet-layout folder (trainer/layout.py), checking `verify`.
-
-    Raises BadInput with the trainer's one-line message when the folder is not usable.
-    """
-    cmd = [sys.executable, str(trainer_script().with_name("layout.py")), str(data)]
-    with tempfile.NamedTemporaryFile("w", suffix=".txt", encoding="utf-8") as listing:
-        if verify:
-            listing.write("\n".join(verify))
-            listing.flush()
-            cmd += ["--verify-list", listing.name] + (["--headers-only"] if headers_only else [])
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        lines = proc.stderr.strip().splitlines() or [f"data check failed with status {proc.returncode}"]
-        raise BadInput(lines[-1].removeprefix("error: "))
-    return json.loads(proc.stdout)

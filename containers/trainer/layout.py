@@ -13,23 +13,14 @@ A data version that has been checked carries DATA/.verified.json (`write_verifie
 {"format": 1, "version": V, "files": N, "check": "decode", "bad": [[path relative to DATA, reason], ...]}.
 The trainer trusts it instead of decoding the images again.
 
-The staging step runs this module as a program, so that data is checked by the same rules the
-training engine applies, without importing the engine:
-
-    python containers/trainer/layout.py DATA [--verify-list FILE [--headers-only]]
-
-prints {"classes": [...], "train": [[path, label], ...], "val": [...] or null} as JSON, decoding the
-images listed in FILE (one path relative to DATA per line; --headers-only reads just their headers);
-bad data exits with status 2 and one line.
+The staging step lists a folder with `folder_images`, by the same rules, one class folder at a time.
 """
 
-import argparse
 import errno
 import json
 import os
 import re
 import stat
-import sys
 import unicodedata
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -37,9 +28,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
-
-if __package__ in (None, ""):  # run as a script: make the `trainer` package importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from trainer.errors import UsageError
 
@@ -436,26 +424,3 @@ def without(split: Split | None, bad: set[str]) -> Split | None:
     if split is None:
         return None
     return Split(classes=split.classes, samples=[s for s in split.samples if s[0] not in bad])
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Print the index of DATA as JSON, or one error line and exit status 2."""
-    parser = argparse.ArgumentParser(description="Check an ImageNet-layout folder and list its images.")
-    parser.add_argument("data", type=Path)
-    parser.add_argument("--verify-list", type=Path, help="file of paths (relative to DATA) to decode")
-    parser.add_argument("--headers-only", action="store_true", help="check the listed images' headers, not their pixels")
-    args = parser.parse_args(argv)
-    try:
-        train, val = index_folder(args.data)
-        if args.verify_list:
-            names = [n for n in args.verify_list.read_text(encoding="utf-8").splitlines() if n]
-            verify_images([(str(args.data / n), 0) for n in names], decode=not args.headers_only)
-    except UsageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    json.dump({"classes": train.classes, "train": train.samples, "val": val.samples if val else None}, sys.stdout)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
