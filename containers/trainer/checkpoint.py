@@ -1,4 +1,9 @@
-"""Checkpoints and result files, written atomically so that a crash never leaves a torn file."""
+"""Checkpoints and result files, written atomically so that a crash never leaves a torn file.
+
+A pipeline-parallel checkpoint is one file per stage: step-N.pt (progress, and stage 0's part) written last,
+after step-N.stage-S.pt of every later stage; each part holds its tensors under the single-device model's names
+and its optimizer state under the single-device optimizer's indices, so load_checkpoint() merges them into the
+single-device model's checkpoint."""
 
 import json
 import os
@@ -32,12 +37,36 @@ def save_torch(path: Path, obj) -> Path:
 
 
 def save_checkpoint(folder: Path, state: dict, step: int, keep: int = 3) -> Path:
-    """Write checkpoints/step-<step>.pt and keep only the newest `keep` checkpoints."""
-    path = save_torch(folder / f"step-{step:09d}.pt", state)
-    for old in list_checkpoints(folder)[:-keep] + list(folder.glob(".step-*.pt.tmp-*")):
-        if old.name != path.name:
+    """Write checkpoints/step-<step>.pt and keep only the newest `keep` checkpoints (with their stage parts)."""
+    path = save_torch(checkpoint_path(folder, step), state)
+    kept = {p.stem for p in list_checkpoints(folder)[-keep:]} | {path.stem}
+    for old in [*folder.glob("step-*.pt"), *folder.glob(".step-*.pt.tmp-*")]:
+        if old.name.split(".")[0] not in kept or ".tmp-" in old.name:
             old.unlink(missing_ok=True)  # older checkpoints, and halves left by a killed writer
     return path
+
+
+def checkpoint_path(folder: Path, step: int) -> Path:
+    """The checkpoint of step `step` (a pipeline checkpoint's stage 0 and progress)."""
+    return folder / f"step-{step:09d}.pt"
+
+
+def stage_path(path: Path, stage: int) -> Path:
+    """Where a later stage of a pipeline checkpoint keeps its part."""
+    return path.with_name(f"{path.stem}.stage-{stage}.pt")
+
+
+def load_checkpoint(path: Path) -> dict:
+    """A checkpoint as the single-device model's: a pipeline checkpoint's stage parts merged into one model and
+    one optimizer state. Memory-mapped: a caller that keeps only some tensors reads only those."""
+    state = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
+    for stage in range(1, state.get("stages", 1)):
+        part = torch.load(stage_path(path, stage), map_location="cpu", mmap=True, weights_only=False)
+        state["model"].update(part["model"])
+        state["optimizer"]["state"].update(part["optimizer"]["state"])
+        for group, more in zip(state["optimizer"]["param_groups"], part["optimizer"]["param_groups"]):
+            group["params"] = sorted(group["params"] + more["params"])
+    return state
 
 
 def list_checkpoints(folder: Path) -> list[Path]:

@@ -15,13 +15,22 @@ def topk_correct(logits: torch.Tensor, targets: torch.Tensor, ks: tuple[int, ...
     return [int(hits[:, :k].any(dim=1).sum()) for k in ks]
 
 
-def parameter_digest(model: torch.nn.Module) -> str:
-    """SHA-256 of every parameter (not buffers: batch-norm statistics stay per worker)."""
+def parameter_digest(named_parameters) -> str:
+    """SHA-256 of every (name, parameter) pair given, e.g. model.named_parameters() (not buffers: batch-norm
+    statistics stay per worker)."""
     h = hashlib.sha256()
-    for name, value in model.named_parameters():
+    for name, value in named_parameters:
         h.update(name.encode())
         h.update(value.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
+
+
+def held(model: torch.nn.Module) -> tuple[int, int]:
+    """(parameters, bytes of parameters and buffers) that `model` holds in memory: tensors on the meta device
+    (the parts of a pipeline-parallel model that other ranks hold) are not counted."""
+    params = [p for p in model.parameters() if not p.is_meta]
+    buffers = [b for b in model.buffers() if not b.is_meta]
+    return sum(p.numel() for p in params), sum(t.numel() * t.element_size() for t in [*params, *buffers])
 
 
 def digest_chunks(digest: str, n: int = 4) -> list[float]:

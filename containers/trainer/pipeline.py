@@ -4,9 +4,15 @@ A world of S x D processes (torchrun; gloo on CPU, NCCL on GPU) forms D pipeline
 stage r % S of replica r // S, so a replica's stages sit on neighbouring ranks (one node's GPUs).
 Each replica trains on its own shard of the data; torch.distributed.pipelining runs the M
 micro-batches of a step through the stages (GPipe or 1F1B), and the gradients of each stage are
-then averaged over the D replicas. The stages are the torchvision model's own modules, so the full
-model is put together again (every rank gathers its replica's stages) for evaluation, checkpoints
-and the exported model: a checkpoint written with S stages loads into the single-device model.
+then averaged over the D replicas.
+
+Each rank builds the model on the meta device (no memory), splits it, and materialises only its own
+stage's parameters and buffers, with the values a one-device build gives them (models.materialise);
+the rest of the model stays on the meta device. Its optimizer holds only the stage's parameters.
+Evaluation passes batches down the stages, forward only. A checkpoint is one file per stage, each
+under the single-device model's names and optimizer indices, so the files merged
+(checkpoint.load_checkpoint) load into the single-device model; model.pt is put together on rank 0's
+CPU at the end of training.
 
 Horovod has no pipeline parallelism: this mode runs on torch.distributed only.
 """
@@ -21,6 +27,7 @@ import torchvision
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
 from trainer.errors import UsageError
+from trainer.models import forget, materialise
 from trainer.options import check_layout  # noqa: F401 - part of the split API (tests, train.py)
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
@@ -74,21 +81,28 @@ def parameter_costs(blocks: list[tuple[str, torch.nn.Module]]) -> list[float]:
     return [float(sum(p.numel() for p in m.parameters())) for _, m in blocks]
 
 
-def timed_costs(blocks: list[tuple[str, torch.nn.Module]], sample: torch.Tensor, repeats: int = 3) -> list[float]:
-    """Measured seconds of forward plus backward per block on `sample` (the median of `repeats`), on a copy:
-    the model's batch-norm statistics and gradients stay as they are."""
-    blocks = copy.deepcopy(blocks)
-    times = [[] for _ in blocks]
+def timed_costs(model: torch.nn.Module, recipe: dict, sample: torch.Tensor, repeats: int = 3) -> list[float]:
+    """Measured seconds of forward plus backward per block on `sample` (the median of `repeats`), each block
+    materialised alone on a copy of the meta model and dropped after: never more than one block held."""
+    work, costs, x = copy.deepcopy(model), [], sample
+    for i, (_, block) in enumerate(blocks_of(work)):
+        names = state_names(work, block)
+        materialise(work, names, recipe, sample.device)
+        seconds, x = time_block(block, x, repeats, needs_grad=i > 0)
+        forget(work, names)
+        costs.append(seconds)
+    return costs
+
+
+def time_block(block: torch.nn.Module, x: torch.Tensor, repeats: int, needs_grad: bool) -> tuple[float, torch.Tensor]:
+    """The median seconds of `block`'s forward and backward on `x`, and its output (the next block's input)."""
+    times = []
     for _ in range(repeats):
-        x = sample
-        for i, (_, block) in enumerate(blocks):
-            x = x.detach().requires_grad_(i > 0)
-            started = time.perf_counter()
-            y = block(x)
-            y.float().sum().backward()
-            times[i].append(time.perf_counter() - started)
-            x = y
-    return [sorted(t)[len(t) // 2] for t in times]
+        started = time.perf_counter()
+        y = block(x.detach().requires_grad_(needs_grad))
+        y.float().sum().backward()
+        times.append(time.perf_counter() - started)
+    return sorted(times)[len(times) // 2], y.detach()
 
 
 @dataclass
@@ -138,15 +152,20 @@ def make_groups(world: int, stages: int, rank: int):
 
 
 class Pipeline:
-    """This rank's stage of one pipeline replica: its module, its schedule, and the groups it talks to."""
+    """This rank's stage of one pipeline replica: its module (the only part of the model this rank materialises),
+    its schedule, and the groups it talks to."""
 
-    def __init__(self, model: torch.nn.Module, args, rank: int, world: int, device: torch.device):
-        self.stages, self.microbatches = args.stages, args.microbatches
+    def __init__(self, model: torch.nn.Module, recipe: dict, args, rank: int, world: int, device: torch.device,
+                 memory_format: torch.memory_format = torch.contiguous_format):
+        self.stages, self.microbatches, self.rank, self.device = args.stages, args.microbatches, rank, device
         self.stage, self.replicas = rank % self.stages, world // self.stages
         self.pipeline_group, self.replica_group = make_groups(world, self.stages, rank)
-        self.split, modules = split_model(model, self.stages, agreed_costs(model, args, device))
-        self.module = modules[self.stage]
+        self.split, modules = split_model(model, self.stages, agreed_costs(model, recipe, args, device))
+        self.whole, self.module = model, modules[self.stage]
         self.names = state_names(model, self.module)
+        materialise(model, sorted(self.names), recipe, device)
+        self.module.to(memory_format=memory_format)
+        self.full_index = parameter_indices(model, self.module)
         stage = PipelineStage(self.module, self.stage, self.stages, device, group=self.pipeline_group)
         self.schedule = SCHEDULES[args.pipeline_schedule](stage, self.microbatches, loss_fn=cross_entropy)
         self.step_seconds: list[float] = []
@@ -179,20 +198,60 @@ class Pipeline:
                 dist.all_reduce(param.grad, group=self.replica_group)
                 param.grad /= self.replicas
 
-    def gather_model(self, model: torch.nn.Module) -> None:
-        """Every rank of the replica gets every stage's parameters and buffers: `model` is whole again."""
-        local = {k: v.detach().cpu() for k, v in model.state_dict().items() if k in self.names}
-        model.load_state_dict(merged(self.gather(local)))
+    def sum_over_replicas(self, tensor: torch.Tensor) -> torch.Tensor:
+        """`tensor` summed over this stage's replicas (returns the sum)."""
+        moved = tensor.to(self.device)
+        dist.all_reduce(moved, group=self.replica_group)
+        return moved.to(tensor.device)
 
-    def gather_optimizer(self, optimizer: torch.optim.Optimizer) -> dict:
-        """The optimizer state of every stage (each rank holds momentum only for its own parameters)."""
-        state = optimizer.state_dict()
-        return {**state, "state": merged(self.gather(state["state"]))}
+    @torch.no_grad()
+    def forward_only(self, images: torch.Tensor) -> torch.Tensor | None:
+        """One batch down the pipeline without gradients (evaluation): stage 0 reads the images, each later stage
+        receives its input from the one before; the logits on the last stage, None on the others."""
+        x = images if self.stage == 0 else self.receive()
+        y = self.module(x)
+        if self.is_last:
+            return y
+        dist.send_object_list([y.shape, y.dtype], dst=self.rank + 1, device=self.device)
+        dist.send(y.contiguous(), dst=self.rank + 1)
+        return None
 
-    def gather(self, obj) -> list:
-        parts = [None] * self.stages
-        dist.all_gather_object(parts, obj, group=self.pipeline_group)
-        return parts
+    def receive(self) -> torch.Tensor:
+        """The activations the stage before sends (their shape and type first)."""
+        header = [None, None]
+        dist.recv_object_list(header, src=self.rank - 1, device=self.device)
+        x = torch.empty(header[0], dtype=header[1], device=self.device)
+        dist.recv(x, src=self.rank - 1)
+        return x
+
+    def stage_state(self, optimizer: torch.optim.Optimizer) -> dict:
+        """This stage's part of a checkpoint: its tensors under the single-device model's names, its optimizer
+        state under the single-device optimizer's parameter indices."""
+        model = {k: v for k, v in self.whole.state_dict().items() if k in self.names}
+        state, index = optimizer.state_dict(), self.full_index
+        groups = [{**g, "params": [index[i] for i in g["params"]]} for g in state["param_groups"]]
+        return {"model": model, "optimizer": {"state": {index[i]: v for i, v in state["state"].items()},
+                                              "param_groups": groups}}
+
+    def load_stage(self, model_state: dict, optimizer_state: dict | None, optimizer: torch.optim.Optimizer) -> None:
+        """Load this stage's tensors (and optimizer state) from the single-device model's checkpoint state."""
+        self.whole.load_state_dict({k: model_state[k] for k in self.names}, strict=False)
+        if optimizer_state is None:
+            return
+        local = {full: i for i, full in enumerate(self.full_index)}
+        groups = [{**g, "params": [local[k] for k in g["params"] if k in local]} for g in optimizer_state["param_groups"]]
+        optimizer.load_state_dict({"state": {local[k]: v for k, v in optimizer_state["state"].items() if k in local},
+                                   "param_groups": groups})
+
+    def whole_state(self) -> dict | None:
+        """Rank 0: the single-device model's state dict, put together on the CPU from replica 0's stages (None on
+        the other ranks; replica 0's ranks take part)."""
+        if self.rank >= self.stages:
+            return None
+        mine = {k: v.detach().cpu() for k, v in self.whole.state_dict().items() if k in self.names}
+        parts = [None] * self.stages if self.rank == 0 else None
+        dist.gather_object(mine, parts, dst=0, group=self.pipeline_group)
+        return None if parts is None else {k: merged(parts)[k] for k in self.whole.state_dict()}
 
     def idle_fraction(self) -> float:
         """Measured share of the steps this stage was not computing: 1 - (time in its forward and backward
@@ -238,6 +297,12 @@ class ComputeClock:
             self.backward_from = None
 
 
+def parameter_indices(model: torch.nn.Module, part: torch.nn.Module) -> list[int]:
+    """For each parameter of `part`, in order, its index among the model's parameters (the optimizer's numbering)."""
+    index = {id(p): i for i, p in enumerate(model.parameters())}
+    return [index[id(p)] for p in part.parameters()]
+
+
 def merged(parts: list[dict]) -> dict:
     out = {}
     for part in parts:
@@ -250,12 +315,11 @@ def cross_entropy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(output.float(), target)
 
 
-def agreed_costs(model: torch.nn.Module, args, device: torch.device) -> list[float]:
+def agreed_costs(model: torch.nn.Module, recipe: dict, args, device: torch.device) -> list[float]:
     """Per-block costs every rank agrees on: parameter counts, or times measured on rank 0 and broadcast."""
-    blocks = blocks_of(model)
     if args.balance != "time":
-        return parameter_costs(blocks)
-    costs = [timed_costs(blocks, microbatch_sample(args, device))]
+        return parameter_costs(blocks_of(model))
+    costs = [timed_costs(model, recipe, microbatch_sample(args, device)) if dist.get_rank() == 0 else None]
     dist.broadcast_object_list(costs, src=0)
     return costs[0]
 

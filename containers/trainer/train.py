@@ -15,8 +15,9 @@ N processes on one machine, Horovod:
     horovodrun -np 8 -H node0:4,node1:4 python containers/trainer/train.py --data DATA --out OUT
 
 DATA is an ImageNet-layout folder (train/<class>/..., val/<class>/...) or the word "synthetic".
-Rank 0 alone writes OUT: checkpoints/ (every --checkpoint-every steps and at each epoch end),
-metrics.json (per epoch: loss, val top-1/top-5, images/s) and model.pt. A run started again with the
+Rank 0 alone writes OUT: checkpoints/ (every --checkpoint-every steps and at each epoch end; in pipeline
+mode each stage of the first replica writes its own part of them), metrics.json (per epoch: loss, val
+top-1/top-5, images/s) and model.pt. A run started again with the
 same OUT resumes from its newest checkpoint, mid-epoch included. Bad input exits with status 2 and a
 one-line message. Images that cannot be decoded are refused all at once, listed in OUT/bad-files.tsv, or
 with --bad-files skip left out of training (metrics.json says which); see data.py. Run with --help for
@@ -44,7 +45,7 @@ import torch
 from trainer import checkpoint, data, layout, metrics
 from trainer.distributed import Backend, leave_process_group, make_backend, pick_device
 from trainer.errors import UsageError
-from trainer.models import build_model, check_model_name
+from trainer.models import build_model, build_on_meta, check_model_name
 from trainer.options import SYNTHETIC, build_parser, check_args, check_layout, check_output_folder, decay_epochs
 from trainer.pipeline import Pipeline, blocks_of, parameter_costs, partition, theoretical_bubble
 from trainer.schedule import Schedule, lr_factor
@@ -60,7 +61,7 @@ class Run:
     backend: Backend
     device: torch.device
     model: torch.nn.Module
-    raw_model: torch.nn.Module  # unwrapped: what checkpoints hold
+    raw_model: torch.nn.Module  # unwrapped: what checkpoints hold (in pipeline mode: this rank's stage)
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
     train_batches: object
@@ -171,7 +172,6 @@ def train(args) -> None:
     run = set_up(args)
     while run.epoch < args.epochs:
         row = train_epoch(run)
-        gather_model(run)
         average_buffers(run)
         row.update(evaluate(run))
         run.history.append(row)
@@ -198,11 +198,8 @@ def set_up(args) -> Run:
         check_output_folder(args.out)
     replica, replicas = data_shard(args, backend)
     train_batches, val_batches, classes, facts = make_batches(args, backend, device, replica, replicas)
-    model = build_model(args.model, len(classes)).to(device)
     channels_last = resolve(args.channels_last, device)
-    if channels_last:
-        model = model.to(memory_format=torch.channels_last)
-    pipeline = split_for_pipeline(args, backend, model, device)
+    model, pipeline = build_for_rank(args, backend, len(classes), device, channels_last)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
     run = Run(args, backend, device, model, model, optimizer, None, train_batches, val_batches, classes,
               amp=resolve_precision(args.precision, device) == "bf16", channels_last=channels_last, pipeline=pipeline,
@@ -227,11 +224,21 @@ def data_shard(args, backend: Backend) -> tuple[int, int]:
     return backend.rank // args.stages, backend.world_size // args.stages
 
 
-def split_for_pipeline(args, backend: Backend, model: torch.nn.Module, device: torch.device) -> Pipeline | None:
-    """This rank's stage of the split model (--parallel pipeline), with the split printed once."""
-    if args.parallel != "pipeline":
-        return None
-    pipeline = Pipeline(model, args, backend.rank, backend.world_size, device)
+def build_for_rank(args, backend: Backend, num_classes: int, device: torch.device, channels_last: bool):
+    """(the module this rank trains, its Pipeline or None): the whole model on the device, or with --parallel
+    pipeline only this rank's stage (the rest of the model is never materialised)."""
+    memory_format = torch.channels_last if channels_last else torch.contiguous_format
+    if args.parallel == "pipeline":
+        pipeline = split_for_pipeline(args, backend, num_classes, device, memory_format)
+        return pipeline.module, pipeline
+    return build_model(args.model, num_classes).to(device).to(memory_format=memory_format), None
+
+
+def split_for_pipeline(args, backend: Backend, num_classes: int, device: torch.device,
+                       memory_format: torch.memory_format) -> Pipeline:
+    """This rank's stage of the model built on the meta device and split, with the split printed once."""
+    model, recipe = build_on_meta(args.model, num_classes)
+    pipeline = Pipeline(model, recipe, args, backend.rank, backend.world_size, device, memory_format)
     if backend.rank == 0:
         log.info("pipeline: %d stages x %d replicas, %d micro-batches (%s), balanced by %s: %s", pipeline.stages,
                  pipeline.replicas, pipeline.microbatches, args.pipeline_schedule, args.balance,
@@ -257,7 +264,7 @@ def make_batches(args, backend: Backend, device: torch.device, shard: int, shard
         log.warning("no val/ folder in %s: training without validation", args.data)
         return train_batches, None, train_split.classes, facts
     val_set = data.ImageFiles(val_split, data.val_transform(args.image_size))
-    val_sampler = data.ShardSampler(len(val_set), backend.rank, backend.world_size)
+    val_sampler = data.ShardSampler(len(val_set), shard, shards)  # a pipeline's stages pass the same batches on
     val_batches = data.make_loader(val_set, args.batch_size, val_sampler, args.loader_workers, pin, drop_last=False)
     return train_batches, val_batches, train_split.classes, facts
 
@@ -324,9 +331,12 @@ def load_latest_checkpoint(run: Run) -> dict | None:
     found = checkpoint.latest_checkpoint(args_checkpoints(run.args))
     if found is None:
         return None
-    state = torch.load(found, map_location=run.device, weights_only=False)
+    state = checkpoint.load_checkpoint(found)  # any layout's, as the single-device model's
     check_resumable(state, run)
-    run.raw_model.load_state_dict(state["model"])
+    if run.pipeline:
+        run.pipeline.load_stage(state["model"], state["optimizer"], run.optimizer)  # this stage's tensors only
+    else:
+        run.raw_model.load_state_dict(state["model"])
     log.info("resumed from %s: epoch %d, step %d", found.name, state["epoch"] + 1, state["step"])
     return state
 
@@ -336,7 +346,7 @@ def wrap_for_backend(run: Run, state: dict | None) -> None:
     mode the stages average their gradients themselves, and every rank starts from the same seed)."""
     if run.pipeline is None:
         run.model, run.optimizer = run.backend.wrap(run.raw_model, run.optimizer, run.args.microbatches)
-    if state is not None:  # after wrapping: Horovod's optimizer starts with empty state of its own
+    if state is not None and run.pipeline is None:  # after wrapping: Horovod's optimizer starts with empty state
         run.optimizer.load_state_dict(state["optimizer"])
     run.backend.broadcast_state(run.raw_model, run.optimizer)
 
@@ -439,11 +449,11 @@ def accumulate_gradients(run: Run, images: torch.Tensor, targets: torch.Tensor) 
 
 @torch.no_grad()
 def average_buffers(run: Run) -> None:
-    """Average batch-norm statistics over workers (each saw its own batches): one model to evaluate and save."""
+    """Average batch-norm statistics over the replicas (each saw its own batches): one model to evaluate and save."""
     buffers = [b for b in run.raw_model.buffers() if b.is_floating_point()]
-    if run.backend.world_size == 1 or not buffers:
+    if run.replicas == 1 or not buffers:
         return
-    flat = run.backend.all_reduce_sum(torch.cat([b.reshape(-1) for b in buffers])) / run.backend.world_size
+    flat = sum_over_replicas(run, torch.cat([b.reshape(-1) for b in buffers])) / run.replicas
     offset = 0
     for b in buffers:
         b.copy_(flat[offset:offset + b.numel()].view_as(b))
@@ -460,7 +470,9 @@ def evaluate(run: Run) -> dict:
     for images, targets in run.val_batches:
         images, targets = to_device(run, images, targets)
         with torch.autocast(run.device.type, dtype=torch.bfloat16, enabled=run.amp):
-            out = logits(run.raw_model(images))
+            out = run.pipeline.forward_only(images) if run.pipeline else logits(run.raw_model(images))
+        if out is None:
+            continue  # a pipeline stage before the last: the last one scores the batch
         loss = torch.nn.functional.cross_entropy(out.float(), targets, reduction="sum")
         top1, top5 = metrics.topk_correct(out, targets)
         sums += torch.tensor([loss.item(), top1, top5, len(targets)], dtype=torch.float64)
@@ -474,26 +486,26 @@ def to_device(run: Run, images: torch.Tensor, targets: torch.Tensor):
     return images.to(run.device, non_blocking=True, memory_format=fmt), targets.to(run.device, non_blocking=True)
 
 
-def gather_model(run: Run) -> None:
-    """Pipeline mode: every rank's model made whole from its replica's stages (nothing to do otherwise)."""
-    if run.pipeline:
-        run.pipeline.gather_model(run.raw_model)
-
-
 def save_checkpoint(run: Run, step_in_epoch: int) -> None:
     """Called on every rank; rank 0 writes model, optimizer, schedule and progress, enough to resume mid-epoch.
-    Pipeline stages first gather the whole model and every stage's optimizer state: the checkpoint is the
-    single-device model's."""
-    gather_model(run)
-    optimizer = run.pipeline.gather_optimizer(run.optimizer) if run.pipeline else run.optimizer.state_dict()
+    In pipeline mode each stage of replica 0 writes its own part first, under the single-device model's names (see
+    checkpoint.py): no rank ever holds the whole model."""
+    folder = args_checkpoints(run.args)
+    parts = {"model": run.raw_model.state_dict(), "optimizer": run.optimizer.state_dict()}
+    if run.pipeline:
+        parts = run.pipeline.stage_state(run.optimizer)
+        if 0 < run.backend.rank < run.pipeline.stages:
+            checkpoint.save_torch(checkpoint.stage_path(checkpoint.checkpoint_path(folder, run.step),
+                                                        run.pipeline.stage), parts)
+        run.backend.all_reduce_sum(torch.zeros(1))  # every stage's part is on disk before rank 0 commits the step
     if not run.master:
         return
-    state = {"arch": run.args.model, "classes": run.classes, "model": run.raw_model.state_dict(),
-             "optimizer": optimizer, "scheduler": run.scheduler.state_dict(),
+    state = {**parts, "stages": run.pipeline.stages if run.pipeline else 1, "arch": run.args.model,
+             "classes": run.classes, "scheduler": run.scheduler.state_dict(),
              "epoch": run.epoch, "step": run.step, "history": run.history, "resumed_from": run.resumed_from,
              "samples_in_epoch": step_in_epoch * run.args.batch_size * run.replicas,
              "wall_seconds": run.wall_seconds()}
-    checkpoint.save_checkpoint(args_checkpoints(run.args), state, run.step, run.args.keep_checkpoints)
+    checkpoint.save_checkpoint(folder, state, run.step, run.args.keep_checkpoints)
     log.info("checkpoint step %d saved", run.step)  # what a resubmitting backend counts lost work from
 
 
@@ -503,20 +515,42 @@ def args_checkpoints(args) -> Path:
 
 
 def finish(run: Run) -> None:
-    """Check that all workers hold the same parameters; rank 0 writes model.pt and metrics.json."""
-    gather_model(run)
-    extra = {"peak_memory_mb": rank_values(run.backend, peak_memory_mb(run.device)), **pipeline_report(run)}
-    digest = metrics.parameter_digest(run.raw_model)
-    chunks = torch.tensor(metrics.digest_chunks(digest), dtype=torch.float64)
-    sums = run.backend.all_reduce_sum(torch.stack([chunks, chunks**2]))
-    in_sync = bool(torch.equal(sums[1] * run.backend.world_size, sums[0] ** 2))
+    """Check that the replicas hold the same parameters; rank 0 writes model.pt and metrics.json."""
+    extra = {**memory_report(run), **pipeline_report(run)}  # measured before rank 0 puts model.pt together
+    digest = metrics.parameter_digest(run.raw_model.named_parameters())  # of what this rank holds
+    in_sync = parameters_in_sync(run, digest)
     log.info("final parameter digest %s (all workers identical: %s)", digest[:16], in_sync)
+    whole = run.pipeline.whole_state() if run.pipeline else run.raw_model.state_dict()
     if run.master:
+        if run.pipeline:  # the whole model's digest, as the single-device model's
+            digest = metrics.parameter_digest((n, whole[n]) for n, _ in run.pipeline.whole.named_parameters())
         checkpoint.save_torch(Path(run.args.out) / "model.pt", {"arch": run.args.model, "classes": run.classes,
-                              "image_size": run.args.image_size, "state_dict": run.raw_model.state_dict()})
+                              "image_size": run.args.image_size, "state_dict": whole})
         write_metrics(run, status="complete", parameters_in_sync=in_sync, parameter_digest=digest, **extra)
         log.info("results in %s", Path(run.args.out).resolve())
     run.backend.shutdown()
+
+
+def parameters_in_sync(run: Run, digest: str) -> bool:
+    """Whether every replica ends with the same parameters (in pipeline mode: each stage as its replicas), from each
+    rank's digest: equal values are the only ones whose sum squared is the count times the sum of squares."""
+    chunks = torch.tensor(metrics.digest_chunks(digest), dtype=torch.float64)
+    sums = sum_over_replicas(run, torch.stack([chunks, chunks**2]))
+    differs = not torch.equal(sums[1] * run.replicas, sums[0] ** 2)
+    return run.backend.all_reduce_sum(torch.tensor([float(differs)])).item() == 0
+
+
+def sum_over_replicas(run: Run, tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor` summed over the model's replicas: every worker, or in pipeline mode this stage's replicas."""
+    return run.pipeline.sum_over_replicas(tensor) if run.pipeline else run.backend.all_reduce_sum(tensor)
+
+
+def memory_report(run: Run) -> dict:
+    """Per rank: the parameters it holds, the bytes of its parameters and buffers, and its peak memory."""
+    held = metrics.held(run.pipeline.whole if run.pipeline else run.raw_model)  # the whole model, mostly meta
+    return {"parameters_per_rank": [int(v) for v in rank_values(run.backend, held[0])],
+            "parameter_bytes_per_rank": [int(v) for v in rank_values(run.backend, held[1])],
+            "peak_memory_mb": rank_values(run.backend, peak_memory_mb(run.device))}
 
 
 def rank_values(backend: Backend, value: float) -> list[float]:

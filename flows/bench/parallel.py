@@ -1,15 +1,19 @@
 """`trainflow bench parallel`: data parallelism against pipeline parallelism for one model and global batch.
 
 Data-parallel: 2 workers, each with half the global batch and the whole model. Pipeline: the model split
-into 2 stages over 2 workers, the whole global batch in M = 1, 2, 4, 8 micro-batches. Every run has the
-same workers and threads, so images/s are comparable; each is also given as a ratio to the data-parallel
-run of the same command. Peak memory is per worker (resident set on CPU, allocated memory on GPU). The
-pipeline's idle ("bubble") fraction is measured in training, per stage, as 1 - (time inside the stage's
-forward and backward passes) / (step time), averaged over the stages, beside GPipe's (S - 1) / (M + S - 1)
-for equal stages; the measured figure also holds the sends and receives and any imbalance between stages.
+into 2 stages over 2 workers, the whole global batch in M = 1, 2, 4, 8 micro-batches, then into 4 stages
+over 4 workers with M = 4. Every run has the same threads per worker; images/s are given as a ratio to
+the data-parallel run (the 4-stage run has twice the processes on the same cores). Each configuration
+runs REPEATS times, the repetitions interleaved, and every figure is the median with its min-max.
+Memory is per rank: the parameters it holds and its peak memory (resident set on CPU, allocated memory
+on GPU), beside the largest rank's peak as a share of the data-parallel worker's. The pipeline's idle
+("bubble") fraction is measured in training, per stage, as 1 - (time inside the stage's forward and
+backward passes) / (step time), averaged over the stages, beside GPipe's (S - 1) / (M + S - 1) for
+equal stages; the measured figure also holds the sends and receives and any imbalance between stages.
 """
 
 import os
+import statistics
 from pathlib import Path
 
 from rich.console import Console
@@ -26,59 +30,99 @@ PARALLEL_BENCH_DEFAULTS = dict(model="resnet18", image_size=64, batch_size=32, e
                                warmup_epochs=0, checkpoint_every=0, log_every=4, loader_workers=0,
                                balance="time", launcher="torchrun")
 MICROBATCHES = (1, 2, 4, 8)
+REPEATS = 3
 
 
 def planned_runs(base: TrainingConfig) -> list[tuple[str, TrainingConfig]]:
     """(label, settings) of each run: data-parallel on 2 workers, then the 2-stage pipelines."""
     data = base.model_copy(update={"workers": 2, "parallel": "data", "stages": 1, "microbatches": 1,
                                    "batch_size": base.batch_size // 2})
-    pipes = [(f"pipeline M={m}", base.model_copy(update={"workers": 2, "parallel": "pipeline", "stages": 2,
-                                                         "microbatches": m})) for m in MICROBATCHES]
+    pipes = [(f"pipeline M={m}", pipeline(base, 2, m)) for m in MICROBATCHES]
     return [("data-parallel", data), *pipes]
 
 
+def deeper_runs(base: TrainingConfig) -> list[tuple[str, TrainingConfig]]:
+    """The 4-stage pipeline (4 workers, M = 4): how memory per rank falls with more stages."""
+    return [("4 stages M=4", pipeline(base, 4, 4))]
+
+
+def pipeline(base: TrainingConfig, stages: int, microbatches: int) -> TrainingConfig:
+    """`base` as one pipeline replica of `stages` workers."""
+    return base.model_copy(update={"workers": stages, "parallel": "pipeline", "stages": stages,
+                                   "microbatches": microbatches})
+
+
 def bench_parallel(cfg: FlowConfig, json_out: Path | None) -> dict:
-    """Run every planned configuration on synthetic data; print and return the figures."""
+    """Run every planned configuration REPEATS times on synthetic data; print and return the figures."""
     base = TrainingConfig(**{**PARALLEL_BENCH_DEFAULTS, **cfg.training.model_dump(include=cfg.training.model_fields_set)})
     base = base.model_copy(update={"threads": base.threads or max(1, len(os.sched_getaffinity(0)) // 2)})
-    root, rows = cfg.workdir.resolve() / "bench" / "parallel", []
-    plan = planned_runs(base)
+    root, plan = cfg.workdir.resolve() / "bench" / "parallel", planned_runs(base) + deeper_runs(base)
+    results: dict[str, list[TrainingMetrics]] = {label: [] for label, _ in plan}
     with Progress(*Progress.get_default_columns(), TimeElapsedColumn()) as progress:
-        bar = progress.add_task("parallelism benchmark", total=len(plan))
-        for label, run_cfg in plan:
-            progress.update(bar, description=label)
-            out = root / label.replace(" ", "-").replace("=", "")
-            clear_checkpoints(out)
-            rows.append(row(label, run_cfg, train_here(run_cfg, "synthetic", out, root / "pools", lambda line: None)))
-            progress.advance(bar)
-    for r in rows:
-        r["vs_data_parallel"] = r["images_per_sec"] / rows[0]["images_per_sec"]
+        bar = progress.add_task("parallelism benchmark", total=len(plan) * REPEATS)
+        for repeat in range(REPEATS):  # interleaved: a slow spell of the machine touches every configuration
+            for label, run_cfg in plan:
+                progress.update(bar, description=f"{label} ({repeat + 1}/{REPEATS})")
+                out = root / label.replace(" ", "-").replace("=", "")
+                clear_checkpoints(out)
+                results[label].append(train_here(run_cfg, "synthetic", out, root / "pools", lambda line: None))
+                progress.advance(bar)
+    rows = compared([row(label, run_cfg, results[label]) for label, run_cfg in plan])
     result = {"settings": base.model_dump(exclude={"workers", "parallel", "stages", "microbatches"}) |
-              {"global_batch": base.batch_size}, "runs": rows}
+              {"global_batch": base.batch_size, "repeats": REPEATS}, "runs": rows}
     print_parallel_bench(result)
     write_json(result, json_out)
     return result
 
 
-def row(label: str, cfg: TrainingConfig, metrics: TrainingMetrics) -> dict:
-    """One run's figures from its metrics.json."""
-    pipeline = metrics.pipeline or {}
-    return {"run": label, "microbatches": cfg.microbatches, "images_per_sec": metrics.images_per_sec,
-            "peak_memory_mb_per_worker": metrics.peak_memory_mb,
-            "idle_measured": pipeline.get("idle_fraction_measured"),
+def spread(values: list[float]) -> dict:
+    """The median of repeated measurements with their smallest and largest."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "all": values}
+
+
+def row(label: str, cfg: TrainingConfig, runs: list[TrainingMetrics]) -> dict:
+    """One configuration's figures over its repetitions, from their metrics.json."""
+    facts = [m.model_dump() for m in runs]
+    pipeline = facts[0].get("pipeline") or {}
+    return {"run": label, "workers": cfg.workers, "stages": cfg.stages, "microbatches": cfg.microbatches,
+            "images_per_sec": spread([f["images_per_sec"] for f in facts]),
+            "parameters_per_rank": facts[0].get("parameters_per_rank"),
+            "peak_memory_mb_per_rank": [spread(list(rank)) for rank in zip(*(f["peak_memory_mb"] for f in facts))],
+            "idle_measured": spread([f["pipeline"]["idle_fraction_measured"] for f in facts]) if pipeline else None,
             "idle_theoretical": pipeline.get("idle_fraction_theoretical"), "split": pipeline.get("split")}
 
 
+def compared(rows: list[dict]) -> list[dict]:
+    """Each row with its median images/s and its largest rank's median peak memory as shares of the data-parallel
+    run's (the first row)."""
+    speed, memory = rows[0]["images_per_sec"]["median"], largest_peak(rows[0])
+    return [{**r, "vs_data_parallel": r["images_per_sec"]["median"] / speed,
+             "memory_vs_data_parallel": largest_peak(r) / memory} for r in rows]
+
+
+def largest_peak(r: dict) -> float:
+    """The median peak memory of the rank that needs the most."""
+    return max(rank["median"] for rank in r["peak_memory_mb_per_rank"])
+
+
 def print_parallel_bench(result: dict) -> None:
-    """The runs as a table."""
+    """The runs as a table: medians, with min-max in brackets."""
     s = result["settings"]
-    table = Table(title=f"{s['model']}, {s['image_size']} px, global batch {s['global_batch']}, 2 workers x "
-                        f"{s['threads']} threads, synthetic data")
-    for column in ("run", "images/s", "vs data-parallel", "peak MB per worker", "idle measured", "idle theory"):
+    table = Table(title=f"{s['model']}, {s['image_size']} px, global batch {s['global_batch']}, {s['threads']} "
+                        f"thread(s) per worker, synthetic data, median (min-max) of {s['repeats']} runs")
+    for column in ("run", "images/s", "vs data-parallel", "M params per rank", "peak MB per rank",
+                   "largest peak vs data-parallel", "idle measured", "idle theory"):
         table.add_column(column, justify="right")
     for r in result["runs"]:
-        idle = "" if r["idle_measured"] is None else f"{r['idle_measured']:.2f}"
+        idle = "" if r["idle_measured"] is None else shown(r["idle_measured"], ".2f")
         theory = "" if r["idle_theoretical"] is None else f"{r['idle_theoretical']:.2f}"
-        memory = " / ".join(f"{m:.0f}" for m in r["peak_memory_mb_per_worker"])
-        table.add_row(r["run"], f"{r['images_per_sec']:.1f}", f"{r['vs_data_parallel']:.2f}", memory, idle, theory)
+        params = " / ".join(f"{p / 1e6:.1f}" for p in r["parameters_per_rank"] or [])
+        memory = " / ".join(shown(m, ".0f") for m in r["peak_memory_mb_per_rank"])
+        table.add_row(r["run"], shown(r["images_per_sec"], ".1f"), f"{r['vs_data_parallel']:.2f}", params, memory,
+                      f"{r['memory_vs_data_parallel']:.2f}", idle, theory)
     Console().print(table)
+
+
+def shown(figure: dict, fmt: str) -> str:
+    """median (min-max)."""
+    return f"{figure['median']:{fmt}} ({figure['min']:{fmt}}–{figure['max']:{fmt}})"
