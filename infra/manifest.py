@@ -214,12 +214,11 @@ class Index:
             cursor = self.db.execute(sql, args)
         yield from batched(cursor, self.lock)
 
-    def shard_files(self, shard: str) -> list[FileEntry]:
-        """The files of one shard, sorted by path."""
+    def shard_files(self, shard: str) -> Iterator[FileEntry]:
+        """The files of one shard, sorted by path, a batch at a time (a shard of small files holds 100,000s)."""
         bucket = next(b for b, s in self.shards.items() if s == shard)
-        with self.lock:
-            return [FileEntry(*row) for row in self.db.execute(
-                "SELECT path, size, sha256 FROM files WHERE bucket = ? ORDER BY path", (bucket,))]
+        rows = self.rows("SELECT path, size, sha256 FROM files WHERE bucket = ? ORDER BY path", (bucket,))
+        return (FileEntry(*row) for row in rows)
 
     def shard_sizes(self) -> dict[str, tuple[int, int]]:
         """Each shard's files and bytes."""
@@ -268,7 +267,7 @@ def write_manifest(index: Index, header: dict, path: Path) -> Path:
     return path
 
 
-def write_shard(root: Path, files: list[FileEntry], dest: Path) -> int:
+def write_shard(root: Path, files: Iterable[FileEntry], dest: Path) -> int:
     """A reproducible tar of `files` (sorted, zeroed owner and times); returns its size.
 
     Each file is checked against its entry as it is packed: one that changed since it was hashed
@@ -281,6 +280,7 @@ def write_shard(root: Path, files: list[FileEntry], dest: Path) -> int:
             info = tarfile.TarInfo(entry.path)
             info.size, info.mode, info.mtime = entry.size, 0o644, 0
             tar.addfile(info, io.BytesIO(data))
+            tar.members = []  # tarfile keeps every member added: 100,000s per shard of small files
     return dest.stat().st_size
 
 

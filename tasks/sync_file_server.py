@@ -73,11 +73,11 @@ def sync_to_file_server(store: BlobStore, server: FileServer, name: str, workdir
 def shard_fetcher(store: BlobStore, name: str, dest: Path, workdir: Path, advance):
     """fetch(shard, wanted): download one shard to a temporary file and extract the wanted, verified members."""
 
-    def fetch(sid: str, wanted: dict[str, mf.FileEntry]) -> None:
+    def fetch(sid: str, wanted: Iterator[mf.FileEntry]) -> None:
         with tempfile.TemporaryDirectory(dir=workdir / "tmp") as tmp:
             store.download_to(mf.shard_blob(name, sid), Path(tmp) / "shard.tar")
             try:
-                advance(mf.extract_members(Path(tmp) / "shard.tar", wanted, dest), len(wanted))
+                advance(*mf.extract_members(Path(tmp) / "shard.tar", wanted, dest))
             except ValueError as exc:  # a damaged download: the step's retry fetches it again
                 raise StorageError(f"shard {sid} of {name} does not match the manifest ({exc})") from None
 

@@ -189,29 +189,36 @@ def manifest_lines(header: dict, rows: Iterable[tuple]) -> Iterator[bytes]:
         yield dumps(row).encode() + b"\n"
 
 
-def extract_members(tar_path: Path, wanted: dict[str, FileEntry], dest: Path) -> int:
-    """Extract the `wanted` members into dest, checking each one's size and SHA-256; returns bytes written."""
-    written, found = 0, set()
+def extract_members(tar_path: Path, wanted: Iterable[FileEntry], dest: Path) -> tuple[int, int]:
+    """Extract the `wanted` members into dest, checking each one's size and SHA-256; returns bytes and files written.
+
+    A shard holds its files sorted by path (write_shard) and `wanted` comes sorted by path too, so the two are
+    walked together and nothing is held but one file: a shard of small files holds 100,000s of them."""
+    written, files, wanted = 0, 0, iter(wanted)
+    entry = next(wanted, None)
     with tarfile.open(tar_path, "r") as tar:
         for member in tar:
-            tar.members = []  # tarfile keeps every member read: at ImageNet's scale, hundreds of MB across shards
-            entry = wanted.get(member.name)
-            if entry is None or not member.isfile():
-                continue
-            found.add(member.name)
+            tar.members = []  # tarfile keeps every member read unless told not to
+            if entry is None or member.name > entry.path:
+                break
+            if member.name < entry.path or not member.isfile():
+                continue  # a file the version links from the current one (or not a file: found missing below)
             data = tar.extractfile(member).read()
             if len(data) != entry.size or hashlib.sha256(data).hexdigest() != entry.sha256:
                 raise ValueError(f"{member.name} in {tar_path.name} does not match the manifest")
-            target = dest / entry.path
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with open(target, "wb") as f:
-                f.write(data)
-            target.chmod(0o444)  # versions share files by hard link: nobody may edit one in place
-            written += len(data)
-    missing = set(wanted) - found
-    if missing:
-        raise ValueError(f"{tar_path.name} lacks {len(missing)} files of the manifest, e.g. {sorted(missing)[0]}")
-    return written
+            write_member(dest / entry.path, data)
+            written, files, entry = written + len(data), files + 1, next(wanted, None)
+    if entry is not None:
+        raise ValueError(f"{tar_path.name} lacks files of the manifest, e.g. {entry.path}")
+    return written, files
+
+
+def write_member(target: Path, data: bytes) -> None:
+    """One extracted file, read-only: versions share files by hard link, nobody may edit one in place."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target, "wb") as f:
+        f.write(data)
+    target.chmod(0o444)
 
 
 def sizes_match(root: Path, rows: Iterable) -> list[str]:
@@ -319,10 +326,11 @@ class SyncPlan:
     needed: dict[str, int]  # shard -> how many of its files to extract
     current: Path | None = None  # the current version's folder, where reused files come from
 
-    def wanted(self, shard: str) -> dict[str, FileEntry]:
-        """The files to extract from one shard."""
-        return {p: FileEntry(p, s, h) for p, s, h in self.manifest.query(
-            "SELECT path, size, sha256 FROM files WHERE shard = ? AND path NOT IN (SELECT path FROM reuse)", (shard,))}
+    def wanted(self, shard: str) -> Iterator[FileEntry]:
+        """The files to extract from one shard, sorted by path, a batch at a time."""
+        return (FileEntry(*row) for row in self.manifest.rows(
+            "SELECT path, size, sha256 FROM files WHERE shard = ? AND path NOT IN (SELECT path FROM reuse) "
+            "ORDER BY path", (shard,)))
 
     def reused_paths(self) -> Iterator[str]:
         return (row[0] for row in self.manifest.rows("SELECT path FROM reuse"))
@@ -374,7 +382,7 @@ def link_unchanged(plan: SyncPlan, dest: Path) -> None:
             shutil.copyfile(plan.current / rel, dest / rel)
 
 
-def fill_version(plan: SyncPlan, dest: Path, extract: Callable[[str, dict[str, FileEntry]], None],
+def fill_version(plan: SyncPlan, dest: Path, extract: Callable[[str, Iterator[FileEntry]], None],
                  threads: int) -> None:
     """Fill `dest` with the plan's version: reused files linked, each needed shard's files extracted by
     `extract(shard, wanted)`, `threads` shards at a time; then check that every file is there."""

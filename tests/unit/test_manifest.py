@@ -149,15 +149,18 @@ def test_shards_are_reproducible_and_extraction_verifies(tmp_path):
     mf.write_shard(tmp_path / "src", files, tmp_path / "s1.tar")
     mf.write_shard(tmp_path / "src", files, tmp_path / "s2.tar")
     assert (tmp_path / "s1.tar").read_bytes() == (tmp_path / "s2.tar").read_bytes()
-    wanted = {e.path: e for e in files}
-    assert mf.extract_members(tmp_path / "s1.tar", wanted, tmp_path / "out") == 3 + 3000
+    assert mf.extract_members(tmp_path / "s1.tar", iter(files), tmp_path / "out") == (3 + 3000, 2)
     assert (tmp_path / "out" / "train/b/ü 2.png").read_bytes() == b"two" * 1000
+    assert mf.extract_members(tmp_path / "s1.tar", files[1:], tmp_path / "part") == (3000, 1)  # the rest is linked
+    assert not (tmp_path / "part" / "train/a/1.png").exists()
 
-    lying = {**wanted, "train/a/1.png": mf.FileEntry("train/a/1.png", 3, "0" * 64)}
+    lying = [mf.FileEntry("train/a/1.png", 3, "0" * 64), files[1]]
     with pytest.raises(ValueError, match="does not match the manifest"):
         mf.extract_members(tmp_path / "s1.tar", lying, tmp_path / "out2")
-    with pytest.raises(ValueError, match="lacks 1 files"):
-        mf.extract_members(tmp_path / "s1.tar", {**wanted, "x.png": mf.FileEntry("x.png", 1, "0")}, tmp_path / "o3")
+    for extra in ("train/a/0.png", "train/a/2.png", "x.png"):  # before, between and after the shard's members
+        with pytest.raises(ValueError, match=f"lacks files of the manifest, e.g. {extra}"):
+            mf.extract_members(tmp_path / "s1.tar", sorted([*files, mf.FileEntry(extra, 1, "0")],
+                                                             key=lambda e: e.path), tmp_path / "o3")
 
 
 def test_a_file_changed_after_hashing_is_not_packed(tmp_path):
