@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Iterator
 
 from prefect import task
+from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from infra.blobstore import BlobStore, StorageConfig, open_store
@@ -20,7 +21,7 @@ from infra.transfers import Transfer, in_parallel, step_plan, transfer_progress
 from tasks.retry import unless_permanent
 from trainer.datasets import FORMAT, Manifest
 from trainer.errors import UsageError
-from trainer.layout import bad_images_error, find_bad_images, write_bad_list
+from trainer.layout import bad_image_lines, bad_images_error, find_bad_images, write_bad_list
 
 def cache_path(workdir: Path, name: str) -> Path:
     """The index of a data set's files kept between runs (hashes and image checks by size and mtime)."""
@@ -41,8 +42,10 @@ def scan_dataset(data_dir: Path, workdir: Path, name: str, keep: bool = True) ->
 
 
 def bad_files_error(index: mf.Index, bad: list[tuple[str, str]], data_dir: Path, workdir: Path, name: str) -> BadInput:
-    """The one error for a data set with bad images: the count, the first, and the list file (under the workdir)."""
+    """The one error for a data set with bad images: the count, the first, and the list file (under the workdir);
+    the first 20 are printed above it."""
     listing = write_bad_list(bad, workdir / "cache" / f"bad-files-{name}.tsv")
+    Console(stderr=True, highlight=False).print("\n".join(bad_image_lines(bad)), markup=False, soft_wrap=True)
     error: UsageError = bad_images_error(bad, index.total()[0], listing, data_dir)
     return BadInput(str(error))
 

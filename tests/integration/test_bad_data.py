@@ -11,6 +11,7 @@ import pytest
 
 from infra.errors import BadInput
 from infra.launchers import local_command
+from infra.sample_data import write_imagenet_shaped
 from infra.trainer import TrainingConfig, trainer_script
 from tests.bad_inputs import images
 from tests.conftest import train_locally, write_image, write_png_header
@@ -165,3 +166,25 @@ def test_a_verified_data_version_is_trusted_and_an_unverified_folder_is_checked(
     metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert metrics["bad_files"]["count"] == 1 and metrics["train_images"] == 20
     assert all("data version v-43" in ranks[rank] and "decoded in this run" not in ranks[rank] for rank in (0, 1))
+
+
+def test_five_hundred_bad_files_are_refused_by_one_stage_run_that_lists_them_all(tmp_path):
+    """The goal of a data set with 500 bad files: one `trainflow stage` run, the first 20 printed, one error naming
+    the count and the list file, exit 2, and nothing staged."""
+    data = tmp_path / "data"
+    write_imagenet_shaped(data, classes=4, per_class=200, val_per_class=5, progress=False)
+    paths = sorted((data / "train").rglob("*.JPEG"))[:500]
+    for i, path in enumerate(paths):
+        path.chmod(0o644)
+        path.write_bytes(path.read_bytes()[:200] if i % 2 else b"not a JPEG at all")
+    work = tmp_path / "work"
+    done = subprocess.run([TRAINFLOW, "stage", "--data", str(data), "--workdir", str(work)], capture_output=True,
+                          text=True, timeout=300)
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert done.returncode == 2 and len(errors) == 1, done.stderr[-3000:]
+    listing = next((work / "cache").glob("bad-files-*.tsv"))
+    assert re.match(rf"error: 500 of 820 images in {re.escape(str(data))} cannot be decoded \(first: .*\); all 500 "
+                    rf"are listed in {re.escape(str(listing))}", errors[0]), errors[0]
+    assert done.stderr.count("cannot decode ") == 20 and "... and 480 more" in done.stderr
+    assert listed(listing) == {p.relative_to(data).as_posix() for p in paths}
+    assert not list(work.rglob("*.JPEG"))  # nothing reached the file server
