@@ -1,5 +1,6 @@
-"""Pipeline parallelism under the real torchrun: the same numbers as one process, stages x replicas, resume,
-a checkpoint that loads into the single-device model, and bad layouts refused before any worker starts."""
+"""Pipeline parallelism under the real torchrun: the same numbers as one process, each rank holding only its stage,
+stages x replicas, resume with any layout, a checkpoint that loads into the single-device model, memory divided
+for a large model, and bad layouts refused before any worker starts."""
 
 import json
 import subprocess
@@ -11,6 +12,7 @@ import torch
 
 from infra.trainer import TrainingConfig, trainer_script
 from tests.conftest import train_locally
+from trainer import checkpoint
 from trainer.models import build_model
 
 pytestmark = pytest.mark.integration
@@ -47,6 +49,20 @@ def test_a_two_stage_pipeline_computes_what_one_process_computes(tmp_path, sched
     assert piped["pipeline"]["split"][0][0] == "stem" and piped["pipeline"]["split"][1][-1] == "head"
 
 
+def test_each_rank_holds_only_its_stage_and_together_the_whole_model_once(tmp_path):
+    """Counted in each rank's process over its model object (the rest of which stays on the meta device), and in
+    the checkpoint each stage writes from what it holds."""
+    cfg = TrainingConfig(workers=2, parallel="pipeline", stages=2, microbatches=2, **{**TINY, "epochs": 1})
+    run = train_locally(cfg, "synthetic", tmp_path / "out", lambda line: None)
+    whole = build_model("resnet18", 4)
+    assert run["parameters_per_rank"] == run["pipeline"]["stage_params"]
+    assert sum(run["parameters_per_rank"]) == sum(p.numel() for p in whole.parameters())
+    assert sum(run["parameter_bytes_per_rank"]) == sum(t.numel() * t.element_size() for t in whole.state_dict().values())
+    found = checkpoint.latest_checkpoint(tmp_path / "out" / "checkpoints")
+    parts = [set(torch.load(path, weights_only=False)["model"]) for path in (found, checkpoint.stage_path(found, 1))]
+    assert not parts[0] & parts[1] and parts[0] | parts[1] == set(whole.state_dict())
+
+
 def test_stages_times_replicas_resume_and_export_to_one_device(digits, tmp_path):
     cfg = TrainingConfig(**{**TINY, "epochs": 1, "num_classes": 10, "workers": 4, "parallel": "pipeline",
                             "stages": 2, "microbatches": 2, "balance": "time", "checkpoint_every": 2})
@@ -54,12 +70,41 @@ def test_stages_times_replicas_resume_and_export_to_one_device(digits, tmp_path)
     first = train_locally(cfg, str(digits), out, lambda line: None)
     assert first["pipeline"]["replicas"] == 2 and first["global_batch_size"] == 32
     assert first["parameters_in_sync"] is True and len(first["peak_memory_mb"]) == 4
+    assert first["parameters_per_rank"] == first["pipeline"]["stage_params"] * 2
     resumed = train_locally(cfg.model_copy(update={"epochs": 2}), str(digits), out, lambda line: None)
     assert resumed["resumed_from_steps"] == [3] and resumed["global_step"] == 6 and resumed["final_val_top1"] is not None
-    checkpoint = torch.load(sorted((out / "checkpoints").iterdir())[-1], weights_only=False)
+    state = checkpoint.load_checkpoint(checkpoint.latest_checkpoint(out / "checkpoints"))
     model = build_model("resnet18", 10)
-    model.load_state_dict(checkpoint["model"])  # the whole model, strict: every stage's tensors are in it
-    assert len(checkpoint["optimizer"]["state"]) == len(list(model.parameters()))  # every stage's momentum
+    model.load_state_dict(state["model"])  # the whole model, strict: every stage's tensors are in it
+    assert len(state["optimizer"]["state"]) == len(list(model.parameters()))  # every stage's momentum
+    exported = torch.load(out / "model.pt", weights_only=False)["state_dict"]
+    model.load_state_dict(exported)
+    assert all(torch.equal(exported[k], v) for k, v in state["model"].items())  # model.pt: the last checkpoint's
+
+
+def test_a_checkpoint_resumes_with_any_layout(tmp_path):
+    """2 stages, then one process, then 4 stages, on the same OUT: each resumes the last one's checkpoint."""
+    out, base = tmp_path / "out", {**TINY, "epochs": 1}
+    layouts = [dict(workers=2, parallel="pipeline", stages=2, microbatches=2), dict(workers=1, microbatches=2),
+               dict(workers=4, parallel="pipeline", stages=4, microbatches=2)]
+    for epochs, layout in enumerate(layouts, start=1):
+        run = train_locally(TrainingConfig(**{**base, "epochs": epochs}, **layout), "synthetic", out, lambda line: None)
+    assert run["resumed_from_steps"] == [3, 6] and run["global_step"] == 9 and run["parameters_in_sync"] is True
+    assert len(run["parameters_per_rank"]) == 4 and sum(run["parameters_per_rank"]) == sum(
+        p.numel() for p in build_model("resnet18", 4).parameters())
+
+
+def test_two_stages_of_a_large_model_each_need_at_most_0_6_of_a_data_parallel_worker_s_memory(tmp_path):
+    """wide_resnet101_2 (126.9M parameters: fp32 parameters, gradients and momentum 1.5 GB) at 32 px, 2 steps, the
+    same global batch: the largest stage's peak memory (resident set, on this CPU) against the smallest
+    data-parallel worker's, whose runtime alone (PyTorch, torchvision) is about 0.7 GB of it."""
+    big = {**TINY, "model": "wide_resnet101_2", "num_classes": 10, "epochs": 1, "steps_per_epoch": 2, "balance": "params"}
+    data = train_locally(TrainingConfig(workers=2, **{**big, "batch_size": 8}), "synthetic", tmp_path / "data",
+                         lambda line: None)
+    piped = train_locally(TrainingConfig(workers=2, parallel="pipeline", stages=2, microbatches=2, **big), "synthetic",
+                          tmp_path / "piped", lambda line: None)
+    assert max(piped["peak_memory_mb"]) <= 0.6 * min(data["peak_memory_mb"])
+    assert max(piped["parameters_per_rank"]) <= 0.51 * sum(piped["parameters_per_rank"])
 
 
 @pytest.mark.parametrize("overrides, message", [

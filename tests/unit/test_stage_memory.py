@@ -101,3 +101,14 @@ def test_the_parallel_bench_gives_medians_with_their_spread_per_rank():
     assert rows[0]["peak_memory_mb_per_rank"][1] == {"median": 950, "min": 900, "max": 960, "all": [900, 950, 960]}
     assert rows[1]["vs_data_parallel"] == 5 / 11 and rows[1]["memory_vs_data_parallel"] == 330 / 1050
     assert rows[1]["parameters_per_rank"] == [2, 2, 2, 2]
+
+
+def test_a_resnet_divides_finely_and_vgg_does_not():
+    """The README's figures: wide_resnet101_2's largest of 4 stages holds at most 28% of its parameters; VGG-16's
+    head (its first fully connected layer alone 76%) is one block, so its largest stage holds more at any S."""
+    with torch.device("meta"):
+        wide, vgg = build_model("wide_resnet101_2", 10), build_model("vgg16", 10)
+    split, _ = split_model(wide, 4, parameter_costs(blocks_of(wide)))
+    assert max(split.params) <= 0.28 * sum(split.params)
+    assert vgg.classifier[0].weight.numel() >= 0.76 * sum(p.numel() for p in vgg.parameters())
+    assert max(parameter_costs(blocks_of(vgg))) >= 0.76 * sum(p.numel() for p in vgg.parameters())
