@@ -28,3 +28,15 @@ def test_bench_scale_measures_every_stage_and_writes_the_json(tmp_path):
     for stage in STAGES:
         assert point["stages"][stage]["seconds"] > 0 and point["stages"][stage]["peak_rss_mb"] > 0
     assert "µs/file" in out.stdout and "training start-up" in out.stdout
+
+
+def test_a_stage_reports_its_own_peak_memory_not_that_of_the_process_that_started_it():
+    """Linux carries a parent's peak RSS into a child's ru_maxrss across exec; the stage's figure is its own."""
+    held = bytearray(600 << 20)  # the bench process holding much (a million paths), pages touched
+    held[::4096] = b"x" * len(held[::4096])
+    code = ("import resource; from flows.bench.scale import peak_rss_mb; "
+            "print(peak_rss_mb(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)")
+    own, inherited = map(float, subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                               check=True).stdout.split())
+    del held
+    assert inherited > 600 and own < 400, (own, inherited)
