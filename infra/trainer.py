@@ -127,6 +127,10 @@ class TrainingMetrics(BaseModel):
     """The training package that ran (which scripts version trained the model)."""
     epochs: list[dict] = []
     peak_memory_mb: list[float] = []
+    """Per rank: peak memory (allocated on CUDA, the process's own peak resident set on the CPU)."""
+    training_memory_mb: list[float] = []
+    """Per rank: the part of the peak that the model and its training added (on the CPU: above the resident set
+    before the model was built; on CUDA the same as peak_memory_mb)."""
     pipeline: dict | None = None
     bad_files: dict | None = None
     """Images the run left out because they cannot be decoded (training.bad_files: skip): {"count": N, "list":

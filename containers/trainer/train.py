@@ -30,7 +30,6 @@ import json
 import logging
 import os
 import re
-import resource
 import socket
 import sys
 import time
@@ -45,6 +44,7 @@ import torch
 from trainer import checkpoint, data, layout, metrics
 from trainer.distributed import Backend, leave_process_group, make_backend, pick_device
 from trainer.errors import UsageError
+from trainer.memory import peak_resident_mb, resident_mb
 from trainer.models import build_model, build_on_meta, check_model_name
 from trainer.options import SYNTHETIC, build_parser, check_args, check_layout, check_output_folder, decay_epochs
 from trainer.pipeline import Pipeline, blocks_of, parameter_costs, partition, theoretical_bubble
@@ -78,6 +78,7 @@ class Run:
     started: float = field(default_factory=time.perf_counter)
     pipeline: Pipeline | None = None  # --parallel pipeline: this rank's stage
     data_facts: dict = field(default_factory=dict)  # images trained and validated on, the bad ones left out
+    resident_before_model_mb: float = 0.0  # the runtime and data this process held before its model was built
 
     @property
     def replicas(self) -> int:
@@ -199,11 +200,12 @@ def set_up(args) -> Run:
     replica, replicas = data_shard(args, backend)
     train_batches, val_batches, classes, facts = make_batches(args, backend, device, replica, replicas)
     channels_last = resolve(args.channels_last, device)
+    before_model = resident_mb()
     model, pipeline = build_for_rank(args, backend, len(classes), device, channels_last)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
     run = Run(args, backend, device, model, model, optimizer, None, train_batches, val_batches, classes,
               amp=resolve_precision(args.precision, device) == "bf16", channels_last=channels_last, pipeline=pipeline,
-              data_facts=facts)
+              data_facts=facts, resident_before_model_mb=before_model)
     state = load_latest_checkpoint(run)
     wrap_for_backend(run, state)
     run.scheduler = make_scheduler(run)
@@ -546,11 +548,14 @@ def sum_over_replicas(run: Run, tensor: torch.Tensor) -> torch.Tensor:
 
 
 def memory_report(run: Run) -> dict:
-    """Per rank: the parameters it holds, the bytes of its parameters and buffers, and its peak memory."""
+    """Per rank: the parameters it holds, the bytes of its parameters and buffers, its peak memory and the part of
+    that peak its training added (its model, gradients, optimizer state and activations)."""
     held = metrics.held(run.pipeline.whole if run.pipeline else run.raw_model)  # the whole model, mostly meta
     return {"parameters_per_rank": [int(v) for v in rank_values(run.backend, held[0])],
             "parameter_bytes_per_rank": [int(v) for v in rank_values(run.backend, held[1])],
-            "peak_memory_mb": rank_values(run.backend, peak_memory_mb(run.device))}
+            "peak_memory_mb": rank_values(run.backend, peak_memory_mb(run.device)),
+            "training_memory_mb": rank_values(run.backend, training_memory_mb(run.device,
+                                                                               run.resident_before_model_mb))}
 
 
 def rank_values(backend: Backend, value: float) -> list[float]:
@@ -561,10 +566,19 @@ def rank_values(backend: Backend, value: float) -> list[float]:
 
 
 def peak_memory_mb(device: torch.device) -> float:
-    """This process's peak memory: GPU memory allocated on CUDA, resident set size on the CPU."""
+    """This process's peak memory: GPU memory allocated on CUDA, its own peak resident set on the CPU."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return peak_resident_mb()
+
+
+def training_memory_mb(device: torch.device, before_model_mb: float) -> float:
+    """The peak memory that building and training the model added: on CUDA the allocated peak (which never held the
+    CUDA context or the libraries), on the CPU the peak resident set above what the process held before its model
+    (PyTorch, torchvision and the data set's index: the CPU's counterpart of the context)."""
+    if device.type == "cuda":
+        return peak_memory_mb(device)
+    return peak_resident_mb() - before_model_mb
 
 
 def pipeline_report(run: Run) -> dict:

@@ -5,8 +5,10 @@ into 2 stages over 2 workers, the whole global batch in M = 1, 2, 4, 8 micro-bat
 over 4 workers with M = 4. Every run has the same threads per worker; images/s are given as a ratio to
 the data-parallel run (the 4-stage run has twice the processes on the same cores). Each configuration
 runs REPEATS times, the repetitions interleaved, and every figure is the median with its min-max.
-Memory is per rank: the parameters it holds and its peak memory (resident set on CPU, allocated memory
-on GPU), beside the largest rank's peak as a share of the data-parallel worker's. The pipeline's idle
+Memory is per rank: the parameters it holds, its peak memory (its own peak resident set on CPU, allocated
+memory on GPU) and the part of that peak its training added (on CPU the peak above the resident set before
+the model was built: the runtime every process carries is left out, as CUDA's allocated memory leaves out
+the context), each beside the largest rank's figure as a share of the data-parallel worker's. The pipeline's idle
 ("bubble") fraction is measured in training, per stage, as 1 - (time inside the stage's forward and
 backward passes) / (step time), averaged over the stages, beside GPipe's (S - 1) / (M + S - 1) for
 equal stages; the measured figure also holds the sends and receives and any imbalance between stages.
@@ -87,22 +89,30 @@ def row(label: str, cfg: TrainingConfig, runs: list[TrainingMetrics]) -> dict:
     return {"run": label, "workers": cfg.workers, "stages": cfg.stages, "microbatches": cfg.microbatches,
             "images_per_sec": spread([f["images_per_sec"] for f in facts]),
             "parameters_per_rank": facts[0].get("parameters_per_rank"),
-            "peak_memory_mb_per_rank": [spread(list(rank)) for rank in zip(*(f["peak_memory_mb"] for f in facts))],
+            "peak_memory_mb_per_rank": per_rank(facts, "peak_memory_mb"),
+            "training_memory_mb_per_rank": per_rank(facts, "training_memory_mb"),
             "idle_measured": spread([f["pipeline"]["idle_fraction_measured"] for f in facts]) if pipeline else None,
             "idle_theoretical": pipeline.get("idle_fraction_theoretical"), "split": pipeline.get("split")}
 
 
+def per_rank(facts: list[dict], key: str) -> list[dict]:
+    """The spread of each rank's `key` over the repetitions."""
+    return [spread(list(rank)) for rank in zip(*(f[key] for f in facts))]
+
+
 def compared(rows: list[dict]) -> list[dict]:
-    """Each row with its median images/s and its largest rank's median peak memory as shares of the data-parallel
-    run's (the first row)."""
-    speed, memory = rows[0]["images_per_sec"]["median"], largest_peak(rows[0])
+    """Each row with its median images/s and its largest rank's median peak memory, whole and the part training
+    added, as shares of the data-parallel run's (the first row)."""
+    speed, memory = rows[0]["images_per_sec"]["median"], largest(rows[0], "peak_memory_mb_per_rank")
+    training = largest(rows[0], "training_memory_mb_per_rank")
     return [{**r, "vs_data_parallel": r["images_per_sec"]["median"] / speed,
-             "memory_vs_data_parallel": largest_peak(r) / memory} for r in rows]
+             "memory_vs_data_parallel": largest(r, "peak_memory_mb_per_rank") / memory,
+             "training_memory_vs_data_parallel": largest(r, "training_memory_mb_per_rank") / training} for r in rows]
 
 
-def largest_peak(r: dict) -> float:
-    """The median peak memory of the rank that needs the most."""
-    return max(rank["median"] for rank in r["peak_memory_mb_per_rank"])
+def largest(r: dict, key: str) -> float:
+    """The median memory figure `key` of the rank that needs the most."""
+    return max(rank["median"] for rank in r[key])
 
 
 def print_parallel_bench(result: dict) -> None:
@@ -111,15 +121,18 @@ def print_parallel_bench(result: dict) -> None:
     table = Table(title=f"{s['model']}, {s['image_size']} px, global batch {s['global_batch']}, {s['threads']} "
                         f"thread(s) per worker, synthetic data, median (min-max) of {s['repeats']} runs")
     for column in ("run", "images/s", "vs data-parallel", "M params per rank", "peak MB per rank",
-                   "largest peak vs data-parallel", "idle measured", "idle theory"):
+                   "largest peak vs data-parallel", "training MB per rank", "largest training vs data-parallel",
+                   "idle measured", "idle theory"):
         table.add_column(column, justify="right")
     for r in result["runs"]:
         idle = "" if r["idle_measured"] is None else shown(r["idle_measured"], ".2f")
         theory = "" if r["idle_theoretical"] is None else f"{r['idle_theoretical']:.2f}"
         params = " / ".join(f"{p / 1e6:.1f}" for p in r["parameters_per_rank"] or [])
-        memory = " / ".join(shown(m, ".0f") for m in r["peak_memory_mb_per_rank"])
+        memory, training = (" / ".join(shown(m, ".0f") for m in r[key])
+                            for key in ("peak_memory_mb_per_rank", "training_memory_mb_per_rank"))
         table.add_row(r["run"], shown(r["images_per_sec"], ".1f"), f"{r['vs_data_parallel']:.2f}", params, memory,
-                      f"{r['memory_vs_data_parallel']:.2f}", idle, theory)
+                      f"{r['memory_vs_data_parallel']:.2f}", training, f"{r['training_memory_vs_data_parallel']:.2f}",
+                      idle, theory)
     Console().print(table)
 
 

@@ -29,6 +29,7 @@ from infra.fileserver import FileServer
 from infra.sample_data import write_imagenet_shaped
 from tasks.sync_file_server import sync_to_file_server
 from tasks.upload_dataset import upload_dataset
+from trainer.memory import peak_resident_mb
 
 NAME = "scale"
 STAGES = ("first", "unchanged", "one changed", "1% changed")
@@ -119,14 +120,7 @@ def stage_in_this_process(args: dict) -> dict:
             "phases": {**{f"upload: {k}": v for k, v in upload.phases.items()},
                        **{f"sync: {k}": v for k, v in sync.phases.items()}},
             "uploaded files": upload.files, "fetched files": sync.files,
-            "peak_rss_mb": peak_rss_mb()}
-
-
-def peak_rss_mb() -> float:
-    """This process's own peak RSS (VmHWM). Not getrusage's ru_maxrss: Linux carries the peak of the process that
-    started this one across exec (the bench's, holding a million paths), which would be counted as this stage's."""
-    status = Path("/proc/self/status").read_text()
-    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:"))) / 1024
+            "peak_rss_mb": peak_resident_mb()}
 
 
 def training_startup(data: Path, work: Path) -> dict:

@@ -34,8 +34,8 @@ def test_a_stage_reports_its_own_peak_memory_not_that_of_the_process_that_starte
     """Linux carries a parent's peak RSS into a child's ru_maxrss across exec; the stage's figure is its own."""
     held = bytearray(600 << 20)  # the bench process holding much (a million paths), pages touched
     held[::4096] = b"x" * len(held[::4096])
-    code = ("import resource; from flows.bench.scale import peak_rss_mb; "
-            "print(peak_rss_mb(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)")
+    code = ("import resource; from trainer.memory import peak_resident_mb; "
+            "print(peak_resident_mb(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)")
     own, inherited = map(float, subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                                                check=True).stdout.split())
     del held

@@ -86,8 +86,10 @@ def test_old_checkpoints_go_with_their_stage_files(tmp_path):
 
 
 def metrics_of(images_per_sec: float, peaks: list[float], params: list[int]) -> TrainingMetrics:
+    """A run's metrics whose training added all but 200 MB (the runtime) of each rank's peak."""
     return TrainingMetrics(status="complete", model="m", world_size=len(peaks), backend="ddp", wall_seconds=1.0,
-                           images_per_sec=images_per_sec, peak_memory_mb=peaks, parameters_per_rank=params)
+                           images_per_sec=images_per_sec, peak_memory_mb=peaks, parameters_per_rank=params,
+                           training_memory_mb=[p - 200 for p in peaks])
 
 
 def test_the_parallel_bench_gives_medians_with_their_spread_per_rank():
@@ -100,6 +102,8 @@ def test_the_parallel_bench_gives_medians_with_their_spread_per_rank():
                      row("4 stages M=4", four[0][1], [metrics_of(5, [300, 310, 320, 330], [2, 2, 2, 2])] * 3)])
     assert rows[0]["peak_memory_mb_per_rank"][1] == {"median": 950, "min": 900, "max": 960, "all": [900, 950, 960]}
     assert rows[1]["vs_data_parallel"] == 5 / 11 and rows[1]["memory_vs_data_parallel"] == 330 / 1050
+    assert rows[1]["training_memory_mb_per_rank"][3]["median"] == 130
+    assert rows[1]["training_memory_vs_data_parallel"] == 130 / 850
     assert rows[1]["parameters_per_rank"] == [2, 2, 2, 2]
 
 
