@@ -1,8 +1,14 @@
-"""What every benchmark shares: fresh outputs, timing, counting, quiet logs, the JSON file."""
+"""What every benchmark shares: fresh outputs, timing, repetitions, counting, quiet logs, the JSON file."""
 
+import importlib.metadata
 import json
+import os
+import platform
+import statistics
 import time
 from pathlib import Path
+
+import psutil
 
 
 def clear_checkpoints(out: Path) -> None:
@@ -18,6 +24,28 @@ def time_call(fn) -> float:
     return time.perf_counter() - started
 
 
+def spread(values: list[float]) -> dict:
+    """The median of repeated measurements with their smallest and largest."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "all": values}
+
+
+def shown(figure: dict, fmt: str) -> str:
+    """median (min-max)."""
+    return f"{figure['median']:{fmt}} ({figure['min']:{fmt}}–{figure['max']:{fmt}})"
+
+
+def machine() -> dict:
+    """What the figures were measured on: cores, memory, the platform and the versions that matter."""
+    versions = {}
+    for package in ("torch", "torchvision", "prefect", "azure-storage-blob", "horovod"):
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = None
+    return {"cores": len(os.sched_getaffinity(0)), "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
+            "platform": platform.platform(), "python": platform.python_version(), "versions": versions}
+
+
 def count_files(folder: Path) -> tuple[int, int]:
     """Files under a folder and their total size."""
     sizes = [p.stat().st_size for p in folder.rglob("*") if p.is_file()]
@@ -31,6 +59,6 @@ def log_quietly(line: str) -> None:
 
 
 def write_json(result: dict, json_out: Path | None) -> None:
-    """The figures as JSON, when asked for."""
+    """The figures as JSON, with the machine they were measured on, when asked for."""
     if json_out:
-        json_out.write_text(json.dumps(result, indent=2) + "\n")
+        json_out.write_text(json.dumps({**result, "machine": machine()}, indent=2) + "\n")

@@ -15,14 +15,13 @@ equal stages; the measured figure also holds the sends and receives and any imba
 """
 
 import os
-import statistics
 from pathlib import Path
 
 from rich.console import Console
 from rich.progress import Progress, TimeElapsedColumn
 from rich.table import Table
 
-from flows.bench.common import clear_checkpoints, write_json
+from flows.bench.common import clear_checkpoints, shown, spread, write_json
 from flows.config import FlowConfig
 from infra.backends.process import train_here
 from infra.trainer import TrainingConfig, TrainingMetrics
@@ -75,11 +74,6 @@ def bench_parallel(cfg: FlowConfig, json_out: Path | None) -> dict:
     print_parallel_bench(result)
     write_json(result, json_out)
     return result
-
-
-def spread(values: list[float]) -> dict:
-    """The median of repeated measurements with their smallest and largest."""
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "all": values}
 
 
 def row(label: str, cfg: TrainingConfig, runs: list[TrainingMetrics]) -> dict:
@@ -135,7 +129,3 @@ def print_parallel_bench(result: dict) -> None:
                       idle, theory)
     Console().print(table)
 
-
-def shown(figure: dict, fmt: str) -> str:
-    """median (min-max)."""
-    return f"{figure['median']:{fmt}} ({figure['min']:{fmt}}–{figure['max']:{fmt}})"

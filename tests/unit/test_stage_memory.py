@@ -4,7 +4,8 @@ one-device build, the per-stage checkpoint files merged into the single-device m
 import pytest
 import torch
 
-from flows.bench.parallel import compared, deeper_runs, row, spread
+from flows.bench.common import spread
+from flows.bench.parallel import compared, deeper_runs, row
 from infra.trainer import TrainingConfig, TrainingMetrics
 from trainer import checkpoint, metrics
 from trainer.models import build_model, build_on_meta, forget, materialise

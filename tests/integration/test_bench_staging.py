@@ -1,0 +1,46 @@
+"""`trainflow bench staging` at its smallest: three rounds of three paths through a real Azurite, the JSON."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from azure.storage.blob import BlobServiceClient
+
+from flows.bench.staging import PATHS, per_file
+from infra.azurite import connection_string, running_azurite
+from infra.sample_data import write_imagenet_like
+
+pytestmark = pytest.mark.integration
+TRAINFLOW = str(Path(sys.executable).with_name("trainflow"))
+FIGURE = {"median", "min", "max", "all"}
+
+
+def test_bench_staging_repeats_every_path_and_writes_the_json(tmp_path):
+    out = subprocess.run([TRAINFLOW, "bench", "staging", "--files", "40", "--classes", "4", "--workdir",
+                          str(tmp_path / "w"), "--json", str(tmp_path / "staging.json")],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    result = json.loads((tmp_path / "staging.json").read_text())
+    assert result["files"] == 40 and result["repeats"] == 3 and list(result["paths"]) == list(PATHS)
+    for figures in result["paths"].values():
+        assert all(set(f) == FIGURE and len(f["all"]) == 3 and f["min"] <= f["median"] <= f["max"]
+                   for f in figures.values())
+    for ratio in ("speedup_vs_one_at_a_time", "speedup_vs_thread_pool", "rerun_fraction"):
+        assert set(result[ratio]) == FIGURE and result[ratio]["median"] > 0
+    assert result["rerun_fraction"]["median"] < 1  # nothing to send the second time
+    assert result["machine"]["cores"] >= 1 and result["machine"]["versions"]["torch"]
+    printed = " ".join(out.stdout.split())  # the console wraps at its width
+    assert "per file, thread pool" in printed and "over per-file with 8 threads" in printed
+
+
+@pytest.mark.parametrize("workers", [1, 8])
+def test_the_per_file_baselines_move_every_file(tmp_path, workers):
+    data = write_imagenet_like(tmp_path / "data", files=12, classes=3)
+    with running_azurite(tmp_path / "azurite") as port:
+        per_file(BlobServiceClient.from_connection_string(connection_string(port)), "naive", data,
+                 tmp_path / "export", workers)
+    sent = {p.relative_to(data): p.read_bytes() for p in data.rglob("*") if p.is_file()}
+    assert {p.relative_to(tmp_path / "export"): p.read_bytes() for p in (tmp_path / "export").rglob("*")
+            if p.is_file()} == sent and len(sent) == 12
