@@ -120,6 +120,8 @@ class TrainingMetrics(BaseModel):
     world_size: int
     backend: str
     images_per_sec: float | None = None
+    steady_images_per_sec: float | None = None
+    """The last epoch's images/s after its first step (which also infers shapes and allocates): what benches use."""
     wall_seconds: float
     final_val_top1: float | None = None
     final_val_top5: float | None = None

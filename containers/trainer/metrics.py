@@ -3,6 +3,8 @@
 import hashlib
 import importlib.metadata
 import platform
+import time
+from dataclasses import dataclass, field
 
 import torch
 import torchvision
@@ -47,3 +49,28 @@ def library_versions() -> dict[str, str]:
     except importlib.metadata.PackageNotFoundError:
         pass
     return versions
+
+
+@dataclass
+class Throughput:
+    """The images one rank trained in an epoch: all of them, and those after its first step. The steady rate is
+    what every benchmark reports: the first step also infers shapes and allocates, which a long run does once."""
+
+    started: float = field(default_factory=time.perf_counter)
+    seen: int = 0
+    after_first: tuple[float, int] | None = None  # (time, images) when the epoch's first step ended
+
+    def count(self, images: int) -> None:
+        """A step of `images` ended."""
+        self.seen += images
+        if self.after_first is None:
+            self.after_first = (time.perf_counter(), self.seen)
+
+    def rates(self) -> tuple[float, float, float]:
+        """(seconds, images/s, steady images/s); with a single step the steady rate is the whole epoch's."""
+        now = time.perf_counter()
+        seconds, whole = now - self.started, self.seen / max(now - self.started, 1e-9)
+        if self.after_first is None or self.seen == self.after_first[1]:
+            return seconds, whole, whole
+        at, images = self.after_first
+        return seconds, whole, (self.seen - images) / max(now - at, 1e-9)

@@ -398,7 +398,7 @@ def train_epoch(run: Run) -> dict:
         sampler.skip = run.skip_steps * args.batch_size
     run.model.train()
     done, run.skip_steps = run.skip_steps, 0
-    loss_sum, seen, started = torch.zeros((), dtype=torch.float64), 0, time.perf_counter()
+    loss_sum, counted = torch.zeros((), dtype=torch.float64), metrics.Throughput()
     for images, targets in run.train_batches:
         if done >= steps_per_epoch(run):
             break
@@ -409,15 +409,15 @@ def train_epoch(run: Run) -> dict:
         if loss is None:  # a pipeline stage before the last: the last one counts the images and the loss
             continue
         loss_sum += loss * len(targets)
-        seen += len(targets)
+        counted.count(len(targets))
         if run.reports_loss and run.step % args.log_every == 0:
             log.info("epoch %d step %d (%d/%d) loss %.4f lr %.5f", run.epoch + 1, run.step, done,
                      steps_per_epoch(run), loss, run.scheduler.get_last_lr()[0])
-    seconds = time.perf_counter() - started
-    totals = run.backend.all_reduce_sum(torch.tensor([float(loss_sum), seen, seen / max(seconds, 1e-9)], dtype=torch.float64))
+    seconds, rate, steady = counted.rates()
+    totals = run.backend.all_reduce_sum(torch.tensor([float(loss_sum), counted.seen, rate, steady], dtype=torch.float64))
     return {"epoch": run.epoch + 1, "step": run.step, "train_loss": totals[0].item() / max(totals[1].item(), 1),
             "images_per_sec": totals[2].item(), "images_per_sec_per_worker": totals[2].item() / run.backend.world_size,
-            "epoch_seconds": seconds, "lr": run.scheduler.get_last_lr()[0]}
+            "steady_images_per_sec": totals[3].item(), "epoch_seconds": seconds, "lr": run.scheduler.get_last_lr()[0]}
 
 
 def train_step(run: Run, images: torch.Tensor, targets: torch.Tensor) -> float | None:
@@ -603,7 +603,8 @@ def write_metrics(run: Run, status: str, **extra) -> None:
                "global_batch_size": args.batch_size * run.replicas, "base_lr": args.lr,
                "peak_lr": args.lr * run.replicas, "global_step": run.step, "resumed_from_steps": run.resumed_from,
                "wall_seconds": run.wall_seconds(), "final_val_top1": last.get("val_top1"), "final_val_top5": last.get("val_top5"),
-               "images_per_sec": last.get("images_per_sec"), "versions": metrics.library_versions(),
+               "images_per_sec": last.get("images_per_sec"),
+               "steady_images_per_sec": last.get("steady_images_per_sec"), "versions": metrics.library_versions(),
                "trainer": str(Path(__file__).resolve().parent),  # which scripts version trained the model
                **run.data_facts, "epochs": run.history, **extra}
     checkpoint.save_json(Path(args.out) / "metrics.json", summary)

@@ -3,7 +3,8 @@
 Data-parallel: 2 workers, each with half the global batch and the whole model. Pipeline: the model split
 into 2 stages over 2 workers, the whole global batch in M = 1, 2, 4, 8 micro-batches, then into 4 stages
 over 4 workers with M = 4. Every run has the same threads per worker; images/s are given as a ratio to
-the data-parallel run (the 4-stage run has twice the processes on the same cores). Each configuration
+the data-parallel run (the 4-stage run has twice the processes on the same cores); images/s is the steady
+rate (after the first step, which also infers shapes and allocates), as in every bench. Each configuration
 runs REPEATS times, the repetitions interleaved, and every figure is the median with its min-max.
 Memory is per rank: the parameters it holds, its peak memory (its own peak resident set on CPU, allocated
 memory on GPU) and the part of that peak its training added (on CPU the peak above the resident set before
@@ -81,7 +82,7 @@ def row(label: str, cfg: TrainingConfig, runs: list[TrainingMetrics]) -> dict:
     facts = [m.model_dump() for m in runs]
     pipeline = facts[0].get("pipeline") or {}
     return {"run": label, "workers": cfg.workers, "stages": cfg.stages, "microbatches": cfg.microbatches,
-            "images_per_sec": spread([f["images_per_sec"] for f in facts]),
+            "images_per_sec": spread([f["steady_images_per_sec"] for f in facts]),
             "parameters_per_rank": facts[0].get("parameters_per_rank"),
             "peak_memory_mb_per_rank": per_rank(facts, "peak_memory_mb"),
             "training_memory_mb_per_rank": per_rank(facts, "training_memory_mb"),

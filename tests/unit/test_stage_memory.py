@@ -89,8 +89,8 @@ def test_old_checkpoints_go_with_their_stage_files(tmp_path):
 def metrics_of(images_per_sec: float, peaks: list[float], params: list[int]) -> TrainingMetrics:
     """A run's metrics whose training added all but 200 MB (the runtime) of each rank's peak."""
     return TrainingMetrics(status="complete", model="m", world_size=len(peaks), backend="ddp", wall_seconds=1.0,
-                           images_per_sec=images_per_sec, peak_memory_mb=peaks, parameters_per_rank=params,
-                           training_memory_mb=[p - 200 for p in peaks])
+                           images_per_sec=images_per_sec, steady_images_per_sec=images_per_sec, peak_memory_mb=peaks,
+                           parameters_per_rank=params, training_memory_mb=[p - 200 for p in peaks])
 
 
 def test_the_parallel_bench_gives_medians_with_their_spread_per_rank():
