@@ -21,15 +21,16 @@ CHECKOV ?= checkov==3.3.30
 .PHONY: setup docker-setup tools demo test bench clean
 setup: $(VENV)/.installed node_modules/.installed docker-setup tools
 
-# The container tests' Docker engine, registry and base-image maker, from Debian's packages (needs root
-# or sudo; skipped when all three are installed). The tests start dockerd and the registry themselves.
-DOCKER_TOOLS := dockerd docker-registry debootstrap
+# The container tests' Docker engine, registry and base-image maker, and the UI test's browser (chromium, driven
+# by playwright), from Debian's packages (needs root or sudo; skipped when all are installed). The tests start
+# dockerd and the registry themselves.
+DOCKER_TOOLS := dockerd docker-registry debootstrap chromium
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 docker-setup:
 	@for tool in $(DOCKER_TOOLS); do command -v $$tool >/dev/null || missing=1; done; \
 	if [ -n "$$missing" ]; then \
 	  $(SUDO) apt-get update -qq && \
-	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io docker-registry debootstrap >/dev/null; \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io docker-registry debootstrap chromium >/dev/null; \
 	fi
 
 $(VENV)/.installed: pyproject.toml containers/build/horovod-wheel.sh

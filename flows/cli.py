@@ -271,7 +271,11 @@ def ui(
     home.mkdir(parents=True, exist_ok=True)
     print(f"Prefect UI at http://127.0.0.1:{port}  (for trainflow run/deploy against it: "
           f"export PREFECT_API_URL=http://127.0.0.1:{port}/api)", flush=True)
-    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    # The UI asks /ui-settings where the API is; Prefect answers PREFECT_API_URL, else its default port 4200, so
+    # with --port alone every page said "Can't connect to Server API". A PREFECT_UI_API_URL of the user's (a proxy) wins.
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "PREFECT_SERVER_API_HOST": "127.0.0.1", "PREFECT_SERVER_API_PORT": str(port),
+           "PREFECT_UI_API_URL": os.environ.get("PREFECT_UI_API_URL") or f"http://127.0.0.1:{port}/api"}
     prefect = str(Path(sys.executable).parent / "prefect")
     try:
         sys.exit(subprocess.call([prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port)], env=env))
