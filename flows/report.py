@@ -31,12 +31,10 @@ def summary_markdown(summary: dict, durations: dict[str, float]) -> str:
     """The run in a few lines: data, model, workers, speed, accuracy, and the time of each step."""
     m = summary["metrics"]
     top1 = m.get("final_val_top1")
-    efficiency = m.get("scaling_efficiency")
     lines = [f"# Training run `{summary['run_id']}`", "",
              f"- data set: `{summary['dataset']}`", f"- model: `{m['model']}`",
              f"- world size: {m['world_size']} ({m['backend']}) on the {summary['pool']['backend']} pool",
              f"- throughput: {m['images_per_sec']:.1f} images/s",
-             f"- scaling efficiency: {'%.2f' % efficiency if efficiency else 'not measured in this run (trainflow bench train)'}",
              f"- final val top-1: {'n/a (no val/ split)' if top1 is None else f'{top1:.2%}'}",
              f"- image: `{summary['image'] or 'none (process pool)'}`",
              f"- results: `{summary['results']['share']}`", *bad_files_lines(m, summary['results']['share']),
