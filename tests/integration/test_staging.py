@@ -6,8 +6,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -123,14 +125,48 @@ def test_a_crashed_upload_resumes_without_resending_stored_shards(staged, azurit
     assert tree(current) == tree(data)
 
 
+FAULT_KINDS = ("failed_503", "resets_before", "resets_after")
+
+
+@contextmanager
+def faults_until_each_kind(proxy: FaultProxy, times: int = 2):
+    """Let `proxy` inject faults until each kind has happened `times` times, then relay cleanly: every kind is
+    seen, and no request meets the SDK's longest backoffs (2, 4, 8, ... s after consecutive failures)."""
+    done = threading.Event()
+
+    def watch():
+        while not done.wait(0.01):
+            if all(proxy.stats[kind] >= times for kind in FAULT_KINDS):
+                proxy.set_faults(fail_ratio=0.0, reset_ratio=0.0)
+                return
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        yield proxy.stats
+    finally:
+        done.set()
+        watcher.join()
+
+
 def test_faults_between_client_and_storage_lose_and_corrupt_nothing(staged, azurite_port):
+    """503s and connection resets both before a request reaches Azurite and after Azurite acted on it (the
+    write was done, its answer cut off), on the upload's writes and on the sync's reads: the upload still ends
+    complete (its manifest written) and the file server's copy is the data set, byte for byte."""
     _, _, data, work = staged
-    with FaultProxy(azurite_port, fail_ratio=0.2, reset_ratio=0.1, seed=7) as proxy:
-        store, cfg = store_at(proxy.port, f"f-{uuid.uuid4().hex[:12]}", retry_total=12)
-        upload_dataset(store, cfg, data, "pets", work)
-        _, current = sync_to_file_server(store, FileServer(work / "fileserver"), "pets", work)
-    assert tree(current) == tree(data)
-    assert proxy.stats["failed_503"] > 0 and proxy.stats["resets"] > 0
+    container, faults = f"f-{uuid.uuid4().hex[:12]}", dict(fail_ratio=0.2, reset_ratio=0.4)  # resets: half after
+    with (FaultProxy(azurite_port, seed=7, only_methods={"PUT"}, **faults) as proxy,
+          faults_until_each_kind(proxy) as writes):
+        store, cfg = store_at(proxy.port, container, retry_total=12, shard_mb=0.02)  # ~10 shards: ~12 writes
+        uploaded = upload_dataset(store, cfg, data, "pets", work)
+    with (FaultProxy(azurite_port, seed=8, only_methods={"GET", "HEAD"}, **faults) as proxy,
+          faults_until_each_kind(proxy) as reads):
+        store, _ = store_at(proxy.port, container, retry_total=12)
+        synced, current = sync_to_file_server(store, FileServer(work / "fileserver"), "pets", work)
+    for stats in (writes, reads):
+        assert all(stats[kind] >= 2 for kind in FAULT_KINDS), stats
+    direct, _ = store_at(azurite_port, container)  # Azurite itself, no proxy: the data set is there whole
+    assert mf.manifest_blob("pets") in direct.names("datasets/pets/")
+    assert (uploaded.files, synced.files) == (63, 63) and tree(current) == tree(data)
 
 
 def test_wrong_credentials_are_refused_clearly_without_the_key(staged, azurite_port):
