@@ -21,14 +21,18 @@ from prefect.testing.utilities import prefect_test_harness
 from flows.config import FlowConfig
 from flows.train_flow import train_flow
 from flows.plan import plan_run
+from infra.azurite import running_azurite
 from infra.backends import JobTimedOut
 from infra.backends.docker_nodes import LABEL
+from infra.blobstore import open_store
+from infra.manifest import sha256_file
 from tasks.train_on_pool import attempts_artifact
 from infra.errors import BadInput
 from infra.images import ImageError
 from infra.launchers import LaunchError
 from infra.trainer import REPO
 from tests.conftest import image_config
+from tests.unit.test_retry_policy import task_runs
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(3600)]
 SMALL = dict(model="resnet18", epochs=1, batch_size=16, image_size=32, hflip=False, loader_workers=1, threads=1,
@@ -55,6 +59,13 @@ def artifacts_of(run_id: str) -> dict[str, object]:
     return {a.key: a for a in asyncio.run(read())}
 
 
+def blob_sha256(cfg: FlowConfig, name: str, scratch: Path) -> str:
+    """SHA-256 of blob `name` read back from the flow's own Azurite (its data stays under the workdir)."""
+    with running_azurite(cfg.workdir / "azurite") as port:
+        open_store(cfg.storage, port, "read").download_to(name, scratch)
+    return sha256_file(scratch)
+
+
 def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
     return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*") if p.is_file()}
 
@@ -75,6 +86,8 @@ def test_whole_flow_on_the_process_pool_then_a_cached_rerun_and_a_dry_run(prefec
     assert (shared / "model.pt").exists() and (shared / "logs" / "rank1.log").read_text()
     assert list((shared / "checkpoints").iterdir())
     assert result["results"]["model_blob"] == f"results/{result['run_id']}/model.pt"
+    model = tmp_path / "work" / "runs" / result["run_id"] / "model.pt"
+    assert blob_sha256(cfg, result["results"]["model_blob"], tmp_path / "read-back") == sha256_file(model)
     assert result["pool"]["backend"] == "process" and not (tmp_path / "work" / "pools" / result["run_id"]).exists()
     artifacts = artifacts_of(result["run_id"])
     assert {"run-summary", "epochs", "training-plot", "results"} <= set(artifacts)
