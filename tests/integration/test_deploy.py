@@ -55,12 +55,14 @@ def healthy(url: str) -> bool:
 
 async def finished_runs(api: str, name: str) -> list:
     from prefect.client.orchestration import PrefectClient
-    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName, FlowRunFilter, TaskRunFilter
     from prefect.client.schemas.sorting import FlowRunSort
 
     async with PrefectClient(api=api) as client:
-        return await client.read_flow_runs(deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=[name])),
-                                           sort=FlowRunSort.EXPECTED_START_TIME_DESC, limit=20)
+        return await client.read_flow_runs(  # TaskRunFilter(): runs that started tasks, not those the scheduler plans ahead
+            flow_run_filter=FlowRunFilter(), task_run_filter=TaskRunFilter(),
+            deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=[name])),
+            sort=FlowRunSort.EXPECTED_START_TIME_DESC, limit=20, offset=0)
 
 
 async def deployment_and_manual_run(api: str, name: str):
