@@ -456,11 +456,13 @@ def bench_images(
 def bench_parallel(
     config: ConfigOpt = None, workdir: WorkdirOpt = None,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the figures to this JSON file.")] = None,
+    microbatches: Annotated[list[int], typer.Option(min=1, help="Micro-batch counts of the 2-stage pipeline (repeat "
+                                                                 "the option).")] = [1, 2, 4, 8],  # noqa: B006
 ) -> None:
     """Data-parallel (2 workers) against a 2-stage pipeline with 1, 2, 4, 8 micro-batches: images/s, memory, idle."""
     from flows.bench.parallel import bench_parallel as run_bench
 
-    run_bench(configure(config, None, workdir, digits_defaults=False), json_out)
+    run_bench(configure(config, None, workdir, digits_defaults=False), json_out, tuple(microbatches))
 
 
 @bench_app.command("flow")
@@ -471,7 +473,7 @@ def bench_flow(
 ) -> None:
     """The same job directly (torchrun) and through the whole flow with every earlier step cached: the flow's overhead."""
     cfg = with_data(configure(config, data, workdir))
-    with holding(cfg):
+    with holding(cfg, prefect=False):  # each `trainflow run` it times starts its own services in a workdir of its own
         from flows.bench.overhead import bench_flow as run_bench
 
         run_bench(cfg, json_out)

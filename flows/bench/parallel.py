@@ -35,11 +35,11 @@ MICROBATCHES = (1, 2, 4, 8)
 REPEATS = 3
 
 
-def planned_runs(base: TrainingConfig) -> list[tuple[str, TrainingConfig]]:
+def planned_runs(base: TrainingConfig, microbatches: tuple[int, ...] = MICROBATCHES) -> list[tuple[str, TrainingConfig]]:
     """(label, settings) of each run: data-parallel on 2 workers, then the 2-stage pipelines."""
     data = base.model_copy(update={"workers": 2, "parallel": "data", "stages": 1, "microbatches": 1,
                                    "batch_size": base.batch_size // 2})
-    pipes = [(f"pipeline M={m}", pipeline(base, 2, m)) for m in MICROBATCHES]
+    pipes = [(f"pipeline M={m}", pipeline(base, 2, m)) for m in microbatches]
     return [("data-parallel", data), *pipes]
 
 
@@ -54,11 +54,11 @@ def pipeline(base: TrainingConfig, stages: int, microbatches: int) -> TrainingCo
                                    "microbatches": microbatches})
 
 
-def bench_parallel(cfg: FlowConfig, json_out: Path | None) -> dict:
+def bench_parallel(cfg: FlowConfig, json_out: Path | None, microbatches: tuple[int, ...] = MICROBATCHES) -> dict:
     """Run every planned configuration REPEATS times on synthetic data; print and return the figures."""
     base = TrainingConfig(**{**PARALLEL_BENCH_DEFAULTS, **cfg.training.model_dump(include=cfg.training.model_fields_set)})
     base = base.model_copy(update={"threads": base.threads or max(1, len(os.sched_getaffinity(0)) // 2)})
-    root, plan = cfg.workdir.resolve() / "bench" / "parallel", planned_runs(base) + deeper_runs(base)
+    root, plan = cfg.workdir.resolve() / "bench" / "parallel", planned_runs(base, microbatches) + deeper_runs(base)
     results: dict[str, list[TrainingMetrics]] = {label: [] for label, _ in plan}
     with Progress(*Progress.get_default_columns(), TimeElapsedColumn()) as progress:
         bar = progress.add_task("parallelism benchmark", total=len(plan) * REPEATS)
