@@ -21,6 +21,14 @@ from infra.local_docker import running_engine, running_registry
 from infra.sample_data import write_digits
 
 
+def pytest_collection_modifyitems(items) -> None:
+    """Every test that uses the CPU image is `slow`: the session's first user builds it (about 6 GB, ~15 min cold),
+    so `-m "not slow"` must leave them all out, however a test gets at the image."""
+    for item in items:
+        if "cpu_image" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
+
+
 def pytest_report_header(config) -> str:
     """Free disk where the tests write: a run out of space fails in confusing places, so say it up front."""
     folder = tempfile.gettempdir()

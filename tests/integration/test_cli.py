@@ -69,6 +69,8 @@ def test_dry_run_on_a_fresh_workdir_writes_nothing(tmp_path):
     assert "write the digits set" in done.stdout and not (tmp_path / "fresh").exists()
 
 
+@pytest.mark.integration
+@pytest.mark.slow  # a whole train-flow run: Prefect's server, Azurite, a training job
 def test_smoke_runs_one_worker_on_synthetic_data_through_the_whole_pipeline(tmp_path):
     (tmp_path / "tiny.yaml").write_text("training: {model: resnet18, image_size: 32, batch_size: 8, num_classes: 4, "
                                         "loader_workers: 0, threads: 1, warmup_epochs: 0}\n")

@@ -74,6 +74,7 @@ def test_no_engine_is_a_clear_error(tmp_path):
         DockerEngine(f"unix://{tmp_path}/nothing.sock")
 
 
+@pytest.mark.slow  # build_and_push makes the local base image (Debian, Python, torch) before it meets the registry
 def test_unreachable_registry_is_a_clear_transient_error(docker_engine, registry, tmp_path):
     cfg = image_config(registry, registry=f"localhost:{free_port()}")
     with pytest.raises(ImageError, match="is unreachable") as failure:
@@ -81,6 +82,7 @@ def test_unreachable_registry_is_a_clear_transient_error(docker_engine, registry
     assert not failure.value.permanent
 
 
+@pytest.mark.slow  # builds on the local Debian base, which only the CPU image's build makes
 def test_failing_dockerfile_step_shows_the_step_and_its_output(docker_engine, registry, tmp_path):
     # A base without torch and an index that refuses connections: the torch step fails, as it would offline.
     debian = next(t for i in docker_engine.client.images.list("trainflow-local/debian-python") for t in i.tags)
@@ -112,7 +114,8 @@ def test_cli_build_prints_the_pushed_reference(registry, cpu_image, tmp_path):
 
 
 @pytest.mark.parametrize("fields, password, code, message", [
-    ({}, "wrong-password", 1, "refused user 'trainflow-ci'"),
+    # the build makes the local base image (Debian, Python, torch) before it logs in to the registry
+    pytest.param({}, "wrong-password", 1, "refused user 'trainflow-ci'", marks=pytest.mark.slow),
     ({"repository": "Trainflow/CPU"}, "x", 2, "invalid setting image.repository"),
     ({"engine": "unix:///nonexistent/docker.sock"}, "x", 1, "no Docker engine reachable"),
 ])
