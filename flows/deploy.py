@@ -19,9 +19,10 @@ def flow_deployment(cfg: FlowConfig, name: str, cron: str | None):
 
 
 def deploy_flow(cfg: FlowConfig, name: str, cron: str | None, serve_runs: bool) -> str:
-    """Register the deployment and return its id; with `serve_runs`, serve it until interrupted."""
+    """Register the deployment and return its id; with `serve_runs`, serve it until interrupted, one run at a time
+    (a run that comes due while another runs waits for it, instead of being refused the busy workdir)."""
     deployment = flow_deployment(cfg, name, cron)
     deployment_id = str(deployment.apply())
-    if serve_runs:
-        serve(deployment, print_starting_message=True)
+    if serve_runs:  # one run at a time: every run of this deployment takes the same workdir's lock
+        serve(deployment, print_starting_message=True, limit=1)
     return deployment_id

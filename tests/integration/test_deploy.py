@@ -91,6 +91,8 @@ def test_ui_deploy_schedule_client_runs_and_a_cancelled_run(tmp_path, digits):
         assert deployment.schedules and deployment.schedules[0].schedule.cron == "* * * * *"
         runs = wait_for(lambda: completed(api, manual.id), 420, "a scheduled and a manual run to complete")
         assert any(r.auto_scheduled for r in runs) and any(r.id == manual.id for r in runs)
+        spans = sorted((r.start_time, r.end_time) for r in runs)
+        assert all(later[0] >= earlier[1] for earlier, later in zip(spans, spans[1:])), spans  # one at a time
         cancel_a_training_run(api, deployment, work)
     finally:
         for proc in (served, ui):
