@@ -393,11 +393,13 @@ def imagenet_shaped(
 def bench_train(
     config: ConfigOpt = None, data: DataOpt = None, workdir: WorkdirOpt = None,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the figures to this JSON file.")] = None,
+    launcher: Annotated[list[str], typer.Option(help="Launchers to compare: horovodrun, torchrun (repeat the "
+                                                     "option).")] = ["horovodrun", "torchrun"],  # noqa: B006
 ) -> None:
     """Throughput with 1 and 2 workers under Horovod and DDP, and the scaling efficiency."""
     from flows.bench.training import bench_training
 
-    bench_training(configure(config, data, workdir, digits_defaults=False), json_out)
+    bench_training(configure(config, data, workdir, digits_defaults=False), json_out, tuple(launcher))
 
 
 @bench_app.command("staging")

@@ -168,6 +168,7 @@ CASES = [
     Case("unknown model", [*TRAIN, "--data", "{dir}/data", "--model", "resnet5000"], files()),
     Case("pipeline stages without pipeline parallelism", [*TRAIN, "--data", "{dir}/data", "--stages", "2"], files()),
     Case("unknown launcher", [*TRAIN, "--data", "{dir}/data", "--launcher", "mpirun"], files()),
+    Case("unknown launcher to benchmark", ["bench", "train", "--launcher", "mpirun", "--workdir", "{dir}/w"]),
     Case("results folder inside a file", [*TRAIN, "--data", "{dir}/data", "--out", "{dir}/file/out"], files(file="")),
     Case("batch larger than the data set", [*TRAIN, "--data", "{dir}/data", "--batch-size", "5"], files()),
     Case("a model that cannot take the image size", [*TRAIN, "--data", "{dir}/data", "--model", "vit_b_16",

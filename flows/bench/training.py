@@ -18,7 +18,7 @@ from rich.progress import Progress, TimeElapsedColumn
 from rich.table import Table
 
 from flows.bench.common import clear_checkpoints, shown, spread, write_json
-from flows.config import FlowConfig
+from flows.config import ConfigError, FlowConfig
 from infra.backends.process import train_here
 from infra.launchers import LaunchError
 from infra.trainer import TrainingConfig, read_metrics, trainer_argv
@@ -27,19 +27,23 @@ from infra.trainer import TrainingConfig, read_metrics, trainer_argv
 TRAIN_BENCH_DEFAULTS = dict(model="resnet18", image_size=64, batch_size=32, epochs=2, steps_per_epoch=25,
                             warmup_epochs=0, checkpoint_every=0, log_every=5, loader_workers=0)
 REPEATS = 3
-LAUNCHED = [(launcher, workers) for launcher in ("horovodrun", "torchrun") for workers in (1, 2)]
+LAUNCHERS = ("horovodrun", "torchrun")
 
 
-def bench_training(cfg: FlowConfig, json_out: Path | None, repeats: int = REPEATS) -> dict:
+def bench_training(cfg: FlowConfig, json_out: Path | None, launchers: tuple[str, ...] = LAUNCHERS,
+                   repeats: int = REPEATS) -> dict:
     """Run 1 and 2 workers under each launcher and the machine's ceiling, `repeats` rounds; print and return."""
+    if unknown := sorted(set(launchers) - set(LAUNCHERS)):
+        raise ConfigError(f"--launcher {unknown[0]} is not a launcher: pass horovodrun or torchrun")
+    launched = [(launcher, workers) for launcher in launchers for workers in (1, 2)]
     base = TrainingConfig(**{**TRAIN_BENCH_DEFAULTS, **cfg.training.model_dump(include=cfg.training.model_fields_set)})
     base = base.model_copy(update={"threads": base.threads or max(1, len(os.sched_getaffinity(0)) // 2)})
     data, root = cfg.data or "synthetic", cfg.workdir.resolve() / "bench" / "train"
     rounds = []
     with Progress(*Progress.get_default_columns(), TimeElapsedColumn()) as progress:
-        bar = progress.add_task("training benchmark", total=repeats * (len(LAUNCHED) + 2))
+        bar = progress.add_task("training benchmark", total=repeats * (len(launched) + 2))
         for repeat in range(repeats):
-            rounds.append(one_round(base, data, root, lambda what: progress.update(
+            rounds.append(one_round(base, data, root, launched, lambda what: progress.update(
                 bar, advance=1, description=f"{what} ({repeat + 1}/{repeats})")))
     result = summarise(rounds, base, data)
     print_training_bench(result)
@@ -47,10 +51,10 @@ def bench_training(cfg: FlowConfig, json_out: Path | None, repeats: int = REPEAT
     return result
 
 
-def one_round(base: TrainingConfig, data: str, root: Path, advance) -> dict:
+def one_round(base: TrainingConfig, data: str, root: Path, launched: list[tuple[str, int]], advance) -> dict:
     """Steady images/s of each launcher and worker count, of one single process alone and of two at once."""
     rates = {}
-    for launcher, workers in LAUNCHED:
+    for launcher, workers in launched:
         out = root / f"{launcher}-{workers}"
         clear_checkpoints(out)
         metrics = train_here(base.model_copy(update={"launcher": launcher, "workers": workers}), data, out,

@@ -33,11 +33,13 @@ def repeated(figure: dict) -> bool:
 
 
 def test_bench_train_repeats_every_run_and_computes_the_ceiling(tmp_path):
-    result = bench(tmp_path, ["train"], TRAINFLOW_TRAINING__BATCH_SIZE="8", TRAINFLOW_TRAINING__STEPS_PER_EPOCH="3")
-    assert [(r["backend"], r["workers"]) for r in result["runs"]] == [("horovod", 1), ("horovod", 2), ("ddp", 1),
-                                                                       ("ddp", 2)]
+    """At its smallest: one launcher (`--launcher horovodrun`, the slower to start; torchrun's runs are the
+    parallel bench's and the flow bench's)."""
+    result = bench(tmp_path, ["train", "--launcher", "horovodrun"], TRAINFLOW_TRAINING__BATCH_SIZE="8",
+                   TRAINFLOW_TRAINING__STEPS_PER_EPOCH="3")
+    assert [(r["backend"], r["workers"]) for r in result["runs"]] == [("horovod", 1), ("horovod", 2)]
     assert all(repeated(r["images_per_sec"]) and r["images_per_sec"]["min"] > 0 for r in result["runs"])
-    assert set(result["scaling_efficiency"]) == {"horovod", "ddp"}
+    assert set(result["scaling_efficiency"]) == {"horovod"}
     assert all(repeated(f) for f in result["scaling_efficiency"].values())
     ceiling = result["machine_ceiling_efficiency"]
     assert repeated(ceiling) and ceiling["all"] == pytest.approx([t / (2 * a) for t, a in zip(
