@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # minutes each: every configuration 3 times
 TRAINFLOW = str(Path(sys.executable).with_name("trainflow"))
 FIGURE = {"median", "min", "max", "all"}
 TINY = {"TRAINFLOW_TRAINING__IMAGE_SIZE": "32", "TRAINFLOW_TRAINING__EPOCHS": "1", "TRAINFLOW_TRAINING__LOG_EVERY": "1",
