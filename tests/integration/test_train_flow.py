@@ -107,8 +107,9 @@ def test_whole_flow_on_the_process_pool_then_a_cached_rerun_and_a_dry_run(prefec
     assert snapshot(tmp_path / "work") == before
 
 
-def kill_rank_one(done: threading.Event, times: int, ready) -> None:
-    """Kill the rank-1 worker (SIGKILL, no last words) once `ready()` holds, `times` times."""
+def kill_rank_one(done: threading.Event, times: int, ready, kills: list[float]) -> None:
+    """Kill the rank-1 worker (SIGKILL, no last words) once `ready()` holds, `times` times; `kills` gets the
+    time.monotonic() of each kill."""
     while times and not done.is_set():
         for proc in psutil.process_iter(["cmdline"]):
             try:
@@ -117,6 +118,7 @@ def kill_rank_one(done: threading.Event, times: int, ready) -> None:
                     while not ready() and not done.is_set():
                         time.sleep(0.2)
                     proc.kill()
+                    kills.append(time.monotonic())
                     times -= 1
                     break
             except psutil.Error:
@@ -126,10 +128,10 @@ def kill_rank_one(done: threading.Event, times: int, ready) -> None:
 
 @contextmanager
 def killing_rank_one(times: int, ready=lambda: True):
-    done = threading.Event()
-    threading.Thread(target=kill_rank_one, args=(done, times, ready), daemon=True).start()
+    done, kills = threading.Event(), []
+    threading.Thread(target=kill_rank_one, args=(done, times, ready, kills), daemon=True).start()
     try:
-        yield
+        yield kills
     finally:
         done.set()
 
@@ -149,11 +151,14 @@ def test_a_worker_killed_mid_run_fails_the_flow_and_leaves_no_pool(prefect_serve
 
 
 def test_a_job_past_its_timeout_is_stopped_and_not_retried(prefect_server, digits, tmp_path):
+    state = train_flow(config(tmp_path / "work", digits, job={"timeout_s": 8}, training={"epochs": 200}),
+                       return_state=True)
     with pytest.raises(JobTimedOut, match="ran past its timeout of 8 s"):
-        train_flow(config(tmp_path / "work", digits, job={"timeout_s": 8}, training={"epochs": 200}))
+        state.result()
+    training = task_runs(state.state_details.flow_run_id, {"run-training"})["run-training"]
+    assert (training.run_count, training.state.type.value) == (1, "FAILED")  # a retry would be attempt 2
     assert not list((tmp_path / "work" / "pools").iterdir())
     assert not [p for p in psutil.process_iter(["cmdline"]) if str(tmp_path) in " ".join(p.info["cmdline"] or [])]
-    assert len(list((tmp_path / "work" / "runs").iterdir())) == 1
 
 
 def test_a_data_set_never_staged_fails_before_any_pool(prefect_server, digits, tmp_path):
@@ -230,9 +235,16 @@ def test_a_worker_killed_on_a_container_node_fails_the_job_at_once(prefect_serve
                                                                    digits, tmp_path, monkeypatch):
     monkeypatch.setenv("REGISTRY_PASSWORD", registry.password)
     cfg = docker_config(tmp_path, digits, registry, epochs=20)
-    cfg.job.timeout_s = 600  # a job that hung on its lost peer instead of failing would end in JobTimedOut
-    with killing_rank_one(times=2), pytest.raises(LaunchError, match=r"^rank 1 was killed by signal 9 \(SIGKILL\)"):
-        train_flow(cfg)
+    cfg.job.timeout_s = 300  # a job hung on its lost peer ends here, not at pytest's limit (and breaks the bound)
+    with killing_rank_one(times=2) as kills:
+        state = train_flow(cfg, return_state=True)
+    ended = time.monotonic()
+    with pytest.raises(LaunchError, match=r"^rank 1 was killed by signal 9 \(SIGKILL\)"):
+        state.result()
+    training = task_runs(state.state_details.flow_run_id, {"run-training"})["run-training"]
+    assert (len(kills), training.run_count) == (2, 2)  # killed in each attempt: the one retry, then the failure
+    print(f"flow ended {ended - kills[-1]:.1f} s after the second kill")
+    assert ended - kills[-1] < 60, f"{ended - kills[-1]:.0f} s"
     assert not docker_engine.client.containers.list(all=True, filters={"label": LABEL})
 
 
