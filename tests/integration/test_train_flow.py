@@ -243,8 +243,10 @@ def test_a_worker_killed_on_a_container_node_fails_the_job_at_once(prefect_serve
         state.result()
     training = task_runs(state.state_details.flow_run_id, {"run-training"})["run-training"]
     assert (len(kills), training.run_count) == (2, 2)  # killed in each attempt: the one retry, then the failure
-    print(f"flow ended {ended - kills[-1]:.1f} s after the second kill")
-    assert ended - kills[-1] < 60, f"{ended - kills[-1]:.0f} s"
+    # Measured 3.1 s from the second kill to the flow's end (the job's failure, the pool deleted). Another attempt
+    # would wait 5 s, then train 20 epochs unkilled (minutes); a job hung on its lost peer would run to the 300 s
+    # timeout: either breaks 30 s, which leaves room for a loaded machine.
+    assert ended - kills[-1] < 30, f"the flow ended {ended - kills[-1]:.0f} s after the second kill"
     assert not docker_engine.client.containers.list(all=True, filters={"label": LABEL})
 
 
