@@ -27,7 +27,7 @@ from infra.images import ImageError
 from infra.launchers import LaunchError
 from tasks.build_image import build_image_task
 from tasks.retry import unless_permanent
-from tasks.sync_file_server import sync_to_file_server_task
+from tasks.sync_file_server import sync_on_pool_task, sync_to_file_server_task
 from tasks.train_on_pool import collect_results_task, create_pool_task, delete_pool_task, run_training_task
 from tasks.upload_dataset import upload_dataset_task
 from tasks.upload_scripts import upload_scripts_task
@@ -109,6 +109,14 @@ def test_every_step_retries_as_often_and_as_late_as_the_readme_says():
             assert wait == delays, name
         rule = step.retry_condition_fn
         assert rule is (None if name in RETRY_ANY_ERROR else unless_permanent), name
+
+
+def test_the_sync_job_on_the_pool_is_retried_once_after_10_seconds():
+    """README (steps table): where only the pool reaches the file server, the sync is a job on the pool, retried once
+    after 10 s (each attempt is a whole job), unless its error is permanent."""
+    assert sync_on_pool_task.name == sync_to_file_server_task.name == "sync-to-file-server"
+    assert (sync_on_pool_task.retries, sync_on_pool_task.retry_delay_seconds,
+            sync_on_pool_task.retry_condition_fn) == (1, 10, unless_permanent)
 
 
 def test_staging_steps_retry_after_2_10_and_30_seconds():
