@@ -60,3 +60,23 @@ def test_a_local_pool_with_an_azure_share_is_refused(backend):
     with pytest.raises(ConfigError, match="set fileshare.backend: local") as failure:
         load_config(None, {"pool": {"backend": backend}, "fileshare": {"backend": "azure"}}, environ={})
     assert failure.value.exit_code == 2
+
+
+def command_paths(group, prefix: str = "trainflow") -> list[str]:
+    """Every command of a click group, as `trainflow bench train`."""
+    paths = []
+    for name, command in group.commands.items():
+        path = f"{prefix} {name}"
+        paths += command_paths(command, path) if hasattr(command, "commands") else [path]
+    return paths
+
+
+def test_the_readme_lists_every_command():
+    """The README's table of commands has a row for each command the CLI has, and none it lacks."""
+    import typer
+
+    from flows.cli import app
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    listed = set(re.findall(r"^\| `(trainflow [a-z -]+?)(?: \[|`)", readme, re.MULTILINE))
+    assert listed == set(command_paths(typer.main.get_command(app)))
