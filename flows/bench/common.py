@@ -9,6 +9,9 @@ import time
 from pathlib import Path
 
 import psutil
+from rich.progress import Progress, TimeElapsedColumn
+
+from trainer.metrics import library_versions
 
 
 def clear_checkpoints(out: Path) -> None:
@@ -34,14 +37,15 @@ def shown(figure: dict, fmt: str) -> str:
     return f"{figure['median']:{fmt}} ({figure['min']:{fmt}}–{figure['max']:{fmt}})"
 
 
+def bench_progress() -> Progress:
+    """The progress bar every bench shows: the default columns and the time elapsed."""
+    return Progress(*Progress.get_default_columns(), TimeElapsedColumn())
+
+
 def machine() -> dict:
-    """What the figures were measured on: cores, memory, the platform and the versions that matter."""
-    versions = {}
-    for package in ("torch", "torchvision", "prefect", "azure-storage-blob", "horovod"):
-        try:
-            versions[package] = importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
-            versions[package] = None
+    """What the figures were measured on: cores, memory, the platform and the versions that matter (the trainer's
+    record of its own, and the orchestrator's)."""
+    versions = {**library_versions(), **{p: importlib.metadata.version(p) for p in ("prefect", "azure-storage-blob")}}
     return {"cores": len(os.sched_getaffinity(0)), "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
             "platform": platform.platform(), "python": platform.python_version(), "versions": versions}
 

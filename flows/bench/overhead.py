@@ -16,10 +16,9 @@ from pathlib import Path
 
 import yaml
 from rich.console import Console
-from rich.progress import Progress, TimeElapsedColumn
 from rich.table import Table
 
-from flows.bench.common import shown, spread, time_call, write_json
+from flows.bench.common import bench_progress, shown, spread, time_call, write_json
 from flows.config import FlowConfig
 from infra.azurite import running_azurite
 from infra.launchers import LaunchError, local_command
@@ -41,7 +40,7 @@ def bench_flow(cfg: FlowConfig, json_out: Path | None, repeats: int = REPEATS) -
     direct = local_command(cfg.training.launcher, cfg.training.workers,
                            trainer_argv(cfg.training, str(cfg.data), root / "direct"))
     rounds = []
-    with Progress(*Progress.get_default_columns(), TimeElapsedColumn()) as progress:
+    with bench_progress() as progress:
         bar = progress.add_task("trainflow run once, to stage the data (not measured)", total=1 + repeats * 3)
         timed_command(flow)
         progress.update(bar, advance=1, description=f"torchrun (1/{repeats})")

@@ -19,10 +19,9 @@ import os
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import Progress, TimeElapsedColumn
 from rich.table import Table
 
-from flows.bench.common import clear_checkpoints, shown, spread, write_json
+from flows.bench.common import bench_progress, clear_checkpoints, shown, spread, write_json
 from flows.config import FlowConfig
 from infra.backends.process import train_here
 from infra.trainer import TrainingConfig, TrainingMetrics
@@ -60,7 +59,7 @@ def bench_parallel(cfg: FlowConfig, json_out: Path | None, microbatches: tuple[i
     base = base.model_copy(update={"threads": base.threads or max(1, len(os.sched_getaffinity(0)) // 2)})
     root, plan = cfg.workdir.resolve() / "bench" / "parallel", planned_runs(base, microbatches) + deeper_runs(base)
     results: dict[str, list[TrainingMetrics]] = {label: [] for label, _ in plan}
-    with Progress(*Progress.get_default_columns(), TimeElapsedColumn()) as progress:
+    with bench_progress() as progress:
         bar = progress.add_task("parallelism benchmark", total=len(plan) * REPEATS)
         for repeat in range(REPEATS):  # interleaved: a slow spell of the machine touches every configuration
             for label, run_cfg in plan:

@@ -14,10 +14,9 @@ from typing import Callable
 
 from azure.storage.blob import BlobServiceClient, ContainerClient
 from rich.console import Console
-from rich.progress import Progress, TimeElapsedColumn
 from rich.table import Table
 
-from flows.bench.common import count_files, shown, spread, time_call, write_json
+from flows.bench.common import bench_progress, count_files, shown, spread, time_call, write_json
 from flows.config import FlowConfig
 from infra.azurite import connection_string, running_azurite
 from infra.blobstore import BlobStore, StorageConfig
@@ -38,8 +37,7 @@ def bench_staging(cfg: FlowConfig, json_out: Path | None, files: int, classes: i
     n, size = count_files(data)
     shutil.rmtree(root / "azurite", ignore_errors=True)
     rounds = []
-    with running_azurite(root / "azurite") as port, Progress(*Progress.get_default_columns(),
-                                                             TimeElapsedColumn()) as progress:
+    with running_azurite(root / "azurite") as port, bench_progress() as progress:
         bar = progress.add_task("staging benchmark", total=repeats * len(PATHS))
         for repeat in range(repeats):
             storage = cfg.storage.model_copy(update={"backend": "azurite", "container": f"bench-{repeat}"})

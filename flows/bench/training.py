@@ -14,10 +14,9 @@ import sys
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import Progress, TimeElapsedColumn
 from rich.table import Table
 
-from flows.bench.common import clear_checkpoints, shown, spread, write_json
+from flows.bench.common import bench_progress, clear_checkpoints, shown, spread, write_json
 from flows.config import ConfigError, FlowConfig
 from infra.backends.process import train_here
 from infra.launchers import LaunchError
@@ -40,7 +39,7 @@ def bench_training(cfg: FlowConfig, json_out: Path | None, launchers: tuple[str,
     base = base.model_copy(update={"threads": base.threads or max(1, len(os.sched_getaffinity(0)) // 2)})
     data, root = cfg.data or "synthetic", cfg.workdir.resolve() / "bench" / "train"
     rounds = []
-    with Progress(*Progress.get_default_columns(), TimeElapsedColumn()) as progress:
+    with bench_progress() as progress:
         bar = progress.add_task("training benchmark", total=repeats * (len(launched) + 2))
         for repeat in range(repeats):
             rounds.append(one_round(base, data, root, launched, lambda what: progress.update(
