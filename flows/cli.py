@@ -444,13 +444,56 @@ def bench_scale(
 def bench_images(
     config: ConfigOpt = None, workdir: WorkdirOpt = None,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the figures to this JSON file.")] = None,
+    rounds: Annotated[int, typer.Option(min=1, help="Rounds of the unchanged rebuild, both ways.")] = 3,
+    cold: Annotated[bool, typer.Option(help="Build the first image without the engine's layer cache.")] = False,
 ) -> None:
-    """Training image: a first build and push against an unchanged rebuild and push (local engine and registry)."""
+    """Training image: an unchanged rebuild and push against `docker build` (layer cache) + `docker push`, repeated."""
     from flows.bench.images import bench_images as run_bench
 
     cfg = configure(config, None, workdir, digits_defaults=False)
     with holding(cfg, prefect=False):
-        run_bench(cfg, json_out)
+        run_bench(cfg, json_out, rounds, cold)
+
+
+@bench_app.command("all")
+@friendly_errors
+def bench_all(
+    config: ConfigOpt = None, workdir: WorkdirOpt = None,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="The figures' JSON; the report (.md) and its "
+                                                                    "plots (.svg) go beside it. Default: "
+                                                                    "WORKDIR/bench/all.json.")] = None,
+    only: Annotated[list[str], typer.Option(help="Run only these benchmarks (repeat the option).")] = [],  # noqa: B006
+    size: Annotated[str, typer.Option(help="small (minutes each) or tiny (the size of their tests).")] = "small",
+) -> None:
+    """Every benchmark at a small size, one JSON and one markdown report with a plot per benchmark."""
+    from flows.bench.suite import SIZES, bench_all as run_bench
+
+    if size not in SIZES:
+        raise ConfigError(f"--size {size} is not a size: pass {' or '.join(SIZES)}")
+    cfg = configure(config, None, workdir, digits_defaults=False)
+    with holding(cfg, prefect=False):
+        run_bench(cfg, json_out or cfg.workdir / "bench" / "all.json", tuple(only), size)
+
+
+@bench_app.command("gpu")
+@friendly_errors
+def bench_gpu(
+    config: ConfigOpt = None, workdir: WorkdirOpt = None,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the figures to this JSON file.")] = None,
+    loader: Annotated[list[str], typer.Option(help="Loaders to run on the JPEGs (repeat the option); default: "
+                                                   "every loader of the trainer.")] = [],  # noqa: B006
+    peak_tflops: Annotated[Optional[float], typer.Option(help="The GPU's peak dense bf16 TFLOP/s, for a GPU that "
+                                                             "the MFU table lacks.")] = None,
+) -> None:
+    """ResNet-50 bf16 images/s per GPU, synthetic and real JPEGs through each loader, data-wait share and MFU."""
+    from flows.bench.gpu import bench_gpu as run_bench
+    from trainer.options import LOADERS
+
+    if unknown := sorted(set(loader) - set(LOADERS)):
+        raise ConfigError(f"--loader {unknown[0]} is not a loader: pass one of {', '.join(LOADERS)}")
+    cfg = configure(config, None, workdir, digits_defaults=False)
+    with holding(cfg, prefect=False):
+        run_bench(cfg, json_out, tuple(loader) or LOADERS, peak_tflops)
 
 
 @bench_app.command("parallel")

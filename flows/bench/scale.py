@@ -57,7 +57,7 @@ def bench_scale(cfg: FlowConfig, sizes: list[int], json_out: Path | None) -> dic
     """Every stage at every size; prints one table and writes the JSON."""
     root = cfg.workdir.resolve() / "bench" / "scale"
     points = [measure_size(cfg, root, files) for files in sizes]
-    result = {"points": points, "machine": {"cores": os.cpu_count(), "python": sys.version.split()[0]}}
+    result = {"points": points}
     print_scale_table(points)
     write_json(result, json_out)
     return result

@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -44,3 +45,20 @@ def test_the_per_file_baselines_move_every_file(tmp_path, workers):
     sent = {p.relative_to(data): p.read_bytes() for p in data.rglob("*") if p.is_file()}
     assert {p.relative_to(tmp_path / "export"): p.read_bytes() for p in (tmp_path / "export").rglob("*")
             if p.is_file()} == sent and len(sent) == 12
+
+
+def test_bench_all_writes_the_report_and_a_plot_per_benchmark(tmp_path):
+    """`bench all --size tiny` with the two benchmarks that train nothing: one JSON, the report and its plots."""
+    out = subprocess.run([TRAINFLOW, "bench", "all", "--size", "tiny", "--only", "scale", "--only", "staging",
+                          "--workdir", str(tmp_path / "w"), "--json", str(tmp_path / "all.json")],
+                         capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    result = json.loads((tmp_path / "all.json").read_text())
+    assert list(result["benches"]) == ["staging", "scale"] and result["size"] == "tiny"  # in bench all's order
+    assert result["benches"]["staging"]["files"] == 40 and result["benches"]["scale"]["points"][0]["files"] == 300
+    report = (tmp_path / "all.md").read_text()
+    for name in ("staging", "scale"):
+        assert f"![{name}](all-{name}.svg)" in report
+        assert ET.parse(tmp_path / f"all-{name}.svg").getroot().tag.endswith("svg")
+    assert "trainflow bench all --json all.json --only scale --only staging --size tiny" in report
+    assert f"Machine: {result['machine']['cores']} cores" in report

@@ -146,3 +146,21 @@ def test_a_ready_made_image_is_used_by_its_registry_digest(docker_engine, regist
     cfg = image_config(registry, use=f"{cpu_image['name']}:{cpu_image['tag']}")
     used = use_existing(docker_engine, cfg, registry.password, print)
     assert used["image"] == cpu_image["image"] and not used["built"] and not used["pushed"]
+
+
+def test_bench_images_compares_an_unchanged_rebuild_with_docker_build_and_push(cpu_image, tmp_path):
+    """At its smallest (2 rounds) on the session's image, which the engine holds: the first build is then the layer
+    cache's, and both ways of the unchanged rebuild run for real (docker's command line against the same engine)."""
+    out = subprocess.run([TRAINFLOW, "bench", "images", "--config", str(REPO / "flows/configs/local-docker.yaml"),
+                          "--rounds", "2", "--workdir", str(tmp_path / "w"), "--json", str(tmp_path / "images.json")],
+                         capture_output=True, text=True, timeout=1800)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    result = json.loads((tmp_path / "images.json").read_text())
+    assert result["image"].split("@")[1] == cpu_image["digest"]  # the same content, so the same manifest
+    assert result["rounds"] == 2 and not result["unchanged_rebuilt"] and not result["unchanged_pushed"]
+    for side in ("trainflow_unchanged_seconds", "docker_build_push_seconds", "speedup"):
+        figure = result[side]
+        assert len(figure["all"]) == 2 and 0 < figure["min"] <= figure["median"] <= figure["max"]
+    assert result["speedup"]["all"] == pytest.approx([d / t for t, d in zip(
+        result["trainflow_unchanged_seconds"]["all"], result["docker_build_push_seconds"]["all"])])
+    assert "docker build (layer cache) + docker push" in " ".join(out.stdout.split())

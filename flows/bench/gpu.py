@@ -1,0 +1,111 @@
+"""`trainflow bench gpu`: ResNet-50 images/s per GPU in bf16 on synthetic data and on real JPEGs through each loader,
+with the share of each step spent waiting for data and the model FLOPs utilisation (MFU).
+
+MFU = images/s x 24.3 GFLOP (ResNet-50's forward and backward pass per 224 px image) / the GPU's peak dense bf16
+FLOP/s, from the table below (NVIDIA's datasheets) or `--peak-tflops`. One process on GPU 0; REPEATS rounds of every
+run, every figure the median with its min-max. On a machine without a CUDA GPU it says so and exits 2.
+"""
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from flows.bench.common import bench_progress, clear_checkpoints, shown, spread, write_json
+from flows.config import ConfigError, FlowConfig
+from infra.backends.process import train_here
+from infra.sample_data import write_imagenet_like
+from infra.trainer import TrainingConfig
+
+RESNET50_TRAIN_GFLOP = 24.3  # per image, forward + backward (3 x the forward's ~8.1 GFLOP at 224 px)
+# Dense bf16 tensor-core peak, TFLOP/s, by the name torch.cuda.get_device_name() gives (NVIDIA datasheets).
+PEAK_BF16_TFLOPS = {"H200": 989.4, "H100 80GB HBM3": 989.4, "H100 SXM": 989.4, "H100 NVL": 835.0, "H100 PCIe": 756.5,
+                    "A100": 312.0, "L40S": 362.1, "L4": 121.0, "A10": 125.0}
+GPU_DEFAULTS = dict(model="resnet50", image_size=224, batch_size=256, precision="bf16", channels_last="on",
+                    device="cuda", epochs=2, steps_per_epoch=30, warmup_epochs=0, checkpoint_every=0, log_every=10,
+                    workers=1)
+REPEATS = 3
+JPEGS = 20_000
+
+
+def peak_tflops(name: str, given: float | None) -> float | None:
+    """The GPU's peak dense bf16 TFLOP/s: `given`, else the table's entry whose key the device name contains."""
+    if given:
+        return given
+    return next((peak for key, peak in PEAK_BF16_TFLOPS.items() if key in name), None)
+
+
+def mfu(images_per_sec: float, peak: float | None) -> float | None:
+    """Model FLOPs utilisation of ResNet-50 training at `images_per_sec` on a GPU of `peak` TFLOP/s."""
+    return images_per_sec * RESNET50_TRAIN_GFLOP * 1e9 / (peak * 1e12) if peak else None
+
+
+def gpu_facts() -> dict:
+    """GPU 0's name and memory, the driver's version (nvidia-smi) and CUDA's; an error when there is no GPU."""
+    if not torch.cuda.is_available():
+        raise ConfigError("no CUDA GPU here (torch.cuda.is_available() is False): `trainflow bench gpu` measures "
+                          "images/s per GPU; run it on a machine with an NVIDIA GPU and its driver")
+    props = torch.cuda.get_device_properties(0)
+    smi = shutil.which("nvidia-smi")
+    driver = subprocess.run([smi, "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True,
+                            text=True).stdout.strip().splitlines()[0] if smi else "unknown"
+    return {"name": props.name, "memory_gb": round(props.total_memory / 2**30, 1), "driver": driver,
+            "cuda": torch.version.cuda, "count": torch.cuda.device_count()}
+
+
+def runs(loaders: tuple[str, ...]) -> list[tuple[str, str, str]]:
+    """(label, data, loader) of every run: synthetic data, then the JPEGs through each loader."""
+    return [("synthetic", "synthetic", loaders[0])] + [(f"JPEGs, --loader {name}", "jpegs", name) for name in loaders]
+
+
+def bench_gpu(cfg: FlowConfig, json_out: Path | None, loaders: tuple[str, ...], given_peak: float | None = None,
+              repeats: int = REPEATS) -> dict:
+    """Every run `repeats` rounds on GPU 0; print the table and return the figures."""
+    gpu = gpu_facts()
+    named = cfg.training.model_dump(include=cfg.training.model_fields_set)
+    base = TrainingConfig(**{**GPU_DEFAULTS, "loader_workers": max(1, len(os.sched_getaffinity(0)) - 1), **named})
+    root = cfg.workdir.resolve() / "bench" / "gpu"
+    jpegs = str(write_imagenet_like(root / "jpegs", files=JPEGS, classes=100))
+    plan = runs(loaders)
+    facts = {label: [] for label, _, _ in plan}
+    with bench_progress() as progress:
+        bar = progress.add_task("GPU benchmark", total=repeats * len(plan))
+        for repeat in range(repeats):
+            for label, data, loader in plan:
+                progress.update(bar, description=f"{label} ({repeat + 1}/{repeats})")
+                out = root / label.replace(" ", "-").replace(",", "")
+                clear_checkpoints(out)
+                metrics = train_here(base.model_copy(update={"loader": loader}), jpegs if data == "jpegs" else data,
+                                     out, root / "pools", lambda line: None)
+                facts[label].append((metrics.steady_images_per_sec, max(metrics.data_wait_share or [0.0])))
+                progress.advance(bar)
+    peak = peak_tflops(gpu["name"], given_peak)
+    result = {"gpu": gpu, "peak_bf16_tflops": peak, "settings": base.model_dump() | {"repeats": repeats},
+              "runs": [gpu_row(label, facts[label], peak) for label, _, _ in plan]}
+    print_gpu_bench(result)
+    write_json(result, json_out)
+    return result
+
+
+def gpu_row(label: str, measured: list[tuple[float, float]], peak: float | None) -> dict:
+    """One run's images/s, data-wait share and MFU over its repetitions."""
+    rates = [rate for rate, _ in measured]
+    return {"run": label, "images_per_sec": spread(rates), "data_wait_share": spread([wait for _, wait in measured]),
+            "mfu": spread([mfu(rate, peak) for rate in rates]) if peak else None}
+
+
+def print_gpu_bench(result: dict) -> None:
+    """The runs as a table: medians, min-max in brackets."""
+    g, s = result["gpu"], result["settings"]
+    table = Table(title=f"{s['model']} {s['precision']} on {g['name']} (driver {g['driver']}, CUDA {g['cuda']}), batch "
+                        f"{s['batch_size']}, steady images/s, median (min-max) of {s['repeats']} rounds")
+    for column in ("run", "images/s", "data-wait share", "MFU"):
+        table.add_column(column, justify="right")
+    for r in result["runs"]:
+        table.add_row(r["run"], shown(r["images_per_sec"], ".0f"), shown(r["data_wait_share"], ".2f"),
+                      shown(r["mfu"], ".1%") if r["mfu"] else "unknown peak: pass --peak-tflops")
+    Console().print(table)

@@ -1,0 +1,37 @@
+"""`trainflow bench gpu`'s arithmetic and its answer on a machine without a GPU (this one, and CI's)."""
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from flows.bench.gpu import gpu_row, mfu, peak_tflops, runs
+from flows.cli import app
+
+
+def test_mfu_is_resnet50_training_flops_over_the_gpu_s_bf16_peak():
+    # 4,000 images/s on an H100 SXM: 4000 x 24.3e9 / 989.4e12
+    assert mfu(4000, peak_tflops("NVIDIA H100 80GB HBM3", None)) == pytest.approx(0.0982, abs=1e-4)
+    assert mfu(4000, None) is None
+
+
+def test_the_peak_comes_from_the_device_name_or_the_option():
+    assert peak_tflops("NVIDIA H100 PCIe", None) == 756.5 and peak_tflops("NVIDIA A100-SXM4-80GB", None) == 312.0
+    assert peak_tflops("Some Future GPU", None) is None and peak_tflops("Some Future GPU", 500.0) == 500.0
+
+
+def test_every_loader_runs_on_the_jpegs_after_synthetic_data():
+    assert runs(("fast", "pil")) == [("synthetic", "synthetic", "fast"), ("JPEGs, --loader fast", "jpegs", "fast"),
+                                     ("JPEGs, --loader pil", "jpegs", "pil")]
+
+
+def test_a_row_has_the_spread_of_each_figure():
+    row = gpu_row("synthetic", [(4000.0, 0.01), (4200.0, 0.02), (3900.0, 0.0)], 989.4)
+    assert row["images_per_sec"]["median"] == 4000.0 and row["data_wait_share"]["max"] == 0.02
+    assert row["mfu"]["min"] == pytest.approx(mfu(3900.0, 989.4))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: the bench runs instead")
+def test_without_a_gpu_bench_gpu_says_so_and_writes_nothing(tmp_path):
+    result = CliRunner().invoke(app, ["bench", "gpu", "--workdir", str(tmp_path), "--json", str(tmp_path / "g.json")])
+    assert result.exit_code == 2 and "no CUDA GPU here" in result.output and "bench" not in {p.name for p in tmp_path.iterdir()}
+    assert not (tmp_path / "g.json").exists()
