@@ -49,9 +49,12 @@ def training_chart(r: dict) -> Chart:
     bars += [("one process alone", r["alone_images_per_sec"]),
              ("two independent processes", r["independent_2x1_images_per_sec"])]
     ratios = [f"scaling efficiency at 2 workers, {b}: {shown(f, '.2f')}" for b, f in r["scaling_efficiency"].items()]
+    steps = [f"{b} per step: 1 worker {shown(ms['step_ms_1_worker'], '.0f')} ms, 2 workers "
+             f"{shown(ms['step_ms_2_workers'], '.0f')} ms, of which the machine {shown(ms['machine_ms'], '.0f')} ms and "
+             f"communication {shown(ms['communication_ms'], '.0f')} ms" for b, ms in r["per_step_ms"].items()]
     return Chart(f"synthetic training: {s['model']}, {s['image_size']} px, batch {s['batch_size']} per worker",
                  "steady images/s (higher is better)", bars,
-                 ratios + [f"the machine's ceiling: {shown(r['machine_ceiling_efficiency'], '.2f')}"])
+                 ratios + [f"the machine's ceiling: {shown(r['machine_ceiling_efficiency'], '.2f')}"] + steps)
 
 
 def parallel_chart(r: dict) -> Chart:

@@ -86,9 +86,23 @@ def scaling_efficiency(rates: dict[tuple[str, int], float]) -> dict[str, float]:
     return {b: rates[(b, 2)] / (2 * rates[(b, 1)]) for b, w in rates if w == 1 and (b, 2) in rates}
 
 
+def step_breakdown(r: dict, batch: int) -> dict[str, dict[str, float]]:
+    """Per backend, one round's milliseconds per step (each worker's batch of `batch`): with 1 worker and with 2, and
+    the 2-worker step's extra time split into the machine's share (two independent processes' step against one
+    alone's: shared caches and memory) and the rest, communication (the all-reduce and whatever it displaces)."""
+    alone, independent = 1e3 * batch / r["alone"], 1e3 * batch * 2 / r["together"]
+    steps = {}
+    for backend in scaling_efficiency(r["rates"]):
+        one, two = 1e3 * batch / r["rates"][(backend, 1)], 1e3 * batch * 2 / r["rates"][(backend, 2)]
+        steps[backend] = {"step_ms_1_worker": one, "step_ms_2_workers": two, "machine_ms": independent - alone,
+                          "communication_ms": two - one - (independent - alone)}
+    return steps
+
+
 def summarise(rounds: list[dict], base: TrainingConfig, data: str) -> dict:
-    """Every figure over the rounds; efficiencies and the ceiling computed within each round."""
+    """Every figure over the rounds; efficiencies, the ceiling and the step's breakdown computed within each round."""
     efficiencies = [scaling_efficiency(r["rates"]) for r in rounds]
+    steps = [step_breakdown(r, base.batch_size) for r in rounds]
     runs = [{"backend": backend, "workers": workers, "threads_per_worker": base.threads,
              "images_per_sec": spread([r["rates"][(backend, workers)] for r in rounds])}
             for backend, workers in rounds[0]["rates"]]
@@ -96,7 +110,8 @@ def summarise(rounds: list[dict], base: TrainingConfig, data: str) -> dict:
             "runs": runs, "scaling_efficiency": {b: spread([e[b] for e in efficiencies]) for b in efficiencies[0]},
             "alone_images_per_sec": spread([r["alone"] for r in rounds]),
             "independent_2x1_images_per_sec": spread([r["together"] for r in rounds]),
-            "machine_ceiling_efficiency": spread([r["together"] / (2 * r["alone"]) for r in rounds])}
+            "machine_ceiling_efficiency": spread([r["together"] / (2 * r["alone"]) for r in rounds]),
+            "per_step_ms": {b: {k: spread([s[b][k] for s in steps]) for k in steps[0][b]} for b in steps[0]}}
 
 
 def print_training_bench(result: dict) -> None:
@@ -114,3 +129,7 @@ def print_training_bench(result: dict) -> None:
     Console().print(f"one process alone: {shown(result['alone_images_per_sec'], '.1f')} images/s; two at once (no "
                     f"communication): {shown(result['independent_2x1_images_per_sec'], '.1f')} images/s, i.e. the "
                     f"machine itself allows an efficiency of {shown(result['machine_ceiling_efficiency'], '.2f')}")
+    for backend, ms in result["per_step_ms"].items():
+        Console().print(f"{backend} per step: 1 worker {shown(ms['step_ms_1_worker'], '.0f')} ms, 2 workers "
+                        f"{shown(ms['step_ms_2_workers'], '.0f')} ms; of the difference, the machine "
+                        f"{shown(ms['machine_ms'], '.0f')} ms and communication {shown(ms['communication_ms'], '.0f')} ms")

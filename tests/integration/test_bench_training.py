@@ -39,7 +39,8 @@ def test_bench_train_repeats_every_run_and_computes_the_ceiling(tmp_path):
                    TRAINFLOW_TRAINING__STEPS_PER_EPOCH="3")
     assert [(r["backend"], r["workers"]) for r in result["runs"]] == [("horovod", 1), ("horovod", 2)]
     assert all(repeated(r["images_per_sec"]) and r["images_per_sec"]["min"] > 0 for r in result["runs"])
-    assert set(result["scaling_efficiency"]) == {"horovod"}
+    assert set(result["scaling_efficiency"]) == {"horovod"} == set(result["per_step_ms"])
+    assert all(repeated(f) for f in result["per_step_ms"]["horovod"].values())
     assert all(repeated(f) for f in result["scaling_efficiency"].values())
     ceiling = result["machine_ceiling_efficiency"]
     assert repeated(ceiling) and ceiling["all"] == pytest.approx([t / (2 * a) for t, a in zip(
