@@ -25,6 +25,8 @@ RUN apt-get update && apt-get install -y --no-install-recommends \
  && rm -rf /var/lib/apt/lists/* && mkdir -p /run/sshd && python3 -m venv /opt/venv
 COPY requirements/ /opt/trainflow/requirements/
 RUN pip install -r /opt/trainflow/requirements/torch.txt -r /opt/trainflow/requirements/image.txt
+# NVIDIA DALI: --loader dali decodes JPEGs on the GPU (nvJPEG through nvImageCodec, wheels that bring their own).
+RUN pip install -r /opt/trainflow/requirements/dali.txt
 COPY build/horovod-wheel.sh /tmp/horovod-wheel.sh
 # Horovod: NCCL for GPU allreduce (the NCCL that torch's wheels bring), MPI and Gloo as controllers.
 # HOROVOD_NCCL_LINK=SHARED: pip's nvidia-nccl wheel has only libnccl.so.2 (no libnccl_static.a), and unset,

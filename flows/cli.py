@@ -1,6 +1,7 @@
 """The `trainflow` command line. Every command takes --config FILE, --data DIR and --workdir DIR."""
 
 import functools
+import json
 import logging
 import os
 import shlex
@@ -20,10 +21,12 @@ from flows.preflight import check_access
 from infra.backends import check_fits
 from infra.backends.process import train_here
 from infra.errors import exit_code
+from infra.ledger import check_budget
 from infra.manifest import check_names, relative_paths
 from infra.redact import RedactSecrets, redact
 from infra.sample_data import write_digits
 from infra.services import port_open
+from infra.tracking import UI_PORT, local_ui, store_folder, store_uri, ui_command
 from infra.trainer import SYNTHETIC, TrainingMetrics
 from infra.workdir import check_workdir, command_line, workdir_lock
 
@@ -34,6 +37,8 @@ data_app = typer.Typer(help="Small real data sets, written to disk.", no_args_is
 bench_app = typer.Typer(help="Benchmarks that print numbers.", no_args_is_help=True)
 app.add_typer(data_app, name="data")
 app.add_typer(bench_app, name="bench")
+runs_app = typer.Typer(help="Past runs under the workdir: accuracy, time, cost, receipt.", invoke_without_command=True)
+app.add_typer(runs_app, name="runs")
 err = Console(stderr=True, highlight=False)
 
 ConfigOpt = Annotated[Optional[Path], typer.Option("--config", help="YAML config file (see flows/configs/).")]
@@ -188,6 +193,7 @@ def smoke(config: ConfigOpt = None, data: DataOpt = None, workdir: WorkdirOpt = 
 def run_flow(cfg: FlowConfig, dry_run: bool) -> None:
     """Plan (dry run) or run the train-flow for `cfg` and print its summary."""
     check_fits(cfg.pool, cfg.training.workers)
+    check_budget(cfg)  # the flow checks it too (deployments); here nothing has started yet
     if dry_run:
         return print_plan(cfg)
     cfg = with_data(cfg)
@@ -264,9 +270,7 @@ def ui(
 ) -> None:
     """Start the Prefect server and UI on this machine (state under the workdir) until Ctrl-C."""
     cfg = configure(None, None, workdir)
-    if port_open(port):
-        raise ConfigError(f"port {port} is in use (another Prefect server or UI?); pass --port N, or open the one "
-                          f"running at http://127.0.0.1:{port}")
+    check_port_free(port, "another Prefect server or UI?")
     home = cfg.workdir / "prefect"
     home.mkdir(parents=True, exist_ok=True)
     print(f"Prefect UI at http://127.0.0.1:{port}  (for trainflow run/deploy against it: "
@@ -277,10 +281,38 @@ def ui(
            "PREFECT_SERVER_API_HOST": "127.0.0.1", "PREFECT_SERVER_API_PORT": str(port),
            "PREFECT_UI_API_URL": os.environ.get("PREFECT_UI_API_URL") or f"http://127.0.0.1:{port}/api"}
     prefect = str(Path(sys.executable).parent / "prefect")
+    serve([prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port)], env, "Prefect server")
+
+
+@app.command("mlflow-ui")
+@friendly_errors
+def mlflow_ui(
+    config: ConfigOpt = None, workdir: WorkdirOpt = None,
+    port: Annotated[int, typer.Option(help="Port of MLflow's UI.")] = UI_PORT,
+) -> None:
+    """Start MLflow's UI on this machine over the runs' tracking store (tracking.uri, else the workdir's SQLite
+    store), beside Prefect's (`trainflow ui`), until Ctrl-C."""
+    cfg = configure(config, None, workdir)
+    check_port_free(port, "another MLflow UI?")
+    uri = store_uri(cfg.tracking, cfg.workdir)
+    store_folder(cfg.workdir).mkdir(parents=True, exist_ok=True)
+    print(f"MLflow UI at {local_ui(port)}  (runs from {uri})", flush=True)
+    serve(ui_command(sys.executable, uri, cfg.workdir, port), dict(os.environ), "MLflow UI")
+
+
+def check_port_free(port: int, guess: str) -> None:
+    """Refuse a port that something already serves on."""
+    if port_open(port):
+        raise ConfigError(f"port {port} is in use ({guess}); pass --port N, or open the one running at "
+                          f"http://127.0.0.1:{port}")
+
+
+def serve(command: list[str], env: dict[str, str], name: str) -> None:
+    """Run a server in the foreground until it ends or Ctrl-C (how a UI is meant to end)."""
     try:
-        sys.exit(subprocess.call([prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port)], env=env))
-    except KeyboardInterrupt:  # Ctrl-C is how the UI is meant to end
-        print("Prefect server stopped")
+        sys.exit(subprocess.call(command, env=env))
+    except KeyboardInterrupt:
+        print(f"{name} stopped")
 
 
 @app.command()
@@ -421,6 +453,24 @@ def bench_staging(
         run_bench(cfg, json_out, files, classes)
 
 
+@bench_app.command("loader")
+@friendly_errors
+def bench_loader(
+    config: ConfigOpt = None, data: DataOpt = None, workdir: WorkdirOpt = None,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the figures to this JSON file.")] = None,
+    files: Annotated[int, typer.Option(min=1, help="JPEGs in the generated ImageNet-like folder.")] = 512,
+) -> None:
+    """Images/s per core of each training loader (fast, pil, dali) on 1 core and on all; decode/augment/collate split.
+
+    Reads --data's train/ if given, else --files JPEGs shaped like ImageNet's (500x375, quality 90, about 110 KB).
+    """
+    from flows.bench.loader import bench_loader as run_bench
+
+    cfg = configure(config, data, workdir, digits_defaults=False)
+    with holding(cfg, prefect=False):
+        run_bench(cfg, json_out, files)
+
+
 @bench_app.command("scale")
 @friendly_errors
 def bench_scale(
@@ -522,6 +572,77 @@ def bench_flow(
         from flows.bench.overhead import bench_flow as run_bench
 
         run_bench(cfg, json_out)
+
+
+@runs_app.callback()
+@friendly_errors
+def runs(ctx: typer.Context, workdir: WorkdirOpt = None,
+         as_json: Annotated[bool, typer.Option("--json", help="Print the runs as JSON (whole ids and receipts).")] = False,
+         ) -> None:
+    """The past runs under the workdir, the last ended last: status, accuracy, time, cost and receipt."""
+    if ctx.invoked_subcommand:
+        return
+    from infra.lineage import list_runs
+
+    root = configure(None, None, workdir).workdir / "runs"
+    rows = list_runs(root)
+    if as_json:
+        print(json.dumps(rows, indent=2))
+    elif not rows:
+        print(f"no runs under {root}")
+    else:
+        print_rows(f"runs under {root}", [run_columns(row) for row in rows])
+
+
+def run_columns(row: dict) -> dict:
+    """One run as the columns of `trainflow runs`: ids and hashes cut to 8 characters, as `runs diff` takes them."""
+    receipt, money = row["receipt"] or {}, row["cost"]
+    top1, seconds = row["val_top1"], row["seconds"]
+    return {"run": row["run_id"][:8], "status": row["status"], "updated": row["updated"], "model": row["model"] or "",
+            "workers": str(row["world_size"] or ""), "val top-1": "" if top1 is None else f"{top1:.2%}",
+            "seconds": "" if seconds is None else f"{seconds:.0f}", "node-hours": shown(row["node_hours"]),
+            "GPU-hours": shown(row["gpu_hours"]), "cost": "" if money is None else f"{money:.2f} {row['currency']}",
+            "receipt": " ".join(f"{name} {str(receipt.get(key) or '-')[:8]}" for name, key in (
+                ("data", "data_manifest"), ("config", "config_hash"), ("params", "parameter_digest")))}
+
+
+def shown(value) -> str:
+    """A value in a table: floats to 4 decimals, nothing as an empty cell, the rest as JSON writes it."""
+    if value is None:
+        return ""
+    return f"{value:.4f}".rstrip("0").rstrip(".") if isinstance(value, float) else json.dumps(value).strip('"')
+
+
+def print_rows(title: str, rows: list[dict]) -> None:
+    """Rows of strings as a table, whole whatever the terminal's width."""
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    for column in rows[0]:
+        table.add_column(column, no_wrap=True)
+    for row in rows:
+        table.add_row(*row.values())
+    Console(highlight=False, width=10_000).print(table, crop=False)
+
+
+@runs_app.command("diff")
+@friendly_errors
+def runs_diff(
+    a: Annotated[str, typer.Argument(help="A run id, or an unambiguous prefix of one.")],
+    b: Annotated[str, typer.Argument(help="Another run id, or an unambiguous prefix of one.")],
+    workdir: WorkdirOpt = None,
+) -> None:
+    """What differed between two runs: their receipts, configs, metrics and ledgers, field by field."""
+    from infra.lineage import diff_runs, find_run
+
+    root = configure(None, None, workdir).workdir / "runs"
+    first, second = find_run(root, a), find_run(root, b)
+    rows = diff_runs(first, second)
+    if not rows:
+        print(f"runs {first.name} and {second.name} do not differ")
+        return
+    print_rows(f"{first.name} (A) against {second.name} (B)",
+               [{"field": r["field"], "A": shown(r["a"]) or "-", "B": shown(r["b"]) or "-"} for r in rows])
 
 
 def main() -> None:

@@ -12,15 +12,17 @@ import re
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError, create_model, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
 from infra.backends import JobConfig, PoolConfig, backend_of, backend_sections
 from infra.blobstore import StorageConfig
 from infra.errors import BadInput, first_line
 from infra.fileshare import FileShareConfig
 from infra.images import ImageConfig
+from infra.ledger import CostConfig
 from infra.redact import ENV_NAME_ERROR, names_a_variable, redact, secret_shapes
 from infra.sample_data import DIGITS_TRAINING
+from infra.tracking import TrackingConfig
 from infra.trainer import SYNTHETIC, TrainingConfig
 
 ENV_PREFIX = "TRAINFLOW_"
@@ -62,6 +64,14 @@ class FlowSettings(BaseModel):
     """The training image: Dockerfile flavour, base, registry and credentials."""
     fileserver_export: Path | None = None
     """The file server's export folder (on Azure: where the NFS share is mounted); unset: <workdir>/fileserver."""
+    tracking: TrackingConfig = TrackingConfig()
+    """Experiment tracking in MLflow: the store (unset: SQLite under the workdir) and the experiment."""
+    cost: CostConfig = CostConfig()
+    """The price table of the cost ledger and the budget (per VM size, dedicated and low-priority)."""
+    budget: float | None = Field(None, ge=0)
+    """The most a run's training may cost, in cost.currency: a run whose estimate (infra/ledger.py: a measured
+    earlier run with the same settings, else nodes x price x job.timeout_s x attempts) is higher is refused before
+    anything starts; unset: no limit."""
 
     @model_validator(mode="before")
     @classmethod

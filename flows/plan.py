@@ -18,12 +18,14 @@ from infra.fileshare import open_share
 from infra.transfers import step_plan
 from tasks.build_image import plan_image
 from tasks.sync_file_server import decide_sync, sync_row
+from tasks.track_run import engine_tracking, tracked_training
 from tasks.train_on_pool import plan_pool, run_paths
 from tasks.upload_dataset import decide_upload, scan_dataset, synced_state
 from trainer.datasets import Manifest
 from tasks.upload_scripts import package_files, plan_scripts
 
 RUN_ID = "<run id>"
+MLFLOW_RUN_ID = "<mlflow run id>"
 
 
 def dry_run(cfg: FlowConfig) -> tuple[list[dict], dict[str, str]]:
@@ -44,7 +46,7 @@ def dry_run(cfg: FlowConfig) -> tuple[list[dict], dict[str, str]]:
     rows += [scripts, *data_rows]
     rows.append(step_plan("create-pool", "run", f"{cfg.pool.backend} pool, {slots(cfg.pool)} slots for "
                           f"{cfg.training.workers} workers"))
-    job = pool.job(cfg.training, cfg.job.timeout_s)
+    job = pool.job(tracked_training(cfg.training, engine_tracking(cfg, MLFLOW_RUN_ID)), cfg.job.timeout_s)
     rows.append(step_plan("run-training", "run", job.describe()))
     rows.append(step_plan("collect-results", "run", "results/<run id>/ on the file share, the model to Blob"))
     specs = backend.specs(cfg, run, image)

@@ -9,6 +9,9 @@ from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 from prefect.client.schemas.sorting import TaskRunSort
 from prefect.runtime import flow_run
 
+from infra.ledger import ledger_lines, record_ledger
+from infra.tracking import local_ui, run_page
+
 PLOT_SERIES = (("train_loss", "train loss", "#d62728"), ("val_top1", "val top-1", "#1f77b4"),
                ("images_per_sec", "images/s", "#2ca02c"))
 
@@ -34,13 +37,33 @@ def summary_markdown(summary: dict, durations: dict[str, float]) -> str:
     lines = [f"# Training run `{summary['run_id']}`", "",
              f"- data set: `{summary['dataset']}`", f"- model: `{m['model']}`",
              f"- world size: {m['world_size']} ({m['backend']}) on the {summary['pool']['backend']} pool",
-             f"- throughput: {m['images_per_sec']:.1f} images/s",
+             f"- throughput: {m['images_per_sec']:.1f} images/s", *data_wait_lines(m.get("data_wait_share")),
+             *tracking_lines(summary.get("tracking")),
              f"- final val top-1: {'n/a (no val/ split)' if top1 is None else f'{top1:.2%}'}",
              f"- image: `{summary['image'] or 'none (process pool)'}`",
              f"- results: `{summary['results']['share']}`", *bad_files_lines(m, summary['results']['share']),
              "", "| step | seconds |", "|---|---|"]
     lines += [f"| {name} | {seconds:.1f} |" for name, seconds in durations.items()]
-    return "\n".join(lines + attempt_lines(summary.get("attempts") or [])) + "\n"
+    return "\n".join(lines + attempt_lines(summary.get("attempts") or []) + ledger_lines(summary.get("ledger"))) + "\n"
+
+
+def data_wait_lines(shares: list[float] | None) -> list[str]:
+    """Each rank's share of the last epoch spent waiting for the loader: the first thing to read when GPUs are
+    underfed (every step waits for the slowest rank)."""
+    if not shares:
+        return []
+    per_rank = ", ".join(f"rank {rank} {share:.1%}" for rank, share in enumerate(shares))
+    return [f"- waiting for data (share of each training step, last epoch): {per_rank}"]
+
+
+def tracking_lines(tracked: dict | None) -> list[str]:
+    """Where the run is in MLflow, and how to open it."""
+    if not tracked:
+        return []
+    where = f"`{tracked['uri']}`"
+    if tracked["uri"].startswith("sqlite:"):  # the workdir's store: its UI is `trainflow mlflow-ui`
+        where += f" ([open]({run_page(tracked, local_ui())}) with `trainflow mlflow-ui`)"
+    return [f"- MLflow run: `{tracked['run_id']}` in {where}"]
 
 
 def bad_files_lines(metrics: dict, results: str) -> list[str]:
@@ -93,6 +116,8 @@ def publish_report_task(summary: dict) -> dict[str, float]:
     plot = svg_plot(rows)
     (Path(summary["out"]) / "plot.svg").write_text(plot)
     durations = step_durations(summary["run_id"])
+    summary = {**summary, "ledger": record_ledger(Path(summary["out"]), summary["cost_basis"], durations,
+                                                  summary["attempts"] + summary["sync_attempts"], summary["estimate_key"])}
     create_markdown_artifact(key="run-summary", markdown=summary_markdown(summary, durations))
     create_table_artifact(key="epochs", table=rows, description="Per-epoch metrics")
     create_markdown_artifact(key="training-plot", markdown=f"# Loss, accuracy and throughput per epoch\n\n{plot}\n")

@@ -86,6 +86,33 @@ def _side_for(kb: int, rng: np.random.Generator) -> int:
     return max(8, round(200 * (kb * 1024 / len(probe.getvalue())) ** 0.5))
 
 
+PHOTO_SIZE, PHOTO_QUALITY, PHOTO_NOISE = (500, 375), 90, 24.0  # ImageNet's typical shape; the noise makes ~110 KB
+
+
+def write_photo_like(dest: Path, files: int = 512, classes: int = 8, seed: int = 0) -> Path:
+    """An ImageNet-layout folder (train/ only) of JPEGs shaped and weighted like ImageNet's photographs, written
+    once: 500x375, quality 90, about 110 KB; what a loader's decode and crop are measured on (noise alone
+    would weigh far more at that shape, and decode slower than a photograph)."""
+    if (dest / "train").is_dir():
+        return dest
+    rng = np.random.default_rng(seed)
+    with written_whole(dest) as tmp:
+        for i in range(files):
+            folder = tmp / "train" / f"n{i % classes:08d}"
+            folder.mkdir(parents=True, exist_ok=True)
+            _photo(rng).save(folder / f"img_{i:07d}.JPEG", quality=PHOTO_QUALITY)
+    return dest
+
+
+def _photo(rng: np.random.Generator) -> Image.Image:
+    """Smooth colour fields at two scales with grain on top: the spectrum of a photograph, roughly."""
+    w, h = PHOTO_SIZE
+    layers = [np.asarray(Image.fromarray(rng.integers(0, 256, (rows, cols, 3), dtype=np.uint8)).resize(
+        (w, h), Image.Resampling.BICUBIC), dtype=np.float32) for rows, cols in ((6, 8), (48, 64))]
+    pixels = 0.7 * layers[0] + 0.3 * layers[1] + rng.normal(0, PHOTO_NOISE, (h, w, 3))
+    return Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8))
+
+
 # ImageNet-shaped sets: DEST/train/<wnid>/<wnid>_<k>.JPEG and DEST/val/<wnid>/ILSVRC2012_val_<8 digits>.JPEG, the
 # names of ImageNet-1k (ILSVRC2012) at any shape. Each file is one of a few small JPEGs encoded once, made unique
 # (its bytes and hash) by a comment segment holding its own path: no file is encoded, so writing is limited by the

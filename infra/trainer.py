@@ -5,7 +5,8 @@
   (`check_args`, `check_layout`) validate it. Two settings are the orchestrator's: the launcher and
   the number of workers; `preflight_images` says whether the preflight decodes every image.
 - Its command line (`trainer_argv`) and its preflight (`train.py --check`, one process, before any worker).
-- Its output: every line starts with `[rank N]`, an input error is `... ERROR error: MESSAGE`, and rank 0
+- Its output: every line starts with `[rank N]`, an input error is `... ERROR error: MESSAGE`, the progress
+  line every training.log_every steps is `PROGRESS_LINE` (tasks/progress.py shows it live), and rank 0
   writes metrics.json (`TrainingMetrics`).
 
 The trainer never imports this module or anything else of the orchestrator.
@@ -30,6 +31,8 @@ REPO = Path(__file__).resolve().parents[1]
 TRAINER = "trainer/train.py"  # the entry point inside the training package (a scripts version, an image)
 RANK_LINE = re.compile(r"\[rank (\d+)\]")
 ERROR_LINE = re.compile(r"\[rank (\d+)\].* ERROR error: (.*)")
+# The progress line, every training.log_every steps: epoch, global step, (step in epoch/steps per epoch), images/s.
+PROGRESS_LINE = re.compile(r"epoch (\d+) step (\d+) \((\d+)/(\d+)\) loss \S+ lr \S+, ([\d.]+) images/s")
 # Set by the flow for each run, or the preflight's own: not settings.
 PER_RUN = {"help", "data", "out", "check", "check_workers"}
 FLAG = re.compile(r"--([a-z][a-z-]*)")
@@ -73,6 +76,8 @@ class LauncherSettings(BaseModel):
         args = []
         for name, value in vars(self.namespace()).items():
             flag = "--" + name.replace("_", "-")
+            if value == "":  # unset (--tracking-uri): the trainer's default
+                continue
             if isinstance(value, bool):
                 args.append(flag if value else f"--no-{flag[2:]}")
             else:
@@ -120,6 +125,9 @@ class TrainingMetrics(BaseModel):
     world_size: int
     backend: str
     images_per_sec: float | None = None
+    data_wait_share: list[float] | None = None
+    """Per rank: the share of the last epoch's training time spent waiting for the next batch (the loader) rather
+    than computing; high on any rank means the loader underfeeds the GPUs (each epoch's row has its own)."""
     steady_images_per_sec: float | None = None
     """The last epoch's images/s after its first step (which also infers shapes and allocates): what benches use."""
     wall_seconds: float

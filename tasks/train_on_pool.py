@@ -16,6 +16,7 @@ from infra.blobstore import StorageConfig, open_store
 from infra.fileshare import FileShareConfig, open_share
 from infra.runs import fingerprint
 from infra.trainer import SYNTHETIC, read_metrics
+from tasks.progress import training_progress
 from tasks.retry import unless_permanent
 
 
@@ -67,7 +68,8 @@ def run_training_task(pool: Pool, training, out: Path, timeout_s: float, resumed
         get_run_logger().info("resuming run %s, left unfinished, from its newest checkpoint in %s", pool.run_id, out)
     job = pool.job(training, timeout_s)
     try:
-        run_job(job, out / "logs", get_run_logger().info, timeout_s)
+        with training_progress(training.epochs, get_run_logger().info) as echo:  # live in the UI (tasks/progress.py)
+            run_job(job, out / "logs", echo, timeout_s)
     finally:
         attempts_artifact(job.attempts())
     return {"metrics": read_metrics(out).model_dump(), "command": job.describe(), "attempts": job.attempts()}

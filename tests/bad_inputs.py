@@ -174,6 +174,10 @@ CASES = [
     Case("a model that cannot take the image size", [*TRAIN, "--data", "{dir}/data", "--model", "vit_b_16",
                                                       "--config", "{dir}/c.yaml"],
          files(c_yaml="training: {image_size: 32}\n")),
+    Case("a run whose cost estimate exceeds the budget", ["run", "--data", "synthetic", "--workdir", "{dir}/w",
+                                                          "--config", "{dir}/c.yaml"],
+         files(c_yaml="budget: 1\ncost: {this_machine: Standard_NC24ads_A100_v4}\njob: {timeout_s: 3600}\n")),
+    Case("runs diff of a run that is not there", ["runs", "diff", "abc", "def", "--workdir", "{dir}/w"]),
 ]
 
 

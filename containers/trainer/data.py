@@ -5,6 +5,11 @@ DATA/.verified.json when the data version carries one (nothing decoded), else by
 the preflight all of them, or each worker its share, the lists combined), else from the preflight's list in
 OUT. --bad-files fail refuses them in one line; skip trains without them and says so. A file that fails
 later to decode (nothing checked it) stops the run with a message naming it.
+
+Three loaders (--loader), the same crops and the same sampler order: fast (the default) decodes JPEGs straight to
+uint8 tensors, crops and flips them there and batches uint8, normalised on the device (`normalise`, in the step);
+pil is the original path (PIL images, normalised floats made in the loader); dali hands the files to NVIDIA DALI
+(dali.py). `trainflow bench loader` measures them.
 """
 
 import itertools
@@ -16,10 +21,16 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 from torch.utils.data.distributed import DistributedSampler
 from torchvision import transforms
+from torchvision.io import ImageReadMode, decode_jpeg, read_file
+from torchvision.transforms import v2
+from torchvision.transforms.functional import pil_to_tensor
 
+from trainer import dali
 from trainer.errors import UsageError
+from trainer.options import LOADERS  # noqa: F401 - the loaders the data API builds
 from trainer.layout import (SHOWN, VERIFIED, Split, Verified, find_bad_images, index_folder,  # noqa: F401 - the
                             load_rgb, read_record, read_verified, verify_images, without, write_record)  # data API
+from trainer.layout import opened
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 BAD_LIST = "bad-files.tsv"  # in OUT: every image that cannot be decoded, `path<TAB>reason`, paths relative to DATA
@@ -95,34 +106,75 @@ def check_batch_fits(batch_size: int, workers: int, images: int) -> None:
 
 
 class ImageFiles(Dataset):
-    """Images from a `Split`, decoded to RGB and transformed."""
+    """Images from a `Split`, decoded (`decode`: a PIL image, or a uint8 tensor for the fast loader) and transformed."""
 
-    def __init__(self, split: Split, transform):
-        self.samples, self.transform = split.samples, transform
+    def __init__(self, split: Split, transform, decode=load_rgb):
+        self.samples, self.transform, self.decode = split.samples, transform, decode
 
     def __len__(self) -> int:
         return len(self.samples)
 
     def __getitem__(self, i: int):
         path, target = self.samples[i]
-        return self.transform(load_rgb(path)), target
+        return self.transform(self.decode(path)), target
 
 
-def train_transform(size: int, min_crop_scale: float, hflip: bool):
-    """Standard ImageNet augmentation: random-resized crop, optional horizontal flip, normalise."""
-    steps = [transforms.RandomResizedCrop(size, scale=(min_crop_scale, 1.0))]
-    steps += [transforms.RandomHorizontalFlip()] if hflip else []
-    return transforms.Compose(steps + [transforms.ToTensor(), transforms.Normalize(MEAN, STD)])
+def image_files(split: Split, transform, loader: str) -> ImageFiles:
+    """A split as the `loader` (--loader) reads it: decoded by PIL, or (fast) straight to uint8 tensors; DALI
+    decodes its own (make_loader hands it the files)."""
+    return ImageFiles(split, transform, {"fast": read_uint8, "pil": load_rgb}.get(loader))
 
 
-def val_transform(size: int):
-    """Resize to size/0.875 and centre-crop, as in the ImageNet reference evaluation."""
-    return transforms.Compose([
-        transforms.Resize(round(size / 0.875)),
-        transforms.CenterCrop(size),
-        transforms.ToTensor(),
-        transforms.Normalize(MEAN, STD),
-    ])
+def read_uint8(path: str) -> torch.Tensor:
+    """An image file as an RGB uint8 CHW tensor: a JPEG decoded by libjpeg-turbo straight into the tensor (no PIL
+    image, no floats; measured faster than PIL's decode), anything else (PNG, CMYK, palettes, 16 bits) through
+    load_rgb. PIL reads the header first: the format, and the guard against decompression bombs."""
+    with opened(path) as img:
+        jpeg = img.format == "JPEG" and img.mode in ("RGB", "L")
+    if jpeg:
+        try:
+            return decode_jpeg(read_file(path), mode=ImageReadMode.RGB)
+        except RuntimeError:
+            pass  # a JPEG torchvision refuses (truncated, say): PIL decodes it, or names what is wrong with it
+    return pil_to_tensor(load_rgb(path))
+
+
+def train_transform(size: int, min_crop_scale: float, hflip: bool, loader: str = "pil"):
+    """Standard ImageNet augmentation: random-resized crop, optional horizontal flip, normalise (the fast loader's
+    uint8 tensors are normalised later, on the device, by `normalise`)."""
+    if loader == "dali":
+        return dali.TrainSteps(size, min_crop_scale, hflip)
+    t = kind(loader)
+    steps = [t.RandomResizedCrop(size, scale=(min_crop_scale, 1.0))] + ([t.RandomHorizontalFlip()] if hflip else [])
+    return t.Compose(steps + to_floats(loader))
+
+
+def val_transform(size: int, loader: str = "pil"):
+    """Resize to size/0.875 and centre-crop, as in the ImageNet reference evaluation: deterministic."""
+    if loader == "dali":
+        return dali.ValSteps(size)
+    t = kind(loader)
+    return t.Compose([t.Resize(round(size / 0.875)), t.CenterCrop(size), *to_floats(loader)])
+
+
+def kind(loader: str):
+    """The transforms of `loader`: torchvision's v2 for the fast loader's uint8 tensors (they resize uint8 natively,
+    with antialiasing; v1 goes through floats and back, measured slower than PIL), v1 for PIL images."""
+    return v2 if loader == "fast" else transforms
+
+
+def to_floats(loader: str) -> list:
+    """The PIL loader's last steps: to a float tensor, normalised; none for the fast loader (the device does it)."""
+    return [] if loader == "fast" else [transforms.ToTensor(), transforms.Normalize(MEAN, STD)]
+
+
+def normalise(images: torch.Tensor) -> torch.Tensor:
+    """A batch of uint8 images (the fast loader's), wherever it is, as normalised floats: what ToTensor and
+    Normalize do to each image of the PIL loader; float batches pass unchanged."""
+    if images.dtype != torch.uint8:
+        return images
+    mean, std = (torch.tensor(v, device=images.device).view(1, 3, 1, 1) for v in (MEAN, STD))
+    return images.float().mul_(1 / (255 * std)).add_(-mean / std)  # (x / 255 - mean) / std in two passes
 
 
 class ResumableSampler(DistributedSampler):
@@ -150,8 +202,12 @@ class ShardSampler(Sampler):
         return len(self.indices)
 
 
-def make_loader(dataset, batch_size: int, sampler, workers: int, pin_memory: bool, drop_last: bool):
-    """A DataLoader over one worker's shard."""
+def make_loader(dataset, batch_size: int, sampler, workers: int, pin_memory: bool, drop_last: bool,
+                device: torch.device = torch.device("cpu")):
+    """A DataLoader over one worker's shard; with --loader dali, DALI's batches in the sampler's order (`workers` its
+    threads, on `device`)."""
+    if isinstance(dataset.transform, (dali.TrainSteps, dali.ValSteps)):
+        return dali.DaliBatches(dataset.samples, sampler, batch_size, dataset.transform, device, workers, drop_last)
     return DataLoader(
         dataset, batch_size=batch_size, sampler=sampler, num_workers=workers,
         pin_memory=pin_memory, drop_last=drop_last, persistent_workers=workers > 0,

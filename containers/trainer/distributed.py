@@ -11,8 +11,11 @@ The training loop only calls the methods of `Backend`; every framework-specific 
 import contextlib
 import datetime
 import os
+import time
 
 import torch
+
+from trainer.errors import UsageError
 
 
 class Backend:
@@ -26,9 +29,10 @@ class Backend:
     def setup(self, device: torch.device) -> None:
         """Join the process group."""
 
-    def wrap(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, backward_passes: int = 1):
+    def wrap(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, backward_passes: int = 1,
+             compression: str = "none"):
         """Make the model and optimizer average gradients across workers (once per `backward_passes` backward
-        passes: gradient accumulation)."""
+        passes: gradient accumulation), sent as `compression` (none: float32; fp16; bf16) in the all-reduce."""
         return model, optimizer
 
     def no_sync(self, model: torch.nn.Module):
@@ -63,10 +67,14 @@ class DDP(Backend):
         self.device = device
         torch.distributed.init_process_group(backend, timeout=datetime.timedelta(minutes=10))
 
-    def wrap(self, model, optimizer, backward_passes=1):
+    def wrap(self, model, optimizer, backward_passes=1, compression="none"):
         # torch.distributed: DDP broadcasts rank 0's parameters and buffers when it wraps the model.
         ids = [self.device.index] if self.device.type == "cuda" else None
-        return torch.nn.parallel.DistributedDataParallel(model, device_ids=ids), optimizer
+        ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
+        if compression != "none":  # each bucket cast down for the all-reduce, averaged, cast back into the gradients
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+            ddp.register_comm_hook(None, getattr(default_hooks, f"{compression}_compress_hook"))
+        return ddp, optimizer
 
     def no_sync(self, model):
         return model.no_sync()  # torch.distributed: skip the all-reduce of this backward pass
@@ -79,6 +87,9 @@ class DDP(Backend):
 
     def shutdown(self):
         leave_process_group()
+
+
+POLL_S = 0.001  # Horovod: between polls of an all-reduce in flight; a step takes hundreds of ms on a CPU
 
 
 class Horovod(Backend):
@@ -97,13 +108,30 @@ class Horovod(Backend):
         self.rank, self.world_size = self.hvd.rank(), self.hvd.size()
         self.local_rank, self.local_world_size = self.hvd.local_rank(), self.hvd.local_size()
 
-    def wrap(self, model, optimizer, backward_passes=1):
+    def wrap(self, model, optimizer, backward_passes=1, compression="none"):
         # Horovod: average gradients across workers during backward, once per `backward_passes` passes.
+        if compression == "bf16":
+            raise UsageError("--grad-compression bf16 needs DDP (torchrun): Horovod compresses gradients to fp16 "
+                             "only; pass --grad-compression fp16 or none")
         optimizer = self.hvd.DistributedOptimizer(
             optimizer, named_parameters=model.named_parameters(), op=self.hvd.Average,
-            backward_passes_per_step=backward_passes,
+            backward_passes_per_step=backward_passes, compression=getattr(self.hvd.Compression, compression),
         )
+        optimizer.synchronize = self.waiting_quietly(optimizer)
         return model, optimizer
+
+    def waiting_quietly(self, optimizer):
+        """The optimizer's synchronize, after waiting for its gradients' all-reduces in sleeps of POLL_S: Horovod's
+        own wait spins (0.7 CPU s per s here while a peer is late), taking the CPU that the peer, on the same
+        cores, needs to finish its backward pass."""
+        spinning = optimizer.synchronize
+
+        def synchronize():
+            for handle, _ in list(optimizer._handles.values()):  # Horovod: (handle, context) per gradient in flight
+                while isinstance(handle, int) and not self.hvd.poll(handle):
+                    time.sleep(POLL_S)
+            spinning()
+        return synchronize
 
     def broadcast_state(self, model, optimizer):
         # Horovod: start every worker from rank 0's parameters and optimizer state.

@@ -5,6 +5,7 @@ import importlib.metadata
 import platform
 import time
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import torch
 import torchvision
@@ -59,6 +60,18 @@ class Throughput:
     started: float = field(default_factory=time.perf_counter)
     seen: int = 0
     after_first: tuple[float, int] | None = None  # (time, images) when the epoch's first step ended
+    waited: float = 0.0  # seconds spent waiting for the next batch (the loader)
+
+    def next_batch(self, batches: Iterator):
+        """The next batch of `batches` (None after the last), the time spent waiting for it counted."""
+        start = time.perf_counter()
+        batch = next(batches, None)
+        self.waited += time.perf_counter() - start
+        return batch
+
+    def data_wait_share(self) -> float:
+        """The share of the epoch so far spent waiting for batches rather than computing (and checkpointing)."""
+        return wait_share(self.waited, time.perf_counter() - self.started)
 
     def count(self, images: int) -> None:
         """A step of `images` ended."""
@@ -74,3 +87,8 @@ class Throughput:
             return seconds, whole, whole
         at, images = self.after_first
         return seconds, whole, (self.seen - images) / max(now - at, 1e-9)
+
+
+def wait_share(waited: float, total: float) -> float:
+    """`waited` seconds as a share of `total` seconds, in [0, 1] (0 for no time at all)."""
+    return min(max(waited / total, 0.0), 1.0) if total > 0 else 0.0

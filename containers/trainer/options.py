@@ -5,8 +5,11 @@ import os
 from pathlib import Path
 
 from trainer.errors import UsageError
+from trainer.tracking import check_trackers
 
 SYNTHETIC = "synthetic"
+LOADERS = ("fast", "pil", "dali")  # --loader: see data.py and dali.py
+GRAD_COMPRESSIONS = ("none", "fp16", "bf16")  # --grad-compression: see distributed.py
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -27,16 +30,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--image-size", type=int, default=224, help="side of the square crops the model sees")
     p.add_argument("--min-crop-scale", type=float, default=0.08, help="smallest area fraction of the random-resized crop")
     p.add_argument("--hflip", action=argparse.BooleanOptionalAction, default=True, help="random horizontal flips")
+    p.add_argument("--loader", choices=LOADERS, default="fast",
+                   help="fast: JPEGs decoded straight to uint8 tensors, cropped there, normalised on the device; "
+                        "pil: PIL images, normalised floats made by the loader (the original path); dali: NVIDIA "
+                        "DALI (GPU decoding on a GPU, its CPU mode otherwise; pip install 'trainflow[dali]')")
     p.add_argument("--loader-workers", type=int, default=4, help="DataLoader worker processes per training process")
     p.add_argument("--pin-memory", choices=["auto", "on", "off"], default="auto", help="auto: on when training on a GPU")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="auto: a GPU when there is one")
     p.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto", help="auto: bf16 autocast on GPU, fp32 on CPU")
+    p.add_argument("--compile", choices=["off", "on"], default="off",
+                   help="torch.compile the model (TorchDynamo + Inductor): off by default, as it was measured to help "
+                        "nowhere yet (a CPU's first steps pay minutes of compiling; not measured on a GPU)")
     p.add_argument("--channels-last", choices=["auto", "on", "off"], default="auto", help="auto: on for GPU")
     p.add_argument("--backend", choices=["auto", "single", "ddp", "horovod"], default="auto", help="auto: from the launcher's environment")
+    p.add_argument("--grad-compression", choices=GRAD_COMPRESSIONS, default="none",
+                   help="the gradients' type in the all-reduce: none (float32); fp16 (DDP and Horovod) or bf16 (DDP "
+                        "only) halve the bytes sent, for slow links between nodes (no faster on one CPU machine)")
     p.add_argument("--threads", type=int, default=0, help="CPU threads per worker; 0 shares the cores among the local workers")
     p.add_argument("--checkpoint-every", type=int, default=500, help="steps between checkpoints (also one at each epoch end); 0: epoch ends only")
     p.add_argument("--keep-checkpoints", type=int, default=3, help="newest checkpoints kept")
     p.add_argument("--log-every", type=int, default=20, help="steps between progress lines")
+    p.add_argument("--tracking-uri", default="", help="MLflow tracking URI that the rank reporting the loss logs "
+                   "metrics to while training (needs mlflow-skinny); empty: no tracking")
+    p.add_argument("--tracking-run-id", default="", help="MLflow run to log into (the flow makes one per "
+                   "pipeline run); empty: a new run in the experiment trainflow")
+    p.add_argument("--tensorboard", default="", help="folder of TensorBoard event files (needs tensorboard): the "
+                   "run's go to a subfolder named after --out, beside other runs'; empty: none")
     p.add_argument("--steps-per-epoch", type=int, default=0, help="cap on steps per epoch; synthetic data needs it (default 100 there)")
     p.add_argument("--num-classes", type=int, default=1000, help="classes of synthetic data (real data: the class folders)")
     p.add_argument("--seed", type=int, default=0, help="seed of initialisation, shuffling and augmentation")
@@ -77,6 +96,7 @@ def check_args(args: argparse.Namespace) -> None:
     if args.parallel == "data" and args.stages > 1:
         raise UsageError("--stages needs --parallel pipeline")
     check_microbatches(args.batch_size, args.microbatches)
+    check_trackers(args.tracking_uri, args.tensorboard)
     if args.parallel == "pipeline" and args.backend == "horovod":
         raise UsageError("Horovod has no pipeline parallelism; run --parallel pipeline under torchrun")
 

@@ -175,9 +175,9 @@ class Pipeline:
     def is_last(self) -> bool:
         return self.stage == self.stages - 1
 
-    def step(self, images: torch.Tensor, targets: torch.Tensor) -> float | None:
+    def step(self, images: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
         """One optimizer step's forward and backward through the pipeline, then gradients averaged over the
-        replicas; the mean loss on the last stage (None elsewhere)."""
+        replicas; the mean loss on the last stage, a tensor (None elsewhere)."""
         started, losses = time.perf_counter(), []
         inputs = (images,) if self.stage == 0 else ()
         extra = {"target": targets, "losses": losses} if self.is_last else {}
@@ -187,7 +187,7 @@ class Pipeline:
         self.clock.close()
         self.average_gradients()
         self.step_seconds.append(time.perf_counter() - started)
-        return torch.stack(losses).mean().item() if self.is_last else None
+        return torch.stack(losses).mean().detach() if self.is_last else None
 
     def average_gradients(self) -> None:
         """Each stage's gradients averaged over the D replicas (what DDP does in data-parallel mode)."""

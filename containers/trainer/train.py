@@ -41,7 +41,7 @@ if __package__ in (None, ""):  # run as a script: make the `trainer` package imp
 
 import torch
 
-from trainer import checkpoint, data, layout, metrics
+from trainer import checkpoint, data, layout, metrics, tracking
 from trainer.distributed import Backend, leave_process_group, make_backend, pick_device
 from trainer.errors import UsageError
 from trainer.memory import peak_resident_mb, resident_mb
@@ -79,6 +79,7 @@ class Run:
     pipeline: Pipeline | None = None  # --parallel pipeline: this rank's stage
     data_facts: dict = field(default_factory=dict)  # images trained and validated on, the bad ones left out
     resident_before_model_mb: float = 0.0  # the runtime and data this process held before its model was built
+    tracker: tracking.Tracker = field(default_factory=tracking.Tracker)  # off unless --tracking-uri
 
     @property
     def replicas(self) -> int:
@@ -171,6 +172,7 @@ def logits(output) -> torch.Tensor:
 def train(args) -> None:
     """Set up this worker, resume if OUT holds a checkpoint, train every epoch, write the results."""
     run = set_up(args)
+    run.tracker = tracking.open_tracker(args, run.reports_loss)
     while run.epoch < args.epochs:
         row = train_epoch(run)
         average_buffers(run)
@@ -261,15 +263,16 @@ def make_batches(args, backend: Backend, device: torch.device, shard: int, shard
     facts = data_facts(args, train_split, val_split, record)
     data.check_batch_fits(args.batch_size, shards, len(train_split.samples))
     pin = resolve(args.pin_memory, device)
-    train_set = data.ImageFiles(train_split, data.train_transform(args.image_size, args.min_crop_scale, args.hflip))
+    train_set = data.image_files(train_split, data.train_transform(args.image_size, args.min_crop_scale, args.hflip,
+                                                                   args.loader), args.loader)
     sampler = data.ResumableSampler(train_set, shards, shard, shuffle=True, seed=args.seed)
-    train_batches = data.make_loader(train_set, args.batch_size, sampler, args.loader_workers, pin, drop_last=True)
+    train_batches = data.make_loader(train_set, args.batch_size, sampler, args.loader_workers, pin, True, device)
     if val_split is None:
         log.warning("no val/ folder in %s: training without validation", args.data)
         return train_batches, None, train_split.classes, facts
-    val_set = data.ImageFiles(val_split, data.val_transform(args.image_size))
+    val_set = data.image_files(val_split, data.val_transform(args.image_size, args.loader), args.loader)
     val_sampler = data.ShardSampler(len(val_set), shard, shards)  # a pipeline's stages pass the same batches on
-    val_batches = data.make_loader(val_set, args.batch_size, val_sampler, args.loader_workers, pin, drop_last=False)
+    val_batches = data.make_loader(val_set, args.batch_size, val_sampler, args.loader_workers, pin, False, device)
     return train_batches, val_batches, train_split.classes, facts
 
 
@@ -349,10 +352,15 @@ def wrap_for_backend(run: Run, state: dict | None) -> None:
     """Wrap model and optimizer for the backend, restore the optimizer, and sync rank 0's state (in pipeline
     mode the stages average their gradients themselves, and every rank starts from the same seed)."""
     if run.pipeline is None:
-        run.model, run.optimizer = run.backend.wrap(run.raw_model, run.optimizer, run.args.microbatches)
+        run.model, run.optimizer = run.backend.wrap(run.raw_model, run.optimizer, run.args.microbatches,
+                                                    run.args.grad_compression)
     if state is not None and run.pipeline is None:  # after wrapping: Horovod's optimizer starts with empty state
         run.optimizer.load_state_dict(state["optimizer"])
     run.backend.broadcast_state(run.raw_model, run.optimizer)
+    if run.args.compile == "on" and run.pipeline is None:
+        # the wrapped model: under DDP, TorchDynamo splits the graph at the gradient buckets so that the all-reduce
+        # still overlaps the backward pass; checkpoints keep using raw_model's names
+        run.model = torch.compile(run.model)
 
 
 def make_scheduler(run: Run) -> torch.optim.lr_scheduler.LambdaLR:
@@ -400,10 +408,11 @@ def train_epoch(run: Run) -> dict:
         sampler.skip = run.skip_steps * args.batch_size
     run.model.train()
     done, run.skip_steps = run.skip_steps, 0
-    loss_sum, counted = torch.zeros((), dtype=torch.float64), metrics.Throughput()
-    for images, targets in run.train_batches:
-        if done >= steps_per_epoch(run):
-            break
+    # the loss stays on the device until the epoch ends (or a progress line): no host-device sync in the step
+    loss_sum, counted = torch.zeros((), dtype=torch.float64, device=run.device), metrics.Throughput()
+    batches = iter(run.train_batches)
+    while done < steps_per_epoch(run) and (batch := counted.next_batch(batches)) is not None:
+        images, targets = batch
         loss = train_step(run, images, targets)
         done, run.step = done + 1, run.step + 1
         if args.checkpoint_every and run.step % args.checkpoint_every == 0:
@@ -413,18 +422,29 @@ def train_epoch(run: Run) -> dict:
         loss_sum += loss * len(targets)
         counted.count(len(targets))
         if run.reports_loss and run.step % args.log_every == 0:
-            log.info("epoch %d step %d (%d/%d) loss %.4f lr %.5f", run.epoch + 1, run.step, done,
-                     steps_per_epoch(run), loss, run.scheduler.get_last_lr()[0])
+            log_step(run, done, loss.item(), counted)
     seconds, rate, steady = counted.rates()
     totals = run.backend.all_reduce_sum(torch.tensor([float(loss_sum), counted.seen, rate, steady], dtype=torch.float64))
+    waits = rank_values(run.backend, counted.data_wait_share())
     return {"epoch": run.epoch + 1, "step": run.step, "train_loss": totals[0].item() / max(totals[1].item(), 1),
             "images_per_sec": totals[2].item(), "images_per_sec_per_worker": totals[2].item() / run.backend.world_size,
-            "steady_images_per_sec": totals[3].item(), "epoch_seconds": seconds, "lr": run.scheduler.get_last_lr()[0]}
+            "steady_images_per_sec": totals[3].item(), "epoch_seconds": seconds, "lr": run.scheduler.get_last_lr()[0],
+            "data_wait_share": [round(w, 4) for w in waits]}
 
 
-def train_step(run: Run, images: torch.Tensor, targets: torch.Tensor) -> float | None:
+def log_step(run: Run, done: int, loss: float, counted: metrics.Throughput) -> None:
+    """The progress line (infra/trainer.py's PROGRESS_LINE reads it) and the step's metrics to the tracker. images/s
+    is this rank's rate so far this epoch times the replicas: all of them, as the epoch's row counts."""
+    lr, images_per_sec = run.scheduler.get_last_lr()[0], counted.rates()[1] * run.replicas
+    log.info("epoch %d step %d (%d/%d) loss %.4f lr %.5f, %.1f images/s", run.epoch + 1, run.step, done,
+             steps_per_epoch(run), loss, lr, images_per_sec)
+    run.tracker.log(tracking.step_metrics(loss, lr, images_per_sec), run.step)
+
+
+def train_step(run: Run, images: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
     """Forward, backward (gradients averaged across workers by the backend, or across pipeline replicas) and
-    an optimizer step; the loss (None on a pipeline stage before the last)."""
+    an optimizer step; the loss as a tensor on the device, so that the host does not wait for the step (None on a
+    pipeline stage before the last)."""
     images, targets = to_device(run, images, targets)
     run.optimizer.zero_grad()  # Horovod's optimizer takes no set_to_none; None is the default
     if run.pipeline:
@@ -437,17 +457,18 @@ def train_step(run: Run, images: torch.Tensor, targets: torch.Tensor) -> float |
     return loss
 
 
-def accumulate_gradients(run: Run, images: torch.Tensor, targets: torch.Tensor) -> float:
+def accumulate_gradients(run: Run, images: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Forward and backward over --microbatches equal chunks of the batch (gradient accumulation: the same
-    gradient as one pass when there is no batch norm); the batch's mean loss. Workers average once, at the end."""
+    gradient as one pass when there is no batch norm); the batch's mean loss, on the device. Workers average once,
+    at the end."""
     chunks = run.args.microbatches
-    total = 0.0
+    total = torch.zeros((), device=run.device)
     for i, (x, y) in enumerate(zip(images.chunk(chunks), targets.chunk(chunks))):
         with run.backend.no_sync(run.model) if i < chunks - 1 else contextlib.nullcontext():
             with torch.autocast(run.device.type, dtype=torch.bfloat16, enabled=run.amp):
                 loss = torch.nn.functional.cross_entropy(logits(run.model(x)), y) / chunks
             loss.backward()
-        total += loss.item()
+        total += loss.detach()
     return total
 
 
@@ -485,9 +506,11 @@ def evaluate(run: Run) -> dict:
 
 
 def to_device(run: Run, images: torch.Tensor, targets: torch.Tensor):
-    """Move a batch to the device, in channels-last layout when that is on."""
+    """Move a batch to the device, in channels-last layout when that is on; the fast loader's uint8 images are
+    normalised there (a quarter of the bytes to move, and the device's arithmetic)."""
     fmt = torch.channels_last if run.channels_last else torch.contiguous_format
-    return images.to(run.device, non_blocking=True, memory_format=fmt), targets.to(run.device, non_blocking=True)
+    images = data.normalise(images.to(run.device, non_blocking=True, memory_format=fmt))
+    return images, targets.to(run.device, non_blocking=True)
 
 
 def save_checkpoint(run: Run, step_in_epoch: int) -> None:
@@ -532,6 +555,7 @@ def finish(run: Run) -> None:
                               "image_size": run.args.image_size, "state_dict": whole})
         write_metrics(run, status="complete", parameters_in_sync=in_sync, parameter_digest=digest, **extra)
         log.info("results in %s", Path(run.args.out).resolve())
+    run.tracker.close()
     run.backend.shutdown()
 
 
@@ -605,7 +629,7 @@ def write_metrics(run: Run, status: str, **extra) -> None:
                "global_batch_size": args.batch_size * run.replicas, "base_lr": args.lr,
                "peak_lr": args.lr * run.replicas, "global_step": run.step, "resumed_from_steps": run.resumed_from,
                "wall_seconds": run.wall_seconds(), "final_val_top1": last.get("val_top1"), "final_val_top5": last.get("val_top5"),
-               "images_per_sec": last.get("images_per_sec"),
+               "images_per_sec": last.get("images_per_sec"), "data_wait_share": last.get("data_wait_share"),
                "steady_images_per_sec": last.get("steady_images_per_sec"), "versions": metrics.library_versions(),
                "trainer": str(Path(__file__).resolve().parent),  # which scripts version trained the model
                **run.data_facts, "epochs": run.history, **extra}
@@ -613,7 +637,8 @@ def write_metrics(run: Run, status: str, **extra) -> None:
 
 
 def log_epoch(run: Run, row: dict) -> None:
-    """One line per epoch on rank 0."""
+    """One line per epoch on rank 0; the epoch's metrics to the tracker."""
+    run.tracker.log(tracking.epoch_metrics(row), run.step)
     if run.master:
         top1 = "n/a" if row["val_top1"] is None else f"{row['val_top1']:.4f}"
         log.info("epoch %d/%d done: train loss %.4f, val top-1 %s, %.1f images/s (%.1f per worker)",

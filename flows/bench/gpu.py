@@ -57,9 +57,12 @@ def gpu_facts() -> dict:
             "cuda": torch.version.cuda, "count": torch.cuda.device_count()}
 
 
-def runs(loaders: tuple[str, ...]) -> list[tuple[str, str, str]]:
-    """(label, data, loader) of every run: synthetic data, then the JPEGs through each loader."""
-    return [("synthetic", "synthetic", loaders[0])] + [(f"JPEGs, --loader {name}", "jpegs", name) for name in loaders]
+def runs(loaders: tuple[str, ...]) -> list[tuple[str, str, dict]]:
+    """(label, data, trainer settings) of every run: synthetic data eager and compiled (whether torch.compile
+    helps decides its default), then the JPEGs through each loader."""
+    return [("synthetic", "synthetic", {"loader": loaders[0]}),
+            ("synthetic, --compile on", "synthetic", {"loader": loaders[0], "compile": "on"})] + \
+        [(f"JPEGs, --loader {name}", "jpegs", {"loader": name}) for name in loaders]
 
 
 def bench_gpu(cfg: FlowConfig, json_out: Path | None, loaders: tuple[str, ...], given_peak: float | None = None,
@@ -75,11 +78,11 @@ def bench_gpu(cfg: FlowConfig, json_out: Path | None, loaders: tuple[str, ...], 
     with bench_progress() as progress:
         bar = progress.add_task("GPU benchmark", total=repeats * len(plan))
         for repeat in range(repeats):
-            for label, data, loader in plan:
+            for label, data, settings in plan:
                 progress.update(bar, description=f"{label} ({repeat + 1}/{repeats})")
                 out = root / label.replace(" ", "-").replace(",", "")
                 clear_checkpoints(out)
-                metrics = train_here(base.model_copy(update={"loader": loader}), jpegs if data == "jpegs" else data,
+                metrics = train_here(base.model_copy(update=settings), jpegs if data == "jpegs" else data,
                                      out, root / "pools", lambda line: None)
                 facts[label].append((metrics.steady_images_per_sec, max(metrics.data_wait_share or [0.0])))
                 progress.advance(bar)

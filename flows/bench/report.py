@@ -93,7 +93,16 @@ def scale_chart(r: dict) -> Chart:
                  "µs per file, log scale (flat across sizes is the goal)", bars, [], log=True)
 
 
-CHARTS = {"staging": staging_chart, "train": training_chart, "parallel": parallel_chart, "flow": flow_chart,
+def loader_chart(r: dict) -> Chart:
+    """Images/s per core of each loader on 1 core and on all; each loader's speed-up per core over pil."""
+    bars = [(f"--loader {key.split('/')[0]}, {key.split('/')[1]} core(s)", f["per_core"]) for key, f in r["runs"].items()]
+    return Chart(f"loaders on {r['images']} ImageNet-like JPEGs, random-resized-crop to {r['image_size']} px",
+                 "images/s per core (higher is better)", bars,
+                 [f"{loader} against pil, per core, {n} core(s): {shown(f, '.2f')}x"
+                  for loader, by_cores in r["speedup_per_core"].items() for n, f in by_cores.items()])
+
+
+CHARTS = {"loader": loader_chart, "staging": staging_chart, "train": training_chart, "parallel": parallel_chart, "flow": flow_chart,
           "images": images_chart, "scale": scale_chart}
 
 

@@ -18,12 +18,13 @@ from infra.trainer import TrainingConfig
 FLOW_TRAINING = dict(model="resnet18", image_size=32, epochs=1, batch_size=16, workers=2, warmup_epochs=0,
                      loader_workers=0)
 SIZES = {
-    "small": {"staging": dict(files=500, classes=10), "scale": dict(sizes=[1_000, 10_000]),
+    "small": {"loader": dict(files=512), "staging": dict(files=500, classes=10), "scale": dict(sizes=[1_000, 10_000]),
               "flow": dict(steps_per_epoch=20), "train": {}, "parallel": {}},
-    "tiny": {"staging": dict(files=40, classes=4), "scale": dict(sizes=[300]), "flow": dict(steps_per_epoch=2),
+    "tiny": {"loader": dict(files=64), "staging": dict(files=40, classes=4), "scale": dict(sizes=[300]),
+             "flow": dict(steps_per_epoch=2),
              "train": dict(steps_per_epoch=3, batch_size=8, epochs=1), "parallel": dict(steps_per_epoch=2, epochs=1)},
 }
-ORDER = ("staging", "train", "parallel", "flow", "images", "scale")
+ORDER = ("loader", "staging", "train", "parallel", "flow", "images", "scale")
 
 
 def bench_all(cfg: FlowConfig, json_out: Path, only: tuple[str, ...] = (), size: str = "small") -> Path:
@@ -54,6 +55,9 @@ def run_one(name: str, cfg: FlowConfig, size: dict) -> dict:
     if name == "staging":
         from flows.bench.staging import bench_staging
         return bench_staging(cfg, None, size["files"], size["classes"])
+    if name == "loader":
+        from flows.bench.loader import bench_loader
+        return bench_loader(cfg, None, size["files"])
     if name == "scale":
         from flows.bench.scale import bench_scale
         return bench_scale(cfg, size["sizes"], None)

@@ -680,6 +680,10 @@ class AzureMLBackend:
     def nodes(self, pool) -> int:
         return pool.nodes
 
+    def billing(self, cfg) -> tuple[str | None, bool, int]:
+        """The cluster's VM size and priority, and the attempts a training job may make."""
+        return cfg.azureml.vm_size, cfg.azureml.low_priority, cfg.azureml.max_attempts
+
     def scripts_root(self, cfg) -> Path:
         """The root of the Azure Files datastore: scripts/<version> is a path relative to it."""
         return Path()

@@ -9,6 +9,8 @@ job, and where the trainer, the scripts and the data are on its nodes:
         settings: type | None           # its own config section (named after it), if any
         def check(cfg) -> None          # refuse a config it cannot run (ValueError naming the settings)
         def nodes(pool) -> int          # nodes the pool has
+        def billing(cfg) -> tuple       # (VM size of its nodes or None for this machine, low-priority, most
+                                        # attempts of a training job): what infra/ledger.py prices
         def scripts_root(cfg) -> Path   # where its nodes find the file share's scripts/<version>
         def sync_where(cfg) -> str      # who syncs Blob to the file server: "here" (the flow), "pool" (a job
                                         # on the pool: pool.sync_job()), "nodes" (each node, as the job starts)
@@ -132,6 +134,10 @@ class LocalBackend:
 
     def nodes(self, pool) -> int:
         return pool.nodes
+
+    def billing(self, cfg) -> tuple[str | None, bool, int]:
+        """This machine (priced as cost.this_machine); a job makes one attempt and run-training retries it once."""
+        return None, False, 2
 
     def scripts_root(self, cfg) -> Path:
         return local_root(cfg.workdir)

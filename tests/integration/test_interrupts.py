@@ -152,6 +152,9 @@ def test_a_run_killed_outright_takes_its_services_along_and_the_rerun_resumes_it
     assert [r["status"] for r in records] == ["complete"] and records[0]["run_id"] == record["run_id"]
     metrics = json.loads((tmp_path / "w" / "runs" / record["run_id"] / "metrics.json").read_text())
     assert metrics["status"] == "complete" and len(metrics["resumed_from_steps"]) == 1 and metrics["resumed_from_steps"][0] >= 30
+    receipt = json.loads((tmp_path / "w" / "runs" / record["run_id"] / "receipt.json").read_text())
+    assert receipt["inputs"] == record["fingerprint"] and receipt["run_id"] == record["run_id"]  # keyed by its inputs
+    assert receipt["parameter_digest"] == metrics["parameter_digest"] and receipt["data_manifest"] is None  # synthetic
 
 
 def test_a_second_command_on_a_busy_workdir_is_refused_naming_the_first(tmp_path, digits):

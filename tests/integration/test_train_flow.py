@@ -29,6 +29,7 @@ from infra.manifest import sha256_file
 from tasks.train_on_pool import attempts_artifact
 from infra.errors import BadInput
 from infra.images import ImageError
+from infra.ledger import estimate
 from infra.launchers import LaunchError
 from infra.trainer import REPO
 from tests.conftest import image_config
@@ -77,7 +78,8 @@ def test_whole_flow_on_the_process_pool_then_a_cached_rerun_and_a_dry_run(prefec
     for step in result["steps"]:  # each step did what the dry run said it would, and moved what it said
         assert {k: step["plan"][k] for k in ("step", "action", "detail")} == planned[step["plan"]["step"]]
         assert step["files"] == step["plan"].get("files", step["files"])
-    assert result["command"] == planned["run-training"]["detail"].replace("<run id>", result["run_id"])
+    assert result["command"] == planned["run-training"]["detail"].replace("<run id>", result["run_id"]).replace(
+        "<mlflow run id>", result["tracking"]["run_id"])
     shared = tmp_path / "work" / "fileshare" / "results" / result["run_id"]
     metrics = json.loads((shared / "metrics.json").read_text())
     assert metrics["status"] == "complete" and metrics["world_size"] == 2
@@ -105,6 +107,53 @@ def test_whole_flow_on_the_process_pool_then_a_cached_rerun_and_a_dry_run(prefec
     assert [plan[s]["action"] for s in ("upload-scripts", "upload-dataset", "sync-to-file-server")] == ["skip"] * 3
     assert plan["run-training"]["action"] == "run" and "torch.distributed.run" in plan["run-training"]["detail"]
     assert snapshot(tmp_path / "work") == before
+    check_ledgers_receipts_and_runs(cfg, result, again, summary)
+
+
+def trainflow(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(Path(sys.executable).parent / "trainflow"), *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+def check_ledgers_receipts_and_runs(cfg: FlowConfig, first: dict, second: dict, summary: str) -> None:
+    """Each run's folder holds its ledger and receipt; the next estimate is the newest run's measured time; `trainflow
+    runs` lists both runs and `runs diff` tells them apart (reusing the runs of the whole-flow test)."""
+    for result in (first, second):
+        folder = cfg.workdir / "runs" / result["run_id"]
+        ledger = json.loads((folder / "ledger.json").read_text())
+        training = {row["step"]: row for row in ledger["steps"]}["run-training"]
+        assert training["nodes"] == 1 and training["node_seconds"] == training["seconds"] > 0
+        assert {row["nodes"] for row in ledger["steps"]} == {1}  # the process pool is this one machine
+        assert ledger["total"]["gpu_hours"] == 0 and ledger["total"]["cost"] == 0  # CPU workers, no priced machine
+        receipt = json.loads((folder / "receipt.json").read_text())
+        metrics = json.loads((folder / "metrics.json").read_text())
+        assert receipt == result["receipt"] and receipt["world_size"] == 2 and receipt["seed"] == cfg.training.seed
+        assert receipt["parameter_digest"] == metrics["parameter_digest"] and receipt["scripts"] == result["scripts"]
+        assert receipt["data"].endswith(f"/v-{receipt['data_manifest']}")  # the staged version training read
+        assert receipt["inputs"] == json.loads((folder / "run.json").read_text())["fingerprint"]
+    assert "| run-training | 1 |" in summary and "GPU-hours lost to failed or pre-empted attempts: 0.0000" in summary
+    assert estimate(cfg)["how"].startswith(f"run {second['run_id']}'s measured training time")
+    listed = trainflow("runs", "--workdir", str(cfg.workdir), "--json")
+    rows = json.loads(listed.stdout)
+    assert [r["run_id"] for r in rows] == [first["run_id"], second["run_id"]]
+    assert [r["receipt"] for r in rows] == [first["receipt"], second["receipt"]]
+    assert all(r["status"] == "complete" and r["val_top1"] is not None and r["node_hours"] > 0 for r in rows)
+    table = trainflow("runs", "--workdir", str(cfg.workdir))
+    assert table.returncode == 0 and first["run_id"][:8] in table.stdout and second["run_id"][:8] in table.stdout
+    diff = trainflow("runs", "diff", first["run_id"][:8], second["run_id"][:8], "--workdir", str(cfg.workdir))
+    assert diff.returncode == 0, diff.stderr
+    fields = {line.split("│")[1].strip() for line in diff.stdout.splitlines() if line.count("│") == 4}
+    assert {"receipt.run_id", "metrics.wall_seconds"} <= fields
+    assert not fields & {"receipt.config_hash", "receipt.data_manifest", "receipt.scripts", "receipt.inputs"}
+    print(table.stdout, diff.stdout, sep="\n")  # the README's examples
+
+
+def test_a_run_over_its_budget_is_refused_before_anything_starts(prefect_server, tmp_path):
+    cfg = config(tmp_path / "work", "synthetic", budget=1, cost={"this_machine": "Standard_NC24ads_A100_v4"},
+                 job={"timeout_s": 3600})
+    with pytest.raises(BadInput, match=r"^the run's estimate is 7.34 USD .*, over budget 1 USD"):
+        train_flow(cfg)  # as a deployment or a schedule starts it, past the command line's own check
+    assert not (tmp_path / "work").exists()  # no lock, no Azurite, no pool, no run folder
 
 
 def kill_rank_one(done: threading.Event, times: int, ready, kills: list[float]) -> None:

@@ -85,6 +85,20 @@ def test_awkward_images_train_in_one_process(image_tree, tmp_path):
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["status"] == "complete" and metrics["num_classes"] == 2 and metrics["backend"] == "single"
     assert metrics["epochs"][0]["val_top1"] is not None
+    state = torch.load(sorted((out / "checkpoints").glob("*.pt"))[-1], weights_only=False)
+    assert state["optimizer"]["param_groups"][0]["fused"] is True  # one kernel updates every parameter
+
+
+@pytest.mark.slow  # Inductor compiles the forward and backward passes on the CPU: a minute or more
+def test_a_compiled_model_trains_and_checkpoints_under_the_model_s_own_names(image_tree, tmp_path):
+    out = tmp_path / "out"
+    code = engine_main(["--data", str(image_tree), "--out", str(out), "--model", "resnet18", "--image-size", "16",
+                        "--epochs", "1", "--batch-size", "2", "--loader-workers", "0", "--compile", "on"])
+    assert code == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["status"] == "complete" and metrics["epochs"][0]["train_loss"] > 0
+    state = torch.load(sorted((out / "checkpoints").glob("*.pt"))[-1], weights_only=False)
+    assert "conv1.weight" in state["model"] and not any("_orig_mod" in k for k in state["model"])
 
 
 def test_resume_mid_epoch_ends_where_an_uninterrupted_run_ends(tmp_path):

@@ -19,9 +19,11 @@ def test_the_peak_comes_from_the_device_name_or_the_option():
     assert peak_tflops("Some Future GPU", None) is None and peak_tflops("Some Future GPU", 500.0) == 500.0
 
 
-def test_every_loader_runs_on_the_jpegs_after_synthetic_data():
-    assert runs(("fast", "pil")) == [("synthetic", "synthetic", "fast"), ("JPEGs, --loader fast", "jpegs", "fast"),
-                                     ("JPEGs, --loader pil", "jpegs", "pil")]
+def test_every_loader_runs_on_the_jpegs_after_synthetic_data_eager_and_compiled():
+    assert runs(("fast", "pil")) == [("synthetic", "synthetic", {"loader": "fast"}),
+                                     ("synthetic, --compile on", "synthetic", {"loader": "fast", "compile": "on"}),
+                                     ("JPEGs, --loader fast", "jpegs", {"loader": "fast"}),
+                                     ("JPEGs, --loader pil", "jpegs", {"loader": "pil"})]
 
 
 def test_a_row_has_the_spread_of_each_figure():

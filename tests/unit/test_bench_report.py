@@ -5,12 +5,13 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from flows.bench import images, overhead, staging, training
+from flows.bench import images, loader, overhead, staging, training
 from flows.bench.report import CHARTS, write_report
 from flows.bench.suite import ORDER, SIZES, bench_all, with_training
 from flows.config import ConfigError, FlowConfig
 from infra.blobstore import StorageConfig
 from infra.trainer import TrainingConfig
+from trainer.data import LOADERS
 
 STAGING_ROUNDS = [{"seconds": {path: seconds * (i + 1) for i, path in enumerate(staging.PATHS)},
                    "phases": {"upload": seconds * 0.6, "sync": seconds * 0.4}} for seconds in (2.0, 2.5, 3.0)]
@@ -26,9 +27,15 @@ def results() -> dict:
     parallel_run = {"run": "data-parallel", "images_per_sec": {"median": 30.0, "min": 28.0, "max": 33.0,
                                                                "all": [28.0, 30.0, 33.0]},
                     "vs_data_parallel": 1.0, "training_memory_vs_data_parallel": 1.0}
-    first = {"image": "localhost:5000/trainflow-cpu@sha256:ab", "seconds": 600.0, "built": True}
+    first = {"image": "localhost:5000/trainflow-cpu@sha256:ab", "seconds": 600.0, "built": True, "pushed": True}
     ours = [{"seconds": s, "built": False, "pushed": False} for s in (0.2, 0.3, 0.25)]
+    per_core = {"pil": 40.0, "fast": 100.0, "dali": 80.0}
+    loader_rounds = [{"rates": {f"{name}/{n}": per_core[name] * n * 0.95 ** (n - 1) * k for name in LOADERS
+                                for n in (1, 2)},
+                      "parts": {name: {part: 0.002 for part in loader.PARTS} for name in LOADERS}}
+                     for k in (1.0, 0.9, 1.1)]
     return {
+        "loader": loader.summarise(loader_rounds, 2, 512, TrainingConfig()),
         "staging": staging.summarise(STAGING_ROUNDS, 40, 4_400_000, StorageConfig()),
         "train": training.summarise(TRAINING_ROUNDS, TrainingConfig(threads=1), "synthetic"),
         "parallel": {"settings": {"model": "resnet18", "image_size": 64, "global_batch": 32},
@@ -57,18 +64,21 @@ def test_every_benchmark_gets_a_plot_and_a_table_of_its_spread(tmp_path):
     assert "unchanged context: trainflow 40.0 (26.7–45.0)x faster" in text
     assert "| first build and push, once (the engine's layer cache) | 600 |" in text
     assert "overhead of `trainflow run`: 31.0 (30.0–32.0) s" in text
+    assert "| --loader fast, 2 core(s) | 95 (85.5–105) |" in text  # per core: half the 2-core rate
+    assert "fast against pil, per core, 1 core(s): 2.50 (2.50–2.50)x" in text
+    assert "dali against pil, per core, 2 core(s): 2.00 (2.00–2.00)x" in text
     assert "| first, 3,000 files | 500 |" in text  # µs per file, one run
     assert "Machine: 2 cores, 23.4 GB, Linux, Python 3.11.2; versions: torch 2.14.1" in text
 
 
 def test_a_report_of_an_unknown_benchmark_names_the_known_ones(tmp_path):
-    with pytest.raises(ConfigError, match="no chart for benchmark gpu: report one of staging"):
+    with pytest.raises(ConfigError, match="no chart for benchmark gpu: report one of loader, staging"):
         write_report({"gpu": {}}, tmp_path / "r.md", "x", MACHINE)
 
 
 def test_bench_all_refuses_an_unknown_benchmark_before_running_any(tmp_path):
-    with pytest.raises(ConfigError, match="--only loaders is not a benchmark: pass one of staging, train"):
-        bench_all(FlowConfig(workdir=tmp_path), tmp_path / "all.json", ("train", "loaders"))
+    with pytest.raises(ConfigError, match="--only loaderz is not a benchmark: pass one of loader, staging, train"):
+        bench_all(FlowConfig(workdir=tmp_path), tmp_path / "all.json", ("train", "loaderz"))
     assert not (tmp_path / "all.json").exists()
 
 

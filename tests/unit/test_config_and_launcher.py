@@ -70,6 +70,7 @@ def test_torchrun_command_starts_n_local_workers(tmp_path):
 def test_horovodrun_command_uses_gloo_on_localhost(tmp_path):
     cmd = launch_command(TrainingConfig(launcher="horovodrun", workers=2), "DATA", tmp_path, python="/venv/bin/python")
     assert cmd[:7] == ["/venv/bin/horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", "--network-interfaces"]
+    assert cmd[cmd.index("--cycle-time-ms") + 1] == "5"  # Horovod's background thread wakes every 5 ms, not 1
     assert "/venv/bin/python" in cmd
 
 

@@ -207,3 +207,119 @@ def test_a_file_given_as_the_data_folder_is_called_a_file(tmp_path, make):
     make(given)
     with pytest.raises(UsageError, match=f"^data folder {given} is a file, not a folder; point --data at a folder"):
         data.index_folder(given)
+
+
+# The fast loader (--loader fast): uint8 tensors cropped where they are, normalised on the device.
+
+def test_the_fast_loader_decodes_every_awkward_image_as_pil_does(image_tree):
+    """JPEGs go to libjpeg-turbo directly, the rest through PIL: the same RGB pixels either way."""
+    train, val = data.index_folder(image_tree)
+    for path, _ in train.samples + val.samples:
+        fast = data.read_uint8(path)
+        pil = torch.from_numpy(np.asarray(data.load_rgb(path)).copy()).permute(2, 0, 1)
+        assert fast.dtype == torch.uint8 and fast.shape == pil.shape
+        assert (fast.int() - pil.int()).abs().float().mean() < 2, path  # JPEG decoders may round a pixel apart
+
+
+@pytest.mark.parametrize("content", [b"", b"\xff\xd8\xff\xe0" + b"\0" * 40, b"\x89PNG\r\n\x1a\n" + b"\0" * 40])
+def test_the_fast_loader_names_a_file_it_cannot_decode(tmp_path, content):
+    bad = tmp_path / "odd.jpg"
+    bad.write_bytes(content)
+    with pytest.raises(UsageError, match=f"image {re.escape(str(bad))} \\(.+\\); replace or remove the file"):
+        data.read_uint8(str(bad))
+
+
+def test_the_fast_loader_names_a_jpeg_cut_short_as_pil_does(tmp_path):
+    """libjpeg-turbo would fill the missing rows with grey: torchvision refuses it, and PIL names the file."""
+    cut = write_image(tmp_path / "cut.jpg", fmt="JPEG", size=64)
+    cut.write_bytes(cut.read_bytes()[:400])
+    with pytest.raises(UsageError, match=f"cannot decode image {re.escape(str(cut))} \\(.+\\); replace or remove"):
+        data.read_uint8(str(cut))
+
+
+def test_the_fast_loader_refuses_a_decompression_bomb_before_decoding(tmp_path):
+    bomb = write_png_header(tmp_path / "huge.png", 20000, 20000)
+    with pytest.raises(UsageError, match="400000000 pixels, more than the"):
+        data.read_uint8(str(bomb))
+
+
+def test_normalising_on_the_device_gives_what_the_pil_loader_makes():
+    pixels = np.random.default_rng(0).integers(0, 256, (24, 20, 3), dtype=np.uint8)
+    pil = data.to_floats("pil")
+    expected = pil[1](pil[0](Image.fromarray(pixels)))
+    batch = torch.from_numpy(pixels).permute(2, 0, 1)[None].contiguous(memory_format=torch.channels_last)
+    assert torch.allclose(data.normalise(batch)[0], expected, atol=1e-5)
+    assert data.normalise(expected) is expected  # float batches (the PIL loader's, synthetic) pass unchanged
+
+
+def test_the_fast_loader_crops_and_flips_uint8_tensors_and_evaluates_deterministically(tmp_path):
+    path = tmp_path / "photo.jpg"
+    Image.fromarray(np.random.default_rng(1).integers(0, 256, (30, 50, 3), dtype=np.uint8)).save(path)
+    image = data.read_uint8(str(path))
+    crop = data.train_transform(16, 0.5, True, "fast")(image)
+    assert crop.shape == (3, 16, 16) and crop.dtype == torch.uint8
+    evaluate = data.val_transform(16, "fast")
+    assert torch.equal(evaluate(image), evaluate(image)) and evaluate(image).shape == (3, 16, 16)
+    pil = data.val_transform(16, "pil")(data.load_rgb(str(path)))
+    assert (data.normalise(evaluate(image)[None])[0] - pil).abs().mean() < 0.1  # the same view, resized by another hand
+
+
+def test_both_loaders_draw_the_same_crops_and_flips(tmp_path):
+    """The fast loader's crop (torchvision v2) draws the random numbers the PIL loader's (v1) draws: with one seed,
+    both take the same part of the image and flip it alike."""
+    ramp = np.tile(np.linspace(0, 255, 60, dtype=np.uint8), (40, 1))
+    image = Image.fromarray(np.stack([ramp] * 3, axis=-1))
+    crops = []
+    for loader in ("pil", "fast"):
+        torch.manual_seed(3)
+        transform = data.train_transform(20, 0.2, True, loader)
+        source = image if loader == "pil" else torch.from_numpy(np.asarray(image).copy()).permute(2, 0, 1)
+        crops.append(data.normalise(torch.stack([transform(source) for _ in range(8)])))
+    assert (crops[0] - crops[1]).abs().mean() < 0.05
+
+
+# --loader dali, in DALI's CPU-only mode (no GPU here).
+
+def test_dali_batches_follow_the_resumable_sampler_of_each_rank(tmp_path):
+    """DALI decodes the files in the order of the trainer's own sampler: the shard of each rank, shuffled by epoch,
+    and a resumed epoch starts where the checkpoint left it, as with the other loaders."""
+    for i in range(12):
+        write_solid(tmp_path / "train" / f"c{i % 2}" / f"{i:02d}.jpg", 20 * i)
+    train, _ = data.index_folder(tmp_path)
+    shade = {n: 20 * int(Path(path).stem) for n, (path, _) in enumerate(train.samples)}
+    dataset = data.image_files(train, data.val_transform(8, "dali"), "dali")
+    for rank in (0, 1):
+        sampler = data.ResumableSampler(dataset, 2, rank, shuffle=True, seed=0)
+        sampler.set_epoch(3)
+        sampler.skip = 2  # one batch of this shard trained before the checkpoint
+        batches = data.make_loader(dataset, 2, sampler, 1, False, True)
+        expected = list(sampler)
+        seen = [(images, targets) for images, targets in batches]
+        assert len(batches) == len(seen) == 2 and len(expected) == 4
+        assert [int(image.float().mean().round()) for images, _ in seen for image in images] == \
+            pytest.approx([shade[i] for i in expected], abs=2)
+        assert [int(t) for _, targets in seen for t in targets] == [train.samples[i][1] for i in expected]
+
+
+def test_dali_crops_flips_and_evaluates_like_the_other_loaders(tmp_path):
+    path = tmp_path / "train" / "a" / "photo.jpg"
+    path.parent.mkdir(parents=True)
+    Image.fromarray(np.random.default_rng(1).integers(0, 256, (30, 50, 3), dtype=np.uint8)).save(path, quality=95)
+    write_solid(tmp_path / "train" / "b" / "plain.png", 100)
+    train, _ = data.index_folder(tmp_path)
+    crops, _ = next(iter(data.make_loader(data.image_files(train, data.train_transform(16, 0.5, True, "dali"), "dali"),
+                                          2, data.ShardSampler(2, 0, 1), 1, False, False)))
+    assert crops.shape == (2, 3, 16, 16) and crops.dtype == torch.uint8
+    evaluate = data.image_files(train, data.val_transform(16, "dali"), "dali")
+    once, twice = (next(iter(data.make_loader(evaluate, 2, data.ShardSampler(2, 0, 1), 1, False, False)))[0]
+                   for _ in range(2))
+    assert torch.equal(once, twice)  # deterministic
+    pil = data.val_transform(16, "pil")(data.load_rgb(str(path)))
+    assert (data.normalise(once[:1])[0] - pil).abs().mean() < 0.15  # the same view, resized by another hand
+
+
+def write_solid(path: Path, shade: int) -> Path:
+    """An image of one grey shade."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", (24, 16), (shade,) * 3).save(path)
+    return path

@@ -59,6 +59,7 @@ def test_images_install_the_project_pins():
     pins = pyproject_pins()
     assert requirement_pins("torch.txt") == {"torch": pins["torch"], "torchvision": pins["torchvision"]}
     image = requirement_pins("image.txt")
+    assert image["mlflow-skinny"] == pins["mlflow-skinny"]  # the engine's tracking (--tracking-uri)
     for name in ("psutil", "PyYAML", "cloudpickle"):
         if name in pins:
             assert image[name] == pins[name], name
@@ -148,3 +149,12 @@ def test_build_args_replace_the_base_only_when_asked():
     assert build_args(ImageConfig(build_args={"X": "1"}), None) == {"X": "1"}
     assert build_args(ImageConfig(), "base:1") == {"BASE_IMAGE": "base:1"}
 
+
+
+def test_only_the_gpu_image_installs_dali_at_the_project_s_pin():
+    """--loader dali: pyproject's `dali` extra (and dev's, for the tests) pin the one version the GPU image installs."""
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    pin = dict(d.split("==") for d in extras["dali"])
+    assert requirement_pins("dali.txt") == pin and pin.items() <= dict(d.split("==") for d in extras["dev"]).items()
+    runs = {flavour: " ".join(c.value[0] for c in instructions(flavour) if c.cmd == "RUN") for flavour in ("cpu", "gpu")}
+    assert "requirements/dali.txt" in runs["gpu"] and "dali" not in runs["cpu"]

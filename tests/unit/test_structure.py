@@ -63,11 +63,13 @@ def test_a_local_pool_with_an_azure_share_is_refused(backend):
 
 
 def command_paths(group, prefix: str = "trainflow") -> list[str]:
-    """Every command of a click group, as `trainflow bench train`."""
+    """Every command of a click group, as `trainflow bench train`; a group that runs by itself too (`trainflow
+    runs`) is a command as well."""
     paths = []
     for name, command in group.commands.items():
         path = f"{prefix} {name}"
-        paths += command_paths(command, path) if hasattr(command, "commands") else [path]
+        itself = [path] if getattr(command, "invoke_without_command", False) else []
+        paths += itself + command_paths(command, path) if hasattr(command, "commands") else [path]
     return paths
 
 

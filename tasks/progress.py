@@ -1,0 +1,104 @@
+"""Live progress of the training step in the Prefect UI, from the trainer's progress lines (infra/trainer.py's
+PROGRESS_LINE, every training.log_every steps, on every backend: they are the lines the job streams): a progress
+artifact that moves as steps pass, described by a markdown line with the step, the images/s and the ETA."""
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Iterator
+from uuid import UUID
+
+from prefect.artifacts import create_progress_artifact, update_progress_artifact
+
+from infra.trainer import PROGRESS_LINE
+
+KEY = "training-progress"
+
+
+@dataclass(frozen=True)
+class StepSeen:
+    """One progress line: where training is, out of how many steps in all."""
+
+    epoch: int
+    epochs: int
+    step: int
+    total: int
+    images_per_sec: float
+
+    @property
+    def percent(self) -> float:
+        return min(100.0, 100.0 * self.step / max(self.total, 1))
+
+
+def read_step(line: str, epochs: int) -> StepSeen | None:
+    """The progress in a trainer line (None for any other line); `epochs` is training.epochs."""
+    m = PROGRESS_LINE.search(line)
+    if m is None:
+        return None
+    epoch, step, per_epoch, rate = int(m.group(1)), int(m.group(2)), int(m.group(4)), float(m.group(5))
+    return StepSeen(epoch, epochs, step, per_epoch * epochs, rate)
+
+
+def eta_seconds(first: tuple[float, int], now: float, step: int, total: int) -> float | None:
+    """Seconds left at the pace since `first` (time, step): None until a step has passed since then."""
+    at, start = first
+    if step <= start or now <= at:
+        return None
+    return (total - step) * (now - at) / (step - start)
+
+
+def eta_text(seconds: float | None) -> str:
+    """An ETA for people: "1 h 05 min", "4 min 10 s", "12 s"; "measuring" before there is a pace."""
+    if seconds is None:
+        return "measuring"
+    s = round(seconds)
+    if s >= 3600:
+        return f"{s // 3600} h {s % 3600 // 60:02d} min"
+    return f"{s // 60} min {s % 60:02d} s" if s >= 60 else f"{s} s"
+
+
+def progress_markdown(seen: StepSeen, eta: float | None) -> str:
+    """The line under the progress bar."""
+    return (f"**training**: epoch {seen.epoch}/{seen.epochs}, step {seen.step}/{seen.total}, "
+            f"{seen.images_per_sec:.1f} images/s, ETA {eta_text(eta)}")
+
+
+class ProgressArtifact:
+    """The training step's progress artifact, updated from progress lines at most every `interval` seconds."""
+
+    def __init__(self, epochs: int, interval: float = 2.0, clock: Callable[[], float] = time.monotonic):
+        self.epochs, self.interval, self.clock = epochs, interval, clock
+        self.first: tuple[float, int] | None = None
+        self.updated, self.last = float("-inf"), None
+        self.id: UUID = create_progress_artifact(0.0, key=KEY, description="**training**: starting")
+
+    def see(self, line: str) -> None:
+        """Read a line of the job; a progress line moves the artifact (if `interval` has passed)."""
+        seen = read_step(line, self.epochs)
+        if seen is None:
+            return
+        now, self.last = self.clock(), seen
+        self.first = self.first or (now, seen.step)
+        if now - self.updated >= self.interval:
+            self.updated = now
+            eta = eta_seconds(self.first, now, seen.step, seen.total)
+            update_progress_artifact(self.id, seen.percent, description=progress_markdown(seen, eta))
+
+    def finish(self) -> None:
+        """The job completed: 100%."""
+        done = f"epoch {self.last.epochs}/{self.last.epochs}, step {self.last.total}/{self.last.total}" if self.last else ""
+        update_progress_artifact(self.id, 100.0, description=f"**training**: complete {done}".strip())
+
+
+@contextmanager
+def training_progress(epochs: int, echo: Callable[[str], None]) -> Iterator[Callable[[str], None]]:
+    """A progress artifact for the training step; yields what takes each line of the job (to `echo`, and to the
+    artifact); 100% when the block completes."""
+    artifact = ProgressArtifact(epochs)
+
+    def take(line: str) -> None:
+        echo(line)
+        artifact.see(line)
+
+    yield take
+    artifact.finish()
