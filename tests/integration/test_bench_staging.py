@@ -1,6 +1,7 @@
 """`trainflow bench staging` at its smallest: three rounds of three paths through a real Azurite, the JSON."""
 
 import json
+import os
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -21,7 +22,7 @@ FIGURE = {"median", "min", "max", "all"}
 def test_bench_staging_repeats_every_path_and_writes_the_json(tmp_path):
     out = subprocess.run([TRAINFLOW, "bench", "staging", "--files", "40", "--classes", "4", "--workdir",
                           str(tmp_path / "w"), "--json", str(tmp_path / "staging.json")],
-                         capture_output=True, text=True, timeout=600)
+                         capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "200"})
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     result = json.loads((tmp_path / "staging.json").read_text())
     assert result["files"] == 40 and result["repeats"] == 3 and list(result["paths"]) == list(PATHS)
