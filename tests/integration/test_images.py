@@ -155,8 +155,8 @@ def test_bench_images_compares_an_unchanged_rebuild_with_docker_build_and_push(r
     (tmp_path / "config.yaml").write_text(image_yaml(registry))
     out = subprocess.run([TRAINFLOW, "bench", "images", "--config", str(tmp_path / "config.yaml"), "--rounds", "2",
                           "--workdir", str(tmp_path / "w"), "--json", str(tmp_path / "images.json")],
-                         capture_output=True, text=True, timeout=1800, env={**os.environ, "REGISTRY_PASSWORD":
-                                                                            registry.password})
+                         capture_output=True, text=True, timeout=1800, env={**os.environ, "COLUMNS": "200",
+                                                                            "REGISTRY_PASSWORD": registry.password})
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     result = json.loads((tmp_path / "images.json").read_text())
     assert result["image"] == cpu_image["image"] and not result["first_built"] and not result["first_pushed"]
