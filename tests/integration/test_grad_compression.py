@@ -30,8 +30,8 @@ def float32_top1(digits, tmp_path_factory) -> float:
     return two_workers(digits, tmp_path_factory.mktemp("none") / "out", "torchrun", "none")["final_val_top1"]
 
 
-@pytest.mark.timeout(3600)  # float32 and two compressed 2-worker trainings of the digits set: minutes each on 2 shared cores
-@pytest.mark.parametrize("launcher, compression", [("torchrun", "bf16"), ("horovodrun", "fp16")])
+@pytest.mark.timeout(3600)  # float32 and a compressed 2-worker training of the digits set: minutes each on 2 shared cores
+@pytest.mark.parametrize("launcher, compression", [("torchrun", "bf16")])  # each digits training costs minutes
 def test_compressed_gradients_train_as_well_and_stay_in_sync(digits, tmp_path, float32_top1, launcher, compression):
     assert float32_top1 > 0.95  # trained, not guessing
     metrics = two_workers(digits, tmp_path / "out", launcher, compression)
