@@ -11,7 +11,14 @@ from pathlib import Path
 import psutil
 from rich.progress import Progress, TimeElapsedColumn
 
+from infra.trainer import TrainingConfig
 from trainer.metrics import library_versions
+
+
+def over_defaults(defaults: dict, training: TrainingConfig) -> TrainingConfig:
+    """`defaults` for every training setting the config file and environment left unset (only those named stay
+    set, so that a bench called with the result applies its own defaults to the rest)."""
+    return TrainingConfig(**{**defaults, **training.model_dump(include=training.model_fields_set)})
 
 
 def clear_checkpoints(out: Path) -> None:

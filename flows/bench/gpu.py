@@ -15,11 +15,10 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from flows.bench.common import bench_progress, clear_checkpoints, shown, spread, write_json
+from flows.bench.common import bench_progress, clear_checkpoints, over_defaults, shown, spread, write_json
 from flows.config import ConfigError, FlowConfig
 from infra.backends.process import train_here
 from infra.sample_data import write_imagenet_like
-from infra.trainer import TrainingConfig
 
 RESNET50_TRAIN_GFLOP = 24.3  # per image, forward + backward (3 x the forward's ~8.1 GFLOP at 224 px)
 # Dense bf16 tensor-core peak, TFLOP/s, by the name torch.cuda.get_device_name() gives (NVIDIA datasheets).
@@ -69,8 +68,7 @@ def bench_gpu(cfg: FlowConfig, json_out: Path | None, loaders: tuple[str, ...], 
               repeats: int = REPEATS) -> dict:
     """Every run `repeats` rounds on GPU 0; print the table and return the figures."""
     gpu = gpu_facts()
-    named = cfg.training.model_dump(include=cfg.training.model_fields_set)
-    base = TrainingConfig(**{**GPU_DEFAULTS, "loader_workers": max(1, len(os.sched_getaffinity(0)) - 1), **named})
+    base = over_defaults({**GPU_DEFAULTS, "loader_workers": max(1, len(os.sched_getaffinity(0)) - 1)}, cfg.training)
     root = cfg.workdir.resolve() / "bench" / "gpu"
     jpegs = str(write_imagenet_like(root / "jpegs", files=JPEGS, classes=100))
     plan = runs(loaders)

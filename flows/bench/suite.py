@@ -9,10 +9,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from flows.bench.common import machine, write_json
+from flows.bench.common import machine, over_defaults, write_json
 from flows.bench.report import write_report
 from flows.config import ConfigError, FlowConfig
-from infra.trainer import TrainingConfig
 
 # What the flow bench trains: a short job, so that the overhead it measures is the fixed cost's share of minutes.
 FLOW_TRAINING = dict(model="resnet18", image_size=32, epochs=1, batch_size=16, workers=2, warmup_epochs=0,
@@ -46,8 +45,7 @@ def bench_all(cfg: FlowConfig, json_out: Path, only: tuple[str, ...] = (), size:
 def with_training(cfg: FlowConfig, defaults: dict) -> FlowConfig:
     """`cfg` whose training settings are `defaults` where the config file or environment left them unset (the
     others stay unset, so that each bench's own defaults still apply to them)."""
-    named = cfg.training.model_dump(include=cfg.training.model_fields_set)
-    return cfg.model_copy(update={"training": TrainingConfig(**{**defaults, **named})})
+    return cfg.model_copy(update={"training": over_defaults(defaults, cfg.training)})
 
 
 def run_one(name: str, cfg: FlowConfig, size: dict) -> dict:

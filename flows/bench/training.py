@@ -16,7 +16,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from flows.bench.common import bench_progress, clear_checkpoints, shown, spread, write_json
+from flows.bench.common import bench_progress, clear_checkpoints, over_defaults, shown, spread, write_json
 from flows.config import ConfigError, FlowConfig
 from infra.backends.process import train_here
 from infra.launchers import LaunchError
@@ -35,7 +35,7 @@ def bench_training(cfg: FlowConfig, json_out: Path | None, launchers: tuple[str,
     if unknown := sorted(set(launchers) - set(LAUNCHERS)):
         raise ConfigError(f"--launcher {unknown[0]} is not a launcher: pass horovodrun or torchrun")
     launched = [(launcher, workers) for launcher in launchers for workers in (1, 2)]
-    base = TrainingConfig(**{**TRAIN_BENCH_DEFAULTS, **cfg.training.model_dump(include=cfg.training.model_fields_set)})
+    base = over_defaults(TRAIN_BENCH_DEFAULTS, cfg.training)
     base = base.model_copy(update={"threads": base.threads or max(1, len(os.sched_getaffinity(0)) // 2)})
     data, root = cfg.data or "synthetic", cfg.workdir.resolve() / "bench" / "train"
     rounds = []
