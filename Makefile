@@ -33,11 +33,13 @@ docker-setup:
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io docker-registry debootstrap chromium >/dev/null; \
 	fi
 
-$(VENV)/.installed: pyproject.toml containers/build/horovod-wheel.sh
+# Every version comes from the lock (pip -c $(LOCK)): the index gains releases between two installs.
+LOCK := containers/requirements/constraints.txt
+$(VENV)/.installed: pyproject.toml $(LOCK) containers/build/horovod-wheel.sh
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q $(TORCH_PINS) setuptools wheel packaging psutil cloudpickle pyyaml
+	$(BIN)/pip install -q -c $(LOCK) $(TORCH_PINS) setuptools wheel packaging psutil cloudpickle pyyaml
 	wheel=$$(containers/build/horovod-wheel.sh $(BIN)/python $(WHEEL_CACHE)) && \
-	  $(BIN)/pip install -q "$$wheel" -e '.[dev]'
+	  $(BIN)/pip install -q -c $(LOCK) "$$wheel" -e '.[dev]'
 	touch $@
 
 tools: $(TOOLS_VENV)/.installed

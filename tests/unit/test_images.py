@@ -67,6 +67,15 @@ def test_images_install_the_project_pins():
     assert f"VERSION={pins['horovod']}" in script
 
 
+def test_the_setup_lock_holds_every_project_pin_at_its_version():
+    """make setup installs with pip -c constraints.txt: a pin the lock contradicts would make pip refuse."""
+    lock = {name.lower(): version for name, version in requirement_pins("constraints.txt").items()}
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    pins = pyproject_pins() | dict(d.split("==") for d in project["optional-dependencies"]["dev"])
+    assert {name.lower(): version for name, version in pins.items()}.items() <= lock.items()
+    assert "-c $(LOCK)" in (REPO / "Makefile").read_text()
+
+
 def test_context_tag_follows_content_paths_and_build_args(tmp_path):
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "f.py").write_text("x = 1\n")
