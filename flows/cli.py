@@ -44,6 +44,7 @@ err = Console(stderr=True, highlight=False)
 ConfigOpt = Annotated[Optional[Path], typer.Option("--config", help="YAML config file (see flows/configs/).")]
 DataOpt = Annotated[Optional[str], typer.Option("--data", help="ImageNet-layout folder or 'synthetic'; default: the digits set.")]
 WorkdirOpt = Annotated[Optional[Path], typer.Option("--workdir", help="Root of all local state (default .trainflow).")]
+RepeatsOpt = Annotated[int, typer.Option(min=2, help="Rounds of every configuration (figures: median, min-max).")]
 
 
 def friendly_errors(command):
@@ -427,11 +428,12 @@ def bench_train(
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the figures to this JSON file.")] = None,
     launcher: Annotated[list[str], typer.Option(help="Launchers to compare: horovodrun, torchrun (repeat the "
                                                      "option).")] = ["horovodrun", "torchrun"],  # noqa: B006
+    repeats: RepeatsOpt = 3,
 ) -> None:
     """Throughput with 1 and 2 workers under Horovod and DDP, and the scaling efficiency."""
     from flows.bench.training import bench_training
 
-    bench_training(configure(config, data, workdir, digits_defaults=False), json_out, tuple(launcher))
+    bench_training(configure(config, data, workdir, digits_defaults=False), json_out, tuple(launcher), repeats)
 
 
 @bench_app.command("staging")
@@ -553,11 +555,12 @@ def bench_parallel(
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the figures to this JSON file.")] = None,
     microbatches: Annotated[list[int], typer.Option(min=1, help="Micro-batch counts of the 2-stage pipeline (repeat "
                                                                  "the option).")] = [1, 2, 4, 8],  # noqa: B006
+    repeats: RepeatsOpt = 3,
 ) -> None:
     """Data-parallel (2 workers) against a 2-stage pipeline with 1, 2, 4, 8 micro-batches: images/s, memory, idle."""
     from flows.bench.parallel import bench_parallel as run_bench
 
-    run_bench(configure(config, None, workdir, digits_defaults=False), json_out, tuple(microbatches))
+    run_bench(configure(config, None, workdir, digits_defaults=False), json_out, tuple(microbatches), repeats)
 
 
 @bench_app.command("flow")
@@ -565,13 +568,14 @@ def bench_parallel(
 def bench_flow(
     config: ConfigOpt = None, data: DataOpt = None, workdir: WorkdirOpt = None,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the figures to this JSON file.")] = None,
+    repeats: RepeatsOpt = 3,
 ) -> None:
     """The same job directly (torchrun) and through the whole flow with every earlier step cached: the flow's overhead."""
     cfg = with_data(configure(config, data, workdir))
     with holding(cfg, prefect=False):  # each `trainflow run` it times starts its own services in a workdir of its own
         from flows.bench.overhead import bench_flow as run_bench
 
-        run_bench(cfg, json_out)
+        run_bench(cfg, json_out, repeats)
 
 
 @runs_app.callback()

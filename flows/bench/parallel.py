@@ -53,24 +53,25 @@ def pipeline(base: TrainingConfig, stages: int, microbatches: int) -> TrainingCo
                                    "microbatches": microbatches})
 
 
-def bench_parallel(cfg: FlowConfig, json_out: Path | None, microbatches: tuple[int, ...] = MICROBATCHES) -> dict:
-    """Run every planned configuration REPEATS times on synthetic data; print and return the figures."""
+def bench_parallel(cfg: FlowConfig, json_out: Path | None, microbatches: tuple[int, ...] = MICROBATCHES,
+                   repeats: int = REPEATS) -> dict:
+    """Run every planned configuration `repeats` times on synthetic data; print and return the figures."""
     base = TrainingConfig(**{**PARALLEL_BENCH_DEFAULTS, **cfg.training.model_dump(include=cfg.training.model_fields_set)})
     base = base.model_copy(update={"threads": base.threads or max(1, len(os.sched_getaffinity(0)) // 2)})
     root, plan = cfg.workdir.resolve() / "bench" / "parallel", planned_runs(base, microbatches) + deeper_runs(base)
     results: dict[str, list[TrainingMetrics]] = {label: [] for label, _ in plan}
     with bench_progress() as progress:
-        bar = progress.add_task("parallelism benchmark", total=len(plan) * REPEATS)
-        for repeat in range(REPEATS):  # interleaved: a slow spell of the machine touches every configuration
+        bar = progress.add_task("parallelism benchmark", total=len(plan) * repeats)
+        for repeat in range(repeats):  # interleaved: a slow spell of the machine touches every configuration
             for label, run_cfg in plan:
-                progress.update(bar, description=f"{label} ({repeat + 1}/{REPEATS})")
+                progress.update(bar, description=f"{label} ({repeat + 1}/{repeats})")
                 out = root / label.replace(" ", "-").replace("=", "")
                 clear_checkpoints(out)
                 results[label].append(train_here(run_cfg, "synthetic", out, root / "pools", lambda line: None))
                 progress.advance(bar)
     rows = compared([row(label, run_cfg, results[label]) for label, run_cfg in plan])
     result = {"settings": base.model_dump(exclude={"workers", "parallel", "stages", "microbatches"}) |
-              {"global_batch": base.batch_size, "repeats": REPEATS}, "runs": rows}
+              {"global_batch": base.batch_size, "repeats": repeats}, "runs": rows}
     print_parallel_bench(result)
     write_json(result, json_out)
     return result

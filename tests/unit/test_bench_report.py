@@ -87,3 +87,15 @@ def test_bench_all_sizes_give_way_to_the_settings_the_config_names():
     training = with_training(cfg, {"epochs": 1, "steps_per_epoch": 2}).training
     assert (training.epochs, training.steps_per_epoch) == (5, 2)
     assert training.model_fields_set == {"epochs", "steps_per_epoch"}  # the rest stay the bench's own defaults
+
+
+@pytest.mark.parametrize("command", ["train", "parallel", "flow"])
+def test_a_bench_refuses_fewer_than_two_repeats_before_running_anything(command, tmp_path):
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    result = CliRunner().invoke(app, ["bench", command, "--repeats", "1", "--workdir", str(tmp_path)])
+    said = " ".join(result.output.replace("│", " ").split())
+    assert result.exit_code == 2 and "--repeats" in said and "greater than or equal to 2" in said
+    assert not any(tmp_path.iterdir())
