@@ -45,6 +45,7 @@ ConfigOpt = Annotated[Optional[Path], typer.Option("--config", help="YAML config
 DataOpt = Annotated[Optional[str], typer.Option("--data", help="ImageNet-layout folder or 'synthetic'; default: the digits set.")]
 WorkdirOpt = Annotated[Optional[Path], typer.Option("--workdir", help="Root of all local state (default .trainflow).")]
 RepeatsOpt = Annotated[int, typer.Option(min=2, help="Rounds of every configuration (figures: median, min-max).")]
+REPEATS = 3  # flows.bench.common.REPEATS, not imported here: flows.bench imports torch, which the CLI loads lazily
 
 
 def friendly_errors(command):
@@ -428,7 +429,7 @@ def bench_train(
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the figures to this JSON file.")] = None,
     launcher: Annotated[list[str], typer.Option(help="Launchers to compare: horovodrun, torchrun (repeat the "
                                                      "option).")] = ["horovodrun", "torchrun"],  # noqa: B006
-    repeats: RepeatsOpt = 3,
+    repeats: RepeatsOpt = REPEATS,
 ) -> None:
     """Throughput with 1 and 2 workers under Horovod and DDP, and the scaling efficiency."""
     from flows.bench.training import bench_training
@@ -555,7 +556,7 @@ def bench_parallel(
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the figures to this JSON file.")] = None,
     microbatches: Annotated[list[int], typer.Option(min=1, help="Micro-batch counts of the 2-stage pipeline (repeat "
                                                                  "the option).")] = [1, 2, 4, 8],  # noqa: B006
-    repeats: RepeatsOpt = 3,
+    repeats: RepeatsOpt = REPEATS,
 ) -> None:
     """Data-parallel (2 workers) against a 2-stage pipeline with 1, 2, 4, 8 micro-batches: images/s, memory, idle."""
     from flows.bench.parallel import bench_parallel as run_bench
@@ -568,7 +569,7 @@ def bench_parallel(
 def bench_flow(
     config: ConfigOpt = None, data: DataOpt = None, workdir: WorkdirOpt = None,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the figures to this JSON file.")] = None,
-    repeats: RepeatsOpt = 3,
+    repeats: RepeatsOpt = REPEATS,
 ) -> None:
     """The same job directly (torchrun) and through the whole flow with every earlier step cached: the flow's overhead."""
     cfg = with_data(configure(config, data, workdir))

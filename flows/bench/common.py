@@ -14,6 +14,8 @@ from rich.progress import Progress, TimeElapsedColumn
 from infra.trainer import TrainingConfig
 from trainer.metrics import library_versions
 
+REPEATS = 3  # rounds of every configuration in every bench: figures are the median with its min-max
+
 
 def over_defaults(defaults: dict, training: TrainingConfig) -> TrainingConfig:
     """`defaults` for every training setting the config file and environment left unset (only those named stay

@@ -15,7 +15,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from flows.bench.common import bench_progress, clear_checkpoints, over_defaults, shown, spread, write_json
+from flows.bench.common import REPEATS, bench_progress, clear_checkpoints, over_defaults, shown, spread, write_json
 from flows.config import ConfigError, FlowConfig
 from infra.backends.process import train_here
 from infra.sample_data import write_imagenet_like
@@ -27,7 +27,6 @@ PEAK_BF16_TFLOPS = {"H200": 989.4, "H100 80GB HBM3": 989.4, "H100 SXM": 989.4, "
 GPU_DEFAULTS = dict(model="resnet50", image_size=224, batch_size=256, precision="bf16", channels_last="on",
                     device="cuda", epochs=2, steps_per_epoch=30, warmup_epochs=0, checkpoint_every=0, log_every=10,
                     workers=1)
-REPEATS = 3
 JPEGS = 20_000
 
 

@@ -27,11 +27,10 @@ from trainer import data
 from trainer.errors import UsageError
 from trainer.layout import Split, index_folder
 
-from flows.bench.common import bench_progress, shown, spread, write_json
+from flows.bench.common import REPEATS, bench_progress, shown, spread, write_json
 from flows.config import ConfigError, FlowConfig
 from infra.sample_data import write_photo_like
 
-REPEATS = 3
 BASELINE = "pil"
 PARTS = ("decode", "augment", "collate")
 

@@ -18,14 +18,13 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from flows.bench.common import bench_progress, shown, spread, time_call, write_json
+from flows.bench.common import REPEATS, bench_progress, shown, spread, time_call, write_json
 from flows.config import FlowConfig
 from infra.azurite import running_azurite
 from infra.launchers import LaunchError, local_command
 from infra.prefect_server import running_prefect_server
 from infra.trainer import trainer_argv
 
-REPEATS = 3
 TRAINFLOW = str(Path(sys.executable).with_name("trainflow"))
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from flows.bench.common import bench_progress, clear_checkpoints, shown, spread, write_json
+from flows.bench.common import REPEATS, bench_progress, clear_checkpoints, shown, spread, write_json
 from flows.config import FlowConfig
 from infra.backends.process import train_here
 from infra.trainer import TrainingConfig, TrainingMetrics
@@ -31,7 +31,6 @@ PARALLEL_BENCH_DEFAULTS = dict(model="resnet18", image_size=64, batch_size=32, e
                                warmup_epochs=0, checkpoint_every=0, log_every=4, loader_workers=0,
                                balance="time", launcher="torchrun")
 MICROBATCHES = (1, 2, 4, 8)
-REPEATS = 3
 
 
 def planned_runs(base: TrainingConfig, microbatches: tuple[int, ...] = MICROBATCHES) -> list[tuple[str, TrainingConfig]]:

@@ -16,7 +16,7 @@ from azure.storage.blob import BlobServiceClient, ContainerClient
 from rich.console import Console
 from rich.table import Table
 
-from flows.bench.common import bench_progress, count_files, shown, spread, time_call, write_json
+from flows.bench.common import REPEATS, bench_progress, count_files, shown, spread, time_call, write_json
 from flows.config import FlowConfig
 from infra.azurite import connection_string, running_azurite
 from infra.blobstore import BlobStore, StorageConfig
@@ -25,7 +25,6 @@ from infra.sample_data import write_imagenet_like
 from tasks.sync_file_server import sync_to_file_server
 from tasks.upload_dataset import upload_dataset
 
-REPEATS = 3
 PATHS = ("trainflow", "per file, one at a time", "per file, thread pool", "trainflow, unchanged re-run")
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from flows.bench.common import bench_progress, clear_checkpoints, over_defaults, shown, spread, write_json
+from flows.bench.common import REPEATS, bench_progress, clear_checkpoints, over_defaults, shown, spread, write_json
 from flows.config import ConfigError, FlowConfig
 from infra.backends.process import train_here
 from infra.launchers import LaunchError
@@ -25,7 +25,6 @@ from infra.trainer import TrainingConfig, read_metrics, trainer_argv
 # Small enough for 2 CPU cores; any of these can be set in the config file's training section.
 TRAIN_BENCH_DEFAULTS = dict(model="resnet18", image_size=64, batch_size=32, epochs=2, steps_per_epoch=25,
                             warmup_epochs=0, checkpoint_every=0, log_every=5, loader_workers=0)
-REPEATS = 3
 LAUNCHERS = ("horovodrun", "torchrun")
 
 
