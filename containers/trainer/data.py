@@ -182,23 +182,26 @@ def crop_box(width: int, height: int, scale: tuple[float, float]) -> tuple[int, 
 
 
 class CropFirst:
-    """The fast loader's training augmentation. `load(path)`: the crop is drawn from the JPEG's header and only it
-    is decoded (jpeg_crop), then resized and maybe flipped; images that are not baseline RGB or gray JPEGs, and
-    every image where partial decoding is unavailable, are decoded whole and cropped (`__call__`, also what it
-    does to a decoded uint8 tensor)."""
+    """The fast loader's training augmentation: a random-resized crop, resized, maybe flipped. `load(path)` draws the
+    crop from the JPEG's header and decodes only it (`crop`, through jpeg_crop); images that are not RGB or gray
+    JPEGs, and every image where partial decoding is unavailable, are decoded whole and cropped, as `__call__` does
+    to a decoded uint8 tensor."""
 
     def __init__(self, size: int, min_crop_scale: float, hflip: bool):
         self.size, self.scale, self.hflip = size, (min_crop_scale, 1.0), hflip
 
     def __call__(self, image: torch.Tensor) -> torch.Tensor:
-        top, left, h, w = crop_box(image.shape[-1], image.shape[-2], self.scale)
-        return self.finish(image[..., top:top + h, left:left + w])
-
-    def finish(self, crop: torch.Tensor) -> torch.Tensor:
-        crop = v2.functional.resize(crop, [self.size, self.size], antialias=True)
-        return v2.functional.horizontal_flip(crop) if self.hflip and torch.rand(1) < 0.5 else crop
+        return self.finish(self.cut(image))
 
     def load(self, path: str) -> torch.Tensor:
+        return self.finish(self.crop(path))
+
+    def cut(self, image: torch.Tensor) -> torch.Tensor:
+        top, left, h, w = crop_box(image.shape[-1], image.shape[-2], self.scale)
+        return image[..., top:top + h, left:left + w]
+
+    def crop(self, path: str) -> torch.Tensor:
+        """The crop of the image at `path`, decoded, not yet resized."""
         with opened(path) as img:  # the format, the size, and the guard against decompression bombs
             jpeg, (width, height) = img.format == "JPEG" and img.mode in ("RGB", "L"), img.size
         if jpeg and jpeg_crop.library():
@@ -208,10 +211,14 @@ class CropFirst:
             if content.endswith(b"\xff\xd9"):
                 top, left, h, w = crop_box(width, height, self.scale)
                 try:
-                    return self.finish(jpeg_crop.decode_crop(content, top, left, h, w))
+                    return jpeg_crop.decode_crop(content, top, left, h, w)
                 except jpeg_crop.JpegError:
                     pass  # read_uint8 decodes it through PIL, or names what is wrong with it
-        return self(read_uint8(path))
+        return self.cut(read_uint8(path))
+
+    def finish(self, crop: torch.Tensor) -> torch.Tensor:
+        crop = v2.functional.resize(crop, [self.size, self.size], antialias=True)
+        return v2.functional.horizontal_flip(crop) if self.hflip and torch.rand(1) < 0.5 else crop
 
 
 def val_transform(size: int, loader: str = "pil"):
