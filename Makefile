@@ -57,8 +57,11 @@ node_modules/.installed: package.json package-lock.json
 demo: setup
 	TRAINFLOW_TRAINING__LAUNCHER=$(LAUNCHER) $(BIN)/trainflow run --config flows/configs/demo.yaml --workdir $(WORKDIR)
 
+# Two test processes (pytest-xdist): while one waits on a service, a launcher or the network, the other computes.
+# tests/conftest.py keeps every Docker test on one of them. TEST_WORKERS=0 runs the suite in this one process.
+TEST_WORKERS ?= 2
 test: setup
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 bench: setup
 	$(BIN)/trainflow bench train --workdir $(WORKDIR) --json $(WORKDIR)/bench-train.json

@@ -22,15 +22,25 @@ COPY build/horovod-wheel.sh /tmp/horovod-wheel.sh
 RUN pip install --no-index --find-links /tmp/wheels -r /opt/trainflow/requirements/image.txt \
  && /tmp/horovod-wheel.sh python /tmp/wheels
 
+# The fast loader's partial JPEG decoding (trainer/jpeg_crop.c), compiled here too: no compiler in the image.
+FROM base AS jpeg
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev libjpeg-dev \
+ && rm -rf /var/lib/apt/lists/*
+COPY trainer/jpeg_crop.c trainer/jpeg_crop.py /tmp/jpeg_crop/
+RUN python /tmp/jpeg_crop/jpeg_crop.py /opt/trainflow/lib
+
 FROM base
 # OpenSSH: horovodrun starts the workers of other nodes over SSH, as on Azure ML and Batch clusters.
-RUN apt-get update && apt-get install -y --no-install-recommends openssh-server openssh-client \
+# libjpeg62-turbo: what the partial JPEG decoder is linked against.
+RUN apt-get update && apt-get install -y --no-install-recommends openssh-server openssh-client libjpeg62-turbo \
  && rm -rf /var/lib/apt/lists/* && mkdir -p /run/sshd
 COPY --from=horovod /tmp/wheels/ /tmp/wheels/
 RUN pip install --no-index --find-links /tmp/wheels -r /opt/trainflow/requirements/image.txt /tmp/wheels/horovod-*/horovod-*.whl \
  && rm -rf /tmp/wheels && horovodrun --check-build
 COPY trainer/ /opt/trainflow/trainer/
+COPY --from=jpeg /opt/trainflow/lib/ /opt/trainflow/lib/
 WORKDIR /opt/trainflow
+ENV TRAINFLOW_JPEG_CROP_DIR=/opt/trainflow/lib
 # Workers share their data loaders through /dev/shm: run with --shm-size (the pool gives 1 GB) or --ipc=host.
 ENV TRAINFLOW_TRAINER=/opt/trainflow/trainer/train.py
 LABEL org.opencontainers.image.title="trainflow-cpu" org.opencontainers.image.source="containers/cpu.Dockerfile"

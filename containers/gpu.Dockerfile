@@ -14,13 +14,14 @@ ENV DEBIAN_FRONTEND=noninteractive VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PAT
 #   steps install it: https://learn.microsoft.com/azure/storage/files/storage-files-how-to-mount-nfs-shares).
 # util-linux: flock and mountpoint, which the per-node mount step uses (one mount per node, skipped when mounted;
 #   https://packages.ubuntu.com/noble/util-linux lists /usr/bin/flock and /usr/bin/mountpoint).
+# libjpeg-dev: the fast loader's partial JPEG decoder (trainer/jpeg_crop.c) is compiled against it below.
 # rdma-core, libibverbs1, ibverbs-providers: the verbs library and the mlx5 provider of the InfiniBand NICs on
 #   Azure's ND/NC..r sizes. NCCL opens libibverbs.so.1 at run time and, without it, warns "Failed to open
 #   libibverbs.so[.1]" and falls back to TCP sockets (NVIDIA/nccl src/misc/ibvwrap.cc, ibvsymbols.cc in newer
 #   releases; https://learn.microsoft.com/azure/virtual-machines/extensions/enable-infiniband).
 RUN apt-get update && apt-get install -y --no-install-recommends \
       python3 python3-dev python3-venv g++ make cmake git openmpi-bin libopenmpi-dev \
-      openssh-server openssh-client \
+      openssh-server openssh-client libjpeg-dev \
       nfs-common util-linux rdma-core libibverbs1 ibverbs-providers \
  && rm -rf /var/lib/apt/lists/* && mkdir -p /run/sshd && python3 -m venv /opt/venv
 COPY requirements/ /opt/trainflow/requirements/
@@ -41,11 +42,12 @@ RUN NCCL=$(python -c 'import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])')
  && pip install /tmp/wheels/horovod-*/horovod-*.whl && rm -rf /tmp/wheels \
  && horovodrun --check-build
 COPY trainer/ /opt/trainflow/trainer/
+RUN python /opt/trainflow/trainer/jpeg_crop.py /opt/trainflow/lib
 WORKDIR /opt/trainflow
 # NCCL: warnings only; no InfiniBand unless the nodes have it (Azure ND-series: set NCCL_IB_DISABLE=0);
 # keep NCCL off the loopback and Docker bridges. Run with --ipc=host or --shm-size=16g: NCCL and the
 # data loaders use /dev/shm.
 ENV NCCL_DEBUG=WARN NCCL_SOCKET_IFNAME=^lo,docker0 NCCL_IB_DISABLE=1 \
-    TRAINFLOW_TRAINER=/opt/trainflow/trainer/train.py
+    TRAINFLOW_TRAINER=/opt/trainflow/trainer/train.py TRAINFLOW_JPEG_CROP_DIR=/opt/trainflow/lib
 LABEL org.opencontainers.image.title="trainflow-gpu" org.opencontainers.image.source="containers/gpu.Dockerfile"
 CMD ["python", "/opt/trainflow/trainer/train.py", "--help"]

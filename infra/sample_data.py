@@ -43,8 +43,9 @@ def written_whole(dest: Path) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def write_digits(dest: Path, size: int = 32, val_fraction: float = 0.2, seed: int = 0) -> Path:
-    """Write dest/train/<digit>/*.png and dest/val/<digit>/*.png once; an existing copy is kept."""
+def write_digits(dest: Path, size: int = 32, val_fraction: float = 0.2, seed: int = 0, fmt: str = "png") -> Path:
+    """Write dest/train/<digit>/*.png and dest/val/<digit>/*.png once (fmt="jpg": grayscale JPEGs, quality 95);
+    an existing copy is kept."""
     if (dest / "train").is_dir() and (dest / "val").is_dir():
         return dest
     from sklearn.datasets import load_digits  # ships its data: nothing is downloaded
@@ -59,7 +60,7 @@ def write_digits(dest: Path, size: int = 32, val_fraction: float = 0.2, seed: in
             image = Image.fromarray(pixels, mode="L").resize((size, size), Image.Resampling.BILINEAR)
             folder = tmp / split / str(digits.target[index])
             folder.mkdir(parents=True, exist_ok=True)
-            image.save(folder / f"{index:04d}.png")
+            image.save(folder / f"{index:04d}.{fmt}", quality=95)  # (PNG has no quality: PIL ignores it)
     return dest
 
 

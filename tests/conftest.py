@@ -21,12 +21,24 @@ from infra.local_docker import running_engine, running_registry
 from infra.sample_data import write_digits
 
 
+DOCKER_FIXTURES = {"docker_engine", "registry", "cpu_image"}
+
+
 def pytest_collection_modifyitems(items) -> None:
     """Every test that uses the CPU image is `slow`: the session's first user builds it (about 6 GB, ~15 min cold),
-    so `-m "not slow"` must leave them all out, however a test gets at the image."""
+    so `-m "not slow"` must leave them all out, however a test gets at the image.
+
+    Under pytest-xdist (`make test` runs 2 workers, `--dist loadgroup`), every test that uses the Docker engine is in
+    one group, so one worker runs them all: one dockerd, one registry, one build of the image, and the checks that
+    no container is left see only their own. That group goes first, being the longest; the other worker takes the
+    rest a test at a time."""
     for item in items:
-        if "cpu_image" in getattr(item, "fixturenames", ()):
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if "cpu_image" in fixtures:
             item.add_marker(pytest.mark.slow)
+        if fixtures & DOCKER_FIXTURES:
+            item.add_marker(pytest.mark.xdist_group("docker"))
+    items.sort(key=lambda item: not item.get_closest_marker("xdist_group"))  # stable: the group first, in order
 
 
 def pytest_report_header(config) -> str:

@@ -6,13 +6,16 @@ the preflight all of them, or each worker its share, the lists combined), else f
 OUT. --bad-files fail refuses them in one line; skip trains without them and says so. A file that fails
 later to decode (nothing checked it) stops the run with a message naming it.
 
-Three loaders (--loader), the same crops and the same sampler order: fast (the default) decodes JPEGs straight to
-uint8 tensors, crops and flips them there and batches uint8, normalised on the device (`normalise`, in the step);
+Three loaders (--loader), the same crops and the same sampler order: fast (the default) draws each training crop
+from the JPEG's header and decodes only that rectangle (jpeg_crop.py: libjpeg-turbo's partial decoding, the pixels
+of a whole decode), straight to uint8 tensors, resizes and flips them there and batches uint8, normalised on the
+device (`normalise`, in the step);
 pil is the original path (PIL images, normalised floats made in the loader); dali hands the files to NVIDIA DALI
 (dali.py). `trainflow bench loader` measures them.
 """
 
 import itertools
+import math
 import os
 from pathlib import Path
 from typing import Callable, Iterator
@@ -25,7 +28,7 @@ from torchvision.io import ImageReadMode, decode_jpeg, read_file
 from torchvision.transforms import v2
 from torchvision.transforms.functional import pil_to_tensor
 
-from trainer import dali
+from trainer import dali, jpeg_crop
 from trainer.errors import UsageError
 from trainer.options import LOADERS  # noqa: F401 - the loaders the data API builds
 from trainer.layout import (SHOWN, VERIFIED, Split, Verified, find_bad_images, index_folder,  # noqa: F401 - the
@@ -116,6 +119,8 @@ class ImageFiles(Dataset):
 
     def __getitem__(self, i: int):
         path, target = self.samples[i]
+        if isinstance(self.transform, CropFirst):  # it decodes for itself: only the crop
+            return self.transform.load(path), target
         return self.transform(self.decode(path)), target
 
 
@@ -144,9 +149,76 @@ def train_transform(size: int, min_crop_scale: float, hflip: bool, loader: str =
     uint8 tensors are normalised later, on the device, by `normalise`)."""
     if loader == "dali":
         return dali.TrainSteps(size, min_crop_scale, hflip)
-    t = kind(loader)
-    steps = [t.RandomResizedCrop(size, scale=(min_crop_scale, 1.0))] + ([t.RandomHorizontalFlip()] if hflip else [])
-    return t.Compose(steps + to_floats(loader))
+    if loader == "fast":
+        return CropFirst(size, min_crop_scale, hflip)
+    steps = [transforms.RandomResizedCrop(size, scale=(min_crop_scale, 1.0))]
+    return transforms.Compose(steps + ([transforms.RandomHorizontalFlip()] if hflip else []) + to_floats(loader))
+
+
+RATIO = (3 / 4, 4 / 3)  # RandomResizedCrop's aspect ratios, and their logarithms as torchvision computes them
+LOG_RATIO = torch.log(torch.tensor(RATIO)).tolist()
+
+
+def crop_box(width: int, height: int, scale: tuple[float, float]) -> tuple[int, int, int, int]:
+    """(top, left, height, width) of a random-resized crop of a `width` x `height` image, drawn as torchvision's
+    RandomResizedCrop draws it (the same random numbers from torch's generator, in the same order, so one seed gives
+    every loader the same crops): up to 10 tries of an area (a uniform share of the image's, within `scale`) and an
+    aspect ratio (log-uniform within 3/4 to 4/3) that fit, else the centre crop nearest that range."""
+    area = width * height
+    for _ in range(10):
+        target = area * torch.empty(1).uniform_(scale[0], scale[1]).item()
+        aspect = torch.exp(torch.empty(1).uniform_(LOG_RATIO[0], LOG_RATIO[1])).item()
+        w, h = int(round(math.sqrt(target * aspect))), int(round(math.sqrt(target / aspect)))
+        if 0 < w <= width and 0 < h <= height:
+            top = int(torch.randint(0, height - h + 1, size=(1,)).item())
+            return top, int(torch.randint(0, width - w + 1, size=(1,)).item()), h, w
+    if width / height < min(RATIO):
+        w, h = width, int(round(width / min(RATIO)))
+    elif width / height > max(RATIO):
+        w, h = int(round(height * max(RATIO))), height
+    else:
+        w, h = width, height
+    return (height - h) // 2, (width - w) // 2, h, w
+
+
+class CropFirst:
+    """The fast loader's training augmentation: a random-resized crop, resized, maybe flipped. `load(path)` draws the
+    crop from the JPEG's header and decodes only it (`crop`, through jpeg_crop); images that are not RGB or gray
+    JPEGs, and every image where partial decoding is unavailable, are decoded whole and cropped, as `__call__` does
+    to a decoded uint8 tensor."""
+
+    def __init__(self, size: int, min_crop_scale: float, hflip: bool):
+        self.size, self.scale, self.hflip = size, (min_crop_scale, 1.0), hflip
+
+    def __call__(self, image: torch.Tensor) -> torch.Tensor:
+        return self.finish(self.cut(image))
+
+    def load(self, path: str) -> torch.Tensor:
+        return self.finish(self.crop(path))
+
+    def cut(self, image: torch.Tensor) -> torch.Tensor:
+        top, left, h, w = crop_box(image.shape[-1], image.shape[-2], self.scale)
+        return image[..., top:top + h, left:left + w]
+
+    def crop(self, path: str) -> torch.Tensor:
+        """The crop of the image at `path`, decoded, not yet resized."""
+        with opened(path) as img:  # the format, the size, and the guard against decompression bombs
+            jpeg, (width, height) = img.format == "JPEG" and img.mode in ("RGB", "L"), img.size
+        if jpeg and jpeg_crop.library():
+            content = Path(path).read_bytes()
+            # Without its end marker a file was cut short: a crop above the cut would decode, one below it not,
+            # so whether training stops would depend on the draw. read_uint8 names the file, every time.
+            if content.endswith(b"\xff\xd9"):
+                top, left, h, w = crop_box(width, height, self.scale)
+                try:
+                    return jpeg_crop.decode_crop(content, top, left, h, w)
+                except jpeg_crop.JpegError:
+                    pass  # read_uint8 decodes it through PIL, or names what is wrong with it
+        return self.cut(read_uint8(path))
+
+    def finish(self, crop: torch.Tensor) -> torch.Tensor:
+        crop = v2.functional.resize(crop, [self.size, self.size], antialias=True)
+        return v2.functional.horizontal_flip(crop) if self.hflip and torch.rand(1) < 0.5 else crop
 
 
 def val_transform(size: int, loader: str = "pil"):

@@ -265,6 +265,9 @@ def make_batches(args, backend: Backend, device: torch.device, shard: int, shard
     pin = resolve(args.pin_memory, device)
     train_set = data.image_files(train_split, data.train_transform(args.image_size, args.min_crop_scale, args.hflip,
                                                                    args.loader), args.loader)
+    if args.loader == "fast" and not data.jpeg_crop.library():
+        log.warning("partial JPEG decoding is unavailable (%s): the fast loader decodes whole images",
+                    data.jpeg_crop.unavailable())
     sampler = data.ResumableSampler(train_set, shards, shard, shuffle=True, seed=args.seed)
     train_batches = data.make_loader(train_set, args.batch_size, sampler, args.loader_workers, pin, True, device)
     if val_split is None:

@@ -8,7 +8,8 @@ here, on these cores, as a CPU device does in the step (a GPU does it for nearly
 trainer makes it (data.make_loader) in this process alone (1 core: no worker processes, one thread) and with one
 worker process (DALI: thread) per core (all cores), counted after the first batch (the workers' start), the rule of
 every bench; then one pass in this process split into decode, augment (crop, flip, to floats, normalise) and collate
-(DALI's one pipeline decodes, crops and flips: all of it counted as decode). REPEATS rounds of everything; every
+(the fast loader decodes only the crop: drawing and decoding it is decode; DALI's one pipeline decodes, crops and
+flips: all of it counted as decode). REPEATS rounds of everything; every
 figure the median with its min-max, each loader's speed-up over pil computed within its round.
 """
 
@@ -121,9 +122,13 @@ def time_parts(dataset: data.ImageFiles, batch_size: int) -> dict:
 
 
 def torch_batch(dataset: data.ImageFiles, indices: range, spent: dict) -> torch.Tensor:
-    """One batch of the PIL or fast loader: each image decoded, then transformed, then the batch collated."""
-    decoded = [timed(spent, "decode", dataset.decode, dataset.samples[i][0]) for i in indices]
-    samples = [(timed(spent, "augment", dataset.transform, image), 0) for image in decoded]
+    """One batch of the PIL or fast loader: each image decoded (the fast loader's: only its crop), then transformed
+    (the fast loader's: resized and flipped), then the batch collated."""
+    crop_first = isinstance(dataset.transform, data.CropFirst)
+    decode, augment = (dataset.transform.crop, dataset.transform.finish) if crop_first else \
+        (dataset.decode, dataset.transform)
+    decoded = [timed(spent, "decode", decode, dataset.samples[i][0]) for i in indices]
+    samples = [(timed(spent, "augment", augment, image), 0) for image in decoded]
     return timed(spent, "collate", default_collate, samples)[0]
 
 

@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -156,29 +157,41 @@ def test_a_run_over_its_budget_is_refused_before_anything_starts(prefect_server,
     assert not (tmp_path / "work").exists()  # no lock, no Azurite, no pool, no run folder
 
 
-def kill_rank_one(done: threading.Event, times: int, ready, kills: list[float]) -> None:
-    """Kill the rank-1 worker (SIGKILL, no last words) once `ready()` holds, `times` times; `kills` gets the
-    time.monotonic() of each kill."""
+def kill_rank_one(done: threading.Event, times: int, ready, kills: list[float], mine) -> None:
+    """Kill the rank-1 worker (SIGKILL, no last words) of this test's run (`mine(proc, argv)`: the suite runs two
+    tests at once, and the other's workers are not this one's to kill) once `ready()` holds, `times` times; `kills`
+    gets the time.monotonic() of each kill."""
     while times and not done.is_set():
         for proc in psutil.process_iter(["cmdline"]):
             try:
                 argv = proc.info["cmdline"] or []
-                if any(a.endswith("train.py") for a in argv) and "--check" not in argv and proc.environ().get("RANK") == "1":
+                if any(a.endswith("train.py") for a in argv) and "--check" not in argv and mine(proc, argv) and \
+                        proc.environ().get("RANK") == "1":
                     while not ready() and not done.is_set():
                         time.sleep(0.2)
                     proc.kill()
                     kills.append(time.monotonic())
                     times -= 1
                     break
-            except psutil.Error:
+            except (psutil.Error, OSError):
                 continue
         time.sleep(0.5)
 
 
+def writing_under(folder: Path):
+    """A process pool's worker of a run under `folder` (its --out is there)."""
+    return lambda proc, argv: str(folder) in " ".join(argv)
+
+
+def in_a_container(proc: psutil.Process, argv: list[str]) -> bool:
+    """A container node's process (another PID namespace): one worker of the suite runs every Docker test."""
+    return os.readlink(f"/proc/{proc.pid}/ns/pid") != os.readlink("/proc/self/ns/pid")
+
+
 @contextmanager
-def killing_rank_one(times: int, ready=lambda: True):
+def killing_rank_one(mine, times: int, ready=lambda: True):
     done, kills = threading.Event(), []
-    threading.Thread(target=kill_rank_one, args=(done, times, ready, kills), daemon=True).start()
+    threading.Thread(target=kill_rank_one, args=(done, times, ready, kills, mine), daemon=True).start()
     try:
         yield kills
     finally:
@@ -186,14 +199,16 @@ def killing_rank_one(times: int, ready=lambda: True):
 
 
 def test_a_job_retried_after_a_worker_died_resumes_from_its_checkpoint(prefect_server, digits, tmp_path):
-    with killing_rank_one(times=1, ready=lambda: any((tmp_path / "work" / "runs").glob("*/checkpoints/step-*.pt"))):
+    checkpointed = lambda: any((tmp_path / "work" / "runs").glob("*/checkpoints/step-*.pt"))  # noqa: E731
+    with killing_rank_one(writing_under(tmp_path), times=1, ready=checkpointed):
         result = train_flow(config(tmp_path / "work", digits, training={"epochs": 2, "checkpoint_every": 5}))
     metrics = result["metrics"]
     assert metrics["status"] == "complete" and metrics["resumed_from_steps"] and metrics["resumed_from_steps"][0] >= 5
 
 
 def test_a_worker_killed_mid_run_fails_the_flow_and_leaves_no_pool(prefect_server, digits, tmp_path):
-    with killing_rank_one(times=2), pytest.raises(LaunchError, match=r"rank 1 was killed by signal 9 \(SIGKILL\)"):
+    with killing_rank_one(writing_under(tmp_path), times=2), \
+            pytest.raises(LaunchError, match=r"rank 1 was killed by signal 9 \(SIGKILL\)"):
         train_flow(config(tmp_path / "work", digits, training={"epochs": 200}))
     assert not list((tmp_path / "work" / "pools").iterdir())
     assert not [p for p in psutil.process_iter(["cmdline"]) if str(tmp_path) in " ".join(p.info["cmdline"] or [])]
@@ -285,7 +300,7 @@ def test_a_worker_killed_on_a_container_node_fails_the_job_at_once(prefect_serve
     monkeypatch.setenv("REGISTRY_PASSWORD", registry.password)
     cfg = docker_config(tmp_path, digits, registry, epochs=20)
     cfg.job.timeout_s = 300  # a job hung on its lost peer ends here, not at pytest's limit (and breaks the bound)
-    with killing_rank_one(times=2) as kills:
+    with killing_rank_one(in_a_container, times=2) as kills:
         state = train_flow(cfg, return_state=True)
     ended = time.monotonic()
     with pytest.raises(LaunchError, match=r"^rank 1 was killed by signal 9 \(SIGKILL\)"):

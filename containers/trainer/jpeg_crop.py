@@ -1,0 +1,98 @@
+"""Partial JPEG decoding for the fast loader (jpeg_crop.c): only the random-resized crop is decoded.
+
+The C file is compiled once per version of it (`cc -O2 -shared -fPIC ... -ljpeg`, a second or less) into
+TRAINFLOW_JPEG_CROP_DIR (default ~/.cache/trainflow, else the temporary folder) and loaded with ctypes; the training
+images compile it when they are built (`python jpeg_crop.py DIR`) and name DIR. Without a C compiler or libjpeg's
+headers (Debian and Ubuntu: `apt-get install gcc libjpeg-dev`), `library()` is None and `unavailable()` says why:
+the fast loader then decodes whole images, as before, and each worker says so once.
+"""
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("jpeg_crop.c")
+DIR = "TRAINFLOW_JPEG_CROP_DIR"  # where the library is kept (or was built ahead, in the training images)
+
+
+class JpegError(RuntimeError):
+    """libjpeg refused the data (corrupt, truncated, an unsupported kind)."""
+
+
+def cache_dir() -> Path:
+    """TRAINFLOW_JPEG_CROP_DIR, else ~/.cache/trainflow, else (a home that cannot be written) the temporary folder."""
+    if os.environ.get(DIR):
+        return Path(os.environ[DIR])
+    home = Path.home() / ".cache" / "trainflow"
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return Path(tempfile.gettempdir())
+    return home
+
+
+def build(dest_dir: Path) -> Path:
+    """The library for this version of jpeg_crop.c in `dest_dir` (compiled there unless it already is); written
+    whole (a temporary name, then renamed), so ranks compiling at once never load half a file."""
+    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
+    target = dest_dir / f"jpeg_crop-{digest}.so"
+    if target.exists():
+        return target
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not compiler:
+        raise OSError("no C compiler (cc) on PATH")
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    partial = dest_dir / f".{target.name}.{os.getpid()}"
+    done = subprocess.run([compiler, "-O2", "-shared", "-fPIC", "-o", str(partial), str(SOURCE), "-ljpeg"],
+                          capture_output=True, text=True)
+    if done.returncode:
+        partial.unlink(missing_ok=True)
+        raise OSError(f"{compiler} could not build {SOURCE.name}: {done.stderr.strip().splitlines()[-1:]}")
+    os.replace(partial, target)
+    return target
+
+
+@lru_cache(maxsize=None)
+def _load() -> tuple[ctypes.CDLL | None, str]:
+    try:
+        lib = ctypes.CDLL(str(build(cache_dir())))
+    except OSError as exc:
+        return None, str(exc)
+    lib.jpeg_crop_decode.argtypes = [ctypes.c_char_p, ctypes.c_ulong, *[ctypes.c_int] * 4, ctypes.c_void_p,
+                                     ctypes.c_char_p]
+    return lib, ""
+
+
+def library() -> ctypes.CDLL | None:
+    return _load()[0]
+
+
+def unavailable() -> str:
+    """Why partial decoding is off ('' when it is on)."""
+    return _load()[1]
+
+
+def decode_crop(data: bytes, top: int, left: int, height: int, width: int) -> torch.Tensor:
+    """Rows [top, top+height) and columns [left, left+width) of the JPEG `data` as an RGB uint8 CHW tensor (a
+    view of HWC memory, the layout torchvision's uint8 resize is fastest on); JpegError when libjpeg refuses it."""
+    lib = library()
+    out = torch.empty(height, width, 3, dtype=torch.uint8)
+    message = ctypes.create_string_buffer(lib.jpeg_crop_message_size())
+    status = lib.jpeg_crop_decode(data, len(data), top, left, height, width, out.data_ptr(), message)
+    if status == -2:
+        raise ValueError(f"crop {height}x{width} at ({top}, {left}) is not inside the image")
+    if status:
+        raise JpegError(message.value.decode(errors="replace"))
+    return out.permute(2, 0, 1)
+
+
+if __name__ == "__main__":  # the training images build it ahead: python jpeg_crop.py DIR
+    print(build(Path(sys.argv[1])))

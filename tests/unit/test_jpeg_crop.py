@@ -1,0 +1,112 @@
+"""The fast loader's partial JPEG decoding (trainer/jpeg_crop.c): compiled here with the machine's cc and
+libjpeg-turbo, as the trainer compiles it, and compared pixel for pixel with a whole decode."""
+
+import re
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torchvision import transforms
+from torchvision.io import ImageReadMode, decode_jpeg, read_file
+
+from tests.conftest import write_image
+from trainer import data, jpeg_crop
+from trainer.errors import UsageError
+
+
+def photo(path, width=203, height=117, mode="RGB", **save) -> bytes:
+    """A JPEG with smooth fields and grain (so every block has detail), odd sizes (partial iMCUs at the edges)."""
+    rng = np.random.default_rng(width * height)
+    base = Image.fromarray(rng.integers(0, 256, (4, 5, 3), dtype=np.uint8)).resize((width, height), Image.BICUBIC)
+    pixels = np.clip(np.asarray(base, dtype=np.float32) + rng.normal(0, 20, (height, width, 3)), 0, 255)
+    Image.fromarray(pixels.astype(np.uint8)).convert(mode).save(path, quality=90, **save)
+    return path.read_bytes()
+
+
+def boxes(width, height, n, seed=0):
+    """Random rectangles, and the corners and edges, where iMCU boundaries and the image's borders meet."""
+    rng = np.random.default_rng(seed)
+    for _ in range(n):
+        w, h = int(rng.integers(1, width + 1)), int(rng.integers(1, height + 1))
+        yield int(rng.integers(0, height - h + 1)), int(rng.integers(0, width - w + 1)), h, w
+    yield from [(0, 0, height, width), (0, 0, 1, 1), (height - 1, width - 1, 1, 1), (16, 16, 16, 16),
+                (15, 17, 33, 31), (0, width - 17, height, 17)]
+
+
+@pytest.mark.parametrize("kind", ["4:2:0", "4:4:4", "4:2:2", "gray", "progressive"])
+def test_a_decoded_crop_holds_the_pixels_of_a_whole_decode(tmp_path, kind):
+    save = {"4:2:0": {"subsampling": 2}, "4:4:4": {"subsampling": 0}, "4:2:2": {"subsampling": 1}, "gray": {},
+            "progressive": {"progressive": True, "subsampling": 2}}[kind]
+    path = tmp_path / "photo.jpg"
+    jpeg = photo(path, mode="L" if kind == "gray" else "RGB", **save)
+    whole = decode_jpeg(read_file(str(path)), mode=ImageReadMode.RGB)
+    assert jpeg_crop.library() is not None, jpeg_crop.unavailable()
+    for top, left, h, w in boxes(203, 117, 60):
+        crop = jpeg_crop.decode_crop(jpeg, top, left, h, w)
+        assert crop.shape == (3, h, w) and crop.dtype == torch.uint8
+        assert torch.equal(crop, whole[:, top:top + h, left:left + w]), (top, left, h, w)
+
+
+def test_corrupt_data_and_a_crop_outside_the_image_are_refused(tmp_path):
+    jpeg = photo(tmp_path / "photo.jpg")
+    with pytest.raises(ValueError, match=r"crop 10x10 at \(110, 0\) is not inside the image"):
+        jpeg_crop.decode_crop(jpeg, 110, 0, 10, 10)
+    with pytest.raises(jpeg_crop.JpegError, match="Not a JPEG file"):
+        jpeg_crop.decode_crop(b"GIF89a" + jpeg[6:], 0, 0, 4, 4)
+    with pytest.raises(jpeg_crop.JpegError, match="Premature end"):  # libjpeg would fill the rest with grey
+        jpeg_crop.decode_crop(jpeg[:len(jpeg) // 2], 0, 0, 117, 203)
+
+
+def test_the_crop_is_drawn_as_torchvision_draws_it():
+    """Same seed, same crop as torchvision's RandomResizedCrop (the PIL loader's), including the centre-crop
+    fallback of images too narrow or too wide for any try to fit."""
+    for width, height in [(500, 375), (375, 500), (64, 64), (3, 400), (900, 2), (1, 1)]:
+        for seed in range(30):
+            torch.manual_seed(seed)
+            ours = data.crop_box(width, height, (0.08, 1.0))
+            torch.manual_seed(seed)
+            theirs = transforms.RandomResizedCrop.get_params(torch.empty(3, height, width), [0.08, 1.0], [3 / 4, 4 / 3])
+            assert ours == tuple(theirs), (width, height, seed)
+
+
+def test_the_fast_loader_trains_on_the_crop_a_whole_decode_would_give(tmp_path):
+    """load(path) decodes only the crop; __call__ crops a whole decode: with one seed, the same tensor."""
+    path = tmp_path / "photo.jpg"
+    photo(path, 500, 375)
+    augment = data.CropFirst(64, 0.08, hflip=True)
+    for seed in range(10):
+        torch.manual_seed(seed)
+        partial = augment.load(str(path))
+        torch.manual_seed(seed)
+        assert torch.equal(partial, augment(data.read_uint8(str(path)))) and partial.shape == (3, 64, 64)
+
+
+def test_without_a_compiler_the_fast_loader_decodes_whole_images_and_says_why(tmp_path, monkeypatch):
+    monkeypatch.setenv(jpeg_crop.DIR, str(tmp_path / "cache"))
+    monkeypatch.setenv("CC", "/bin/false")
+    jpeg_crop._load.cache_clear()
+    try:
+        assert jpeg_crop.library() is None
+        assert re.match(r"/bin/false could not build jpeg_crop.c", jpeg_crop.unavailable())
+        path = tmp_path / "photo.jpg"
+        photo(path, 500, 375)
+        torch.manual_seed(0)
+        whole = data.CropFirst(32, 0.5, hflip=False).load(str(path))
+        assert whole.shape == (3, 32, 32) and not list((tmp_path / "cache").glob("*.so"))
+    finally:
+        jpeg_crop._load.cache_clear()
+
+
+def test_images_partial_decoding_does_not_take_are_decoded_whole(tmp_path):
+    """PNGs, CMYK JPEGs and JPEGs cut short (no end marker) are decoded whole (read_uint8): cropped alike, or named
+    when broken, whichever crop is drawn."""
+    augment = data.CropFirst(8, 0.5, hflip=True)
+    for path in (write_image(tmp_path / "a.png"), write_image(tmp_path / "c.jpg", "CMYK", fmt="JPEG")):
+        assert augment.load(str(path)).shape == (3, 8, 8)
+    cut = tmp_path / "cut.jpg"
+    cut.write_bytes(photo(tmp_path / "photo.jpg", 500, 375)[:3000])
+    for seed in range(5):
+        torch.manual_seed(seed)
+        with pytest.raises(UsageError, match=f"cannot decode image {re.escape(str(cut))}"):
+            augment.load(str(cut))
