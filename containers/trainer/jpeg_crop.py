@@ -55,7 +55,8 @@ def build(dest_dir: Path) -> Path:
                           capture_output=True, text=True)
     if done.returncode:
         partial.unlink(missing_ok=True)
-        raise OSError(f"{compiler} could not build {SOURCE.name}: {done.stderr.strip().splitlines()[-1:]}")
+        said = done.stderr.strip().splitlines() or [f"exit status {done.returncode}"]
+        raise OSError(f"{compiler} could not build {SOURCE.name}: {said[-1]}")
     os.replace(partial, target)
     return target
 

@@ -31,7 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-crop-scale", type=float, default=0.08, help="smallest area fraction of the random-resized crop")
     p.add_argument("--hflip", action=argparse.BooleanOptionalAction, default=True, help="random horizontal flips")
     p.add_argument("--loader", choices=LOADERS, default="fast",
-                   help="fast: JPEGs decoded straight to uint8 tensors, cropped there, normalised on the device; "
+                   help="fast: only the training crop of a JPEG decoded (libjpeg-turbo), straight to uint8 tensors, "
+                        "normalised on the device; "
                         "pil: PIL images, normalised floats made by the loader (the original path); dali: NVIDIA "
                         "DALI (GPU decoding on a GPU, its CPU mode otherwise; pip install 'trainflow[dali]')")
     p.add_argument("--loader-workers", type=int, default=4, help="DataLoader worker processes per training process")

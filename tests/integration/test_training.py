@@ -14,6 +14,7 @@ import torch
 from infra.launchers import LaunchError, local_command, route_output
 from infra.trainer import TrainingConfig, trainer_argv
 from tests.conftest import train_locally
+from trainer import jpeg_crop
 from trainer.models import build_model
 from trainer.train import main as engine_main
 
@@ -87,6 +88,22 @@ def test_awkward_images_train_in_one_process(image_tree, tmp_path):
     assert metrics["epochs"][0]["val_top1"] is not None
     state = torch.load(sorted((out / "checkpoints").glob("*.pt"))[-1], weights_only=False)
     assert state["optimizer"]["param_groups"][0]["fused"] is True  # one kernel updates every parameter
+
+
+def test_without_partial_jpeg_decoding_a_worker_trains_on_whole_decodes_and_says_why(image_tree, tmp_path,
+                                                                                        monkeypatch, capsys):
+    monkeypatch.setenv(jpeg_crop.DIR, str(tmp_path / "empty"))
+    monkeypatch.setenv("CC", "/bin/false")  # no compiler: the library cannot be built
+    jpeg_crop._load.cache_clear()
+    try:
+        code = engine_main(["--data", str(image_tree), "--out", str(tmp_path / "out"), "--model", "resnet18",
+                            "--image-size", "16", "--epochs", "1", "--batch-size", "2", "--loader-workers", "0"])
+    finally:
+        jpeg_crop._load.cache_clear()
+    assert code == 0
+    said = capsys.readouterr().out
+    assert "WARNING partial JPEG decoding is unavailable (/bin/false could not build jpeg_crop.c: exit status 1): " \
+           "the fast loader decodes whole images" in said
 
 
 @pytest.mark.slow  # Inductor compiles the forward and backward passes on the CPU: a minute or more
