@@ -3,14 +3,15 @@
 import base64
 import io
 import logging
-import os
+import random
 
 import pytest
 
 from infra.redact import MASK, SHAPES, RedactSecrets, redact, secret_shaped, secret_shapes
 
-KEY88 = base64.b64encode(os.urandom(64)).decode()  # a storage account key's shape (512 bits)
-KEY44 = base64.b64encode(os.urandom(32)).decode()  # a Service Bus / Event Hubs key's shape (256 bits)
+# Seeded: the keys are in test ids, which must be the same in every pytest-xdist worker.
+KEY88 = base64.b64encode(random.Random(88).randbytes(64)).decode()  # a storage account key's shape (512 bits)
+KEY44 = base64.b64encode(random.Random(44).randbytes(32)).decode()  # a Service Bus / Event Hubs key's shape (256 bits)
 JWT = ("eyJ0eXAiOiJKV1QiLCJhbGciOiJSUzI1NiJ9.eyJhdWQiOiJodHRwczovL3N0b3JhZ2UuYXp1cmUuY29tIiwib2lkIjoiMSJ9."
        "c2lnbmF0dXJlLWJ5dGVzLWhlcmU")
 

@@ -1,7 +1,7 @@
 """Storage settings: names, transport and secrets (no secret in any setting, only variable names in *_env)."""
 
 import base64
-import os
+import random
 
 import pytest
 import yaml
@@ -12,7 +12,8 @@ from infra.blobstore import StorageConfig, is_loopback, require_https_unless_loo
 from infra.redact import redact
 
 SAS = "sv=2024-05-04&ss=b&srt=co&sp=rwdlac&se=2031-01-01T00:00:00Z&spr=https&sig=R4nd0mS1gn4tur3%2Fw1th%3D"
-ACCOUNT_KEY = base64.b64encode(os.urandom(64)).decode()
+# Seeded: the keys are in test ids, which must be the same in every pytest-xdist worker.
+ACCOUNT_KEY = base64.b64encode(random.Random(64).randbytes(64)).decode()
 CONNECTION = f"DefaultEndpointsProtocol=https;AccountName=acct;AccountKey={ACCOUNT_KEY};EndpointSuffix=core.windows.net"
 JWT = "eyJhbGciOiJSUzI1NiJ9.eyJhdWQiOiJzdG9yYWdlIiwib2lkIjoiNDIifQ.c2lnbmF0dXJl"
 
