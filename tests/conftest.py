@@ -24,7 +24,8 @@ from infra.sample_data import write_digits
 DOCKER_FIXTURES = {"docker_engine", "registry", "cpu_image"}
 
 
-def pytest_collection_modifyitems(items) -> None:
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook, which reads the xdist_group marks
+def pytest_collection_modifyitems(config, items) -> None:
     """Every test that uses the CPU image is `slow`: the session's first user builds it (about 6 GB, ~15 min cold),
     so `-m "not slow"` must leave them all out, however a test gets at the image.
 
@@ -38,7 +39,19 @@ def pytest_collection_modifyitems(items) -> None:
             item.add_marker(pytest.mark.slow)
         if fixtures & DOCKER_FIXTURES:
             item.add_marker(pytest.mark.xdist_group("docker"))
+            if getattr(config.option, "loadgroup", False):  # in an xdist worker, --dist loadgroup
+                in_group(item, "docker")
     items.sort(key=lambda item: not item.get_closest_marker("xdist_group"))  # stable: the group first, in order
+
+
+def in_group(item: pytest.Item, group: str) -> None:
+    """What pytest-xdist 3.8's worker does for an xdist_group mark: `@group` after the test's id, which its loadgroup
+    scheduler reads. It writes `item._nodeid`, which pytest 9.2 no longer reads (the id is `item._id`, a NodeId), so
+    its groups are silently ignored there; this writes the id pytest 9.2 reads."""
+    from _pytest.nodeid import NodeId
+
+    if not item.nodeid.endswith(f"@{group}"):
+        item._id = NodeId.parse(f"{item.nodeid}@{group}")
 
 
 def pytest_report_header(config) -> str:
