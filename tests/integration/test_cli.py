@@ -10,6 +10,8 @@ from typer.testing import CliRunner
 from flows.cli import app
 from tests.bad_inputs import with_file
 
+pytestmark = pytest.mark.integration  # the command as a user runs it
+
 TRAINFLOW = str(Path(sys.executable).parent / "trainflow")
 QUICK = ["--model", "resnet18", "--epochs", "1", "--workers", "2", "--batch-size", "1"]
 
@@ -31,7 +33,6 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([TRAINFLOW, *args], capture_output=True, text=True, timeout=300)
 
 
-@pytest.mark.integration
 def test_a_corrupt_image_found_during_training_names_rank_and_file(tmp_path):
     with_file("train/a/bad.png", b"\x89PNG\r\n\x1a\n not really")(tmp_path)
     data = tmp_path / "data"
@@ -43,7 +44,6 @@ def test_a_corrupt_image_found_during_training_names_rank_and_file(tmp_path):
     assert "failed: cannot decode image" in result.stderr and "bad.png" in result.stderr
 
 
-@pytest.mark.integration
 def test_digits_command_writes_the_layout_once(tmp_path):
     first = run_cli("data", "digits", "--workdir", str(tmp_path))
     assert first.returncode == 0, first.stderr
@@ -69,7 +69,6 @@ def test_dry_run_on_a_fresh_workdir_writes_nothing(tmp_path):
     assert "write the digits set" in done.stdout and not (tmp_path / "fresh").exists()
 
 
-@pytest.mark.integration
 @pytest.mark.slow  # a whole train-flow run: Prefect's server, Azurite, a training job
 def test_smoke_runs_one_worker_on_synthetic_data_through_the_whole_pipeline(tmp_path):
     (tmp_path / "tiny.yaml").write_text("training: {model: resnet18, image_size: 32, batch_size: 8, num_classes: 4, "
