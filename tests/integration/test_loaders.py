@@ -1,5 +1,5 @@
-"""Every other loader of the trainer (--loader fast, dali) trains the digits set, as JPEGs (the fast loader decodes
-only each crop of a JPEG), to the original PIL path's val top-1, within half a point."""
+"""Every other loader of the trainer (--loader fast, dali) trains the digits set to the original PIL path's val
+top-1, within half a point."""
 
 import json
 import subprocess
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.sample_data import DIGITS_TRAINING, write_digits
+from infra.sample_data import DIGITS_TRAINING
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 HALF_A_POINT = 0.005  # of val top-1, a fraction: 1.8 of the 359 val images
@@ -25,10 +25,9 @@ def digits_command(digits: Path, out: Path, loader: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def top1(tmp_path_factory) -> dict[str, float]:
-    """Each loader's final val top-1 on the digits as JPEGs, the three trained at once (one thread each, so that the
-    2 cores run them side by side: the same results as one after the other, in half the time)."""
-    digits = write_digits(tmp_path_factory.mktemp("data") / "digits-jpeg", fmt="jpg")
+def top1(digits, tmp_path_factory) -> dict[str, float]:
+    """Each loader's final val top-1, the three trained at once (one thread each, so that the 2 cores run them
+    side by side: the same results as one after the other, in half the time)."""
     outs = {loader: tmp_path_factory.mktemp(loader) for loader in LOADERS}
     runs = {loader: subprocess.Popen(digits_command(digits, out, loader), stdout=subprocess.DEVNULL,
                                      stderr=subprocess.PIPE, text=True) for loader, out in outs.items()}

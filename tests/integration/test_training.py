@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from infra.launchers import LaunchError, local_command, route_output
+from infra.sample_data import write_digits
 from infra.trainer import TrainingConfig, trainer_argv
 from tests.conftest import train_locally
 from trainer import jpeg_crop
@@ -104,6 +105,29 @@ def test_without_partial_jpeg_decoding_a_worker_trains_on_whole_decodes_and_says
     said = capsys.readouterr().out
     assert "WARNING partial JPEG decoding is unavailable (/bin/false could not build jpeg_crop.c: exit status 1): " \
            "the fast loader decodes whole images" in said
+
+
+def test_decoding_only_the_crop_trains_to_the_very_parameters_of_whole_decoding(tmp_path, monkeypatch, capsys):
+    """The fast loader's partial JPEG decoding gives the pixels of a whole decode and draws the same crops: on the
+    digits as JPEGs, a run with it and a run without it (no compiler: whole images decoded) end with the same
+    parameters, bit for bit. (tests/integration/test_loaders.py compares the loaders' accuracy.)"""
+    digits = write_digits(tmp_path / "digits", fmt="jpg")
+    argv = ["--data", str(digits), "--model", "resnet18", "--image-size", "16", "--epochs", "1", "--batch-size",
+            "32", "--loader-workers", "0", "--threads", "1", "--log-every", "100"]
+    digests = {}
+    for way, compiler in (("partial", None), ("whole", "/bin/false")):
+        monkeypatch.setenv(jpeg_crop.DIR, str(tmp_path / f"lib-{way}"))
+        if compiler:
+            monkeypatch.setenv("CC", compiler)
+        jpeg_crop._load.cache_clear()
+        try:
+            assert engine_main([*argv, "--out", str(tmp_path / way)]) == 0
+            assert (jpeg_crop.library() is None) == (way == "whole")
+        finally:
+            jpeg_crop._load.cache_clear()
+        digests[way] = json.loads((tmp_path / way / "metrics.json").read_text())["parameter_digest"]
+    assert "partial JPEG decoding is unavailable" in capsys.readouterr().out  # the second run did decode whole
+    assert digests["partial"] == digests["whole"]
 
 
 @pytest.mark.slow  # Inductor compiles the forward and backward passes on the CPU: a minute or more
