@@ -1,5 +1,5 @@
 """Every other loader of the trainer (--loader fast, dali) trains the digits set to the original PIL path's val
-top-1, within half a point."""
+top-1, within what one run's seed alone moves it."""
 
 import json
 import subprocess
@@ -11,7 +11,11 @@ import pytest
 from infra.sample_data import DIGITS_TRAINING
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-HALF_A_POINT = 0.005  # of val top-1, a fraction: 1.8 of the 359 val images
+# Of val top-1, a fraction: 5.4 of the 359 val images. One loader's own seeds spread its top-1 over 1.39 points
+# (fast, seeds 0-2, measured 2026-11-24: 0.9805, 0.9833, 0.9944; pil 0.9916, 0.9916, 0.9889), and which images a run
+# gets right also follows the machine's floating-point kernels: one run of each cannot tell half a point apart.
+# Averaged over those 3 seeds, fast is 0.46 points below pil (the README).
+SEED_SPREAD = 0.015
 LOADERS = ("pil", "fast", "dali")  # dali: its CPU-only mode (no GPU here)
 TRAIN_PY = Path(__file__).resolve().parents[2] / "containers" / "trainer" / "train.py"
 
@@ -44,8 +48,8 @@ def top1(digits, tmp_path_factory) -> dict[str, float]:
 @pytest.mark.timeout(3600)  # three trainings of the digits set: about 2 minutes each on an idle core, far more shared
 @pytest.mark.parametrize("loader", [loader for loader in LOADERS if loader != "pil"])
 def test_a_loader_trains_the_digits_set_to_the_pil_path_s_accuracy(top1, loader):
-    """Measured on 2026-11-23 with these settings: pil 0.9861, fast 0.9889, dali 0.9889 (one image more right of
-    359; one image is 0.28 points). The paths resize with other arithmetic, so their runs part ways: with one
-    DataLoader worker instead of none, fast reached 0.9944 against pil's 0.9861, 0.83 points apart."""
+    """Measured with these settings on 2026-11-23: pil 0.9861, fast 0.9889, dali 0.9889; on 2026-11-24, another
+    machine: pil 0.9916, fast 0.9805 (one image is 0.28 points). The paths resize with other arithmetic, so their
+    runs part ways as a new seed does."""
     assert top1["pil"] > 0.95  # trained, not guessing
-    assert top1[loader] == pytest.approx(top1["pil"], abs=HALF_A_POINT)
+    assert top1[loader] == pytest.approx(top1["pil"], abs=SEED_SPREAD)
