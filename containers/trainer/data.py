@@ -119,14 +119,14 @@ class ImageFiles(Dataset):
 
     def __getitem__(self, i: int):
         path, target = self.samples[i]
-        if isinstance(self.transform, CropFirst):  # it decodes for itself: only the crop
-            return self.transform.load(path), target
         return self.transform(self.decode(path)), target
 
 
 def image_files(split: Split, transform, loader: str) -> ImageFiles:
     """A split as the `loader` (--loader) reads it: decoded by PIL, or (fast) straight to uint8 tensors; DALI
     decodes its own (make_loader hands it the files)."""
+    if isinstance(transform, CropFirst):  # it decodes only the crop (`crop`), then resizes and flips it (`finish`)
+        return ImageFiles(split, transform.finish, transform.crop)
     return ImageFiles(split, transform, {"fast": read_uint8, "pil": load_rgb}.get(loader))
 
 
@@ -183,7 +183,8 @@ def crop_box(width: int, height: int, scale: tuple[float, float]) -> tuple[int, 
 
 class CropFirst:
     """The fast loader's training augmentation: a random-resized crop, resized, maybe flipped. `load(path)` draws the
-    crop from the JPEG's header and decodes only it (`crop`, through jpeg_crop); images that are not RGB or gray
+    crop from the JPEG's header and decodes only it (`crop`, through jpeg_crop; image_files makes `crop` the data
+    set's decode and `finish` its transform); images that are not RGB or gray
     JPEGs, and every image where partial decoding is unavailable, are decoded whole and cropped, as `__call__` does
     to a decoded uint8 tensor."""
 

@@ -124,11 +124,8 @@ def time_parts(dataset: data.ImageFiles, batch_size: int) -> dict:
 def torch_batch(dataset: data.ImageFiles, indices: range, spent: dict) -> torch.Tensor:
     """One batch of the PIL or fast loader: each image decoded (the fast loader's: only its crop), then transformed
     (the fast loader's: resized and flipped), then the batch collated."""
-    crop_first = isinstance(dataset.transform, data.CropFirst)
-    decode, augment = (dataset.transform.crop, dataset.transform.finish) if crop_first else \
-        (dataset.decode, dataset.transform)
-    decoded = [timed(spent, "decode", decode, dataset.samples[i][0]) for i in indices]
-    samples = [(timed(spent, "augment", augment, image), 0) for image in decoded]
+    decoded = [timed(spent, "decode", dataset.decode, dataset.samples[i][0]) for i in indices]
+    samples = [(timed(spent, "augment", dataset.transform, image), 0) for image in decoded]
     return timed(spent, "collate", default_collate, samples)[0]
 
 
