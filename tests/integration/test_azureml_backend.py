@@ -108,7 +108,8 @@ def test_attempts_are_bounded_and_a_cancelled_job_is_not_retried(tmp_path):
     while job2.code is None and time.monotonic() < deadline:
         time.sleep(0.1)
     assert ws2.jobs["trainflow-run1-train-1"].status == "Canceled" and len(job2.attempts()) == 1
-    assert all(p.poll() is not None for p in ws2.jobs["trainflow-run1-train-1"].procs)  # nothing left running
+    for proc in ws2.jobs["trainflow-run1-train-1"].procs:  # nothing left running: killed, gone within seconds
+        proc.wait(timeout=10)  # (SIGKILL is sent before the status turns Canceled; the exit is not instant)
 
 
 def test_the_service_rules_the_backend_meets(tmp_path):
