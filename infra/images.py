@@ -271,9 +271,10 @@ def auth_config(username: str | None, password: str | None) -> dict | None:
     return {"username": username, "password": password} if username else None
 
 
-def layer_sizes(engine: DockerEngine, ref: str) -> list[int]:
-    """Sizes of the image's layers that hold files (for the push progress bar's totals)."""
-    return [size for entry in engine.api.history(ref) if (size := entry.get("Size", 0))]
+def push_totals(engine: DockerEngine, ref: str) -> tuple[int, int]:
+    """The image's bytes and its number of layers, empty ones too (each is pushed): the push progress bar's totals."""
+    layers = engine.api.inspect_image(ref)["RootFS"]["Layers"]
+    return sum(entry.get("Size", 0) for entry in engine.api.history(ref)), len(layers)
 
 
 def registry_password(cfg: ImageConfig) -> str | None:

@@ -63,8 +63,10 @@ def running_engine(log_dir: Path, startup_seconds: float = 60) -> Iterator[None]
 
 
 @contextmanager
-def running_registry(data_dir: Path, username: str, password: str, startup_seconds: float = 30) -> Iterator[str]:
-    """Distribution's registry on a free loopback port with htpasswd authentication; yields host:port.
+def running_registry(data_dir: Path, username: str, password: str, startup_seconds: float = 30,
+                     storage: Path | None = None) -> Iterator[str]:
+    """Distribution's registry on a free loopback port with htpasswd authentication; yields host:port. It stores
+    what is pushed in `storage` (default: data_dir/storage).
 
     Docker talks plain HTTP to registries on 127.0.0.0/8, so no TLS set-up is needed."""
     binary = require_binary("docker-registry", "docker-registry")
@@ -73,10 +75,19 @@ def running_registry(data_dir: Path, username: str, password: str, startup_secon
     htpasswd.write_text(f"{username}:{bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=6)).decode()}\n")
     port = free_port()
     config = data_dir / "config.yml"
-    config.write_text(REGISTRY_CONFIG.format(root=data_dir / "storage", port=port, htpasswd=htpasswd))
+    config.write_text(REGISTRY_CONFIG.format(root=storage or data_dir / "storage", port=port, htpasswd=htpasswd))
     with running_service([binary, "serve", str(config)], data_dir / "registry.log", lambda: port_open(port),
                          "the registry", startup_seconds):
         yield f"localhost:{port}"
+
+
+def collect_registry_garbage(data_dir: Path) -> str:
+    """Delete, from the stopped registry of `data_dir`, every manifest no tag names and every blob no manifest uses
+    (`registry garbage-collect --delete-untagged`, distribution's docs/garbage-collection.md); its summary line."""
+    binary = require_binary("docker-registry", "docker-registry")
+    done = subprocess.run([binary, "garbage-collect", "--delete-untagged", str(data_dir / "config.yml")],
+                          capture_output=True, text=True, check=True)
+    return done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
 
 
 def require_binary(name: str, package: str) -> str:

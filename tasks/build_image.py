@@ -11,8 +11,8 @@ from pathlib import Path
 from prefect import get_run_logger, task
 
 from infra.build_context import assemble_context, context_tag
-from infra.images import (DockerEngine, ImageConfig, ImageError, ImageRef, Log, auth_config, layer_sizes, parse_reference,
-                          registry_password)
+from infra.images import (DockerEngine, ImageConfig, ImageError, ImageRef, Log, auth_config, parse_reference,
+                          push_totals, registry_password)
 from infra.local_docker import local_base_image, local_base_tag
 from infra.transfers import Transfer, step_plan, transfer_progress
 from tasks.retry import unless_permanent
@@ -102,8 +102,7 @@ def push(engine: DockerEngine, ref: ImageRef, auth: dict | None, log: Log) -> st
     """Push with a progress bar over the image's bytes; returns the registry's digest."""
     log(f"pushing {ref.tagged}")
     transfer = Transfer(f"image -> {ref.name.split('/')[0]}")
-    sizes = layer_sizes(engine, ref.tagged)
-    with transfer_progress(transfer, sum(sizes), len(sizes)) as advance:
+    with transfer_progress(transfer, *push_totals(engine, ref.tagged)) as advance:
         digest = engine.push(ref, auth, log, advance)
     log(f"pushed {ref.name}@{digest}")
     return digest

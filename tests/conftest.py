@@ -1,13 +1,17 @@
 """Shared fixtures: the small digits data set, hand-made image trees, and the real local services
 (Azurite, a Docker engine, a registry with authentication, the CPU training image)."""
 
+import fcntl
+import os
 import secrets
 import struct
 import shutil
 import tempfile
 import zlib
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pytest
@@ -17,7 +21,7 @@ from infra.azurite import running_azurite
 from infra.build_context import wheel_cache
 from infra.backends.process import train_here
 from infra.images import DockerEngine, ImageConfig
-from infra.local_docker import running_engine, running_registry
+from infra.local_docker import collect_registry_garbage, running_engine, running_registry
 from infra.sample_data import write_digits
 
 
@@ -129,16 +133,46 @@ def docker_engine(tmp_path_factory) -> DockerEngine:
         yield DockerEngine()
 
 
+# The test registry's storage, kept between sessions as a team's registry is (the pushed image is gigabytes).
+REGISTRY_CACHE = Path(os.environ.get("TRAINFLOW_TEST_REGISTRY", Path.home() / ".cache" / "trainflow" / "test-registry"))
+
+
 @pytest.fixture(scope="session")
 def registry(tmp_path_factory) -> Registry:
-    """A Distribution registry with htpasswd authentication and empty storage, for the session."""
+    """A Distribution registry with htpasswd authentication, for the session.
+
+    It starts with no image in it, so the session's image is pushed, but its storage (REGISTRY_CACHE) is kept: the
+    layers an earlier session pushed are there, and the engine does not send them again (a rebuilt image's last
+    layers are what a push costs). At the end everything this session did not push is garbage-collected, so the
+    cache holds one image. A second test session at the same time gets empty storage of its own."""
     username, password = "trainflow-ci", secrets.token_urlsafe(16)
-    storage = tmp_path_factory.mktemp("registry")
-    try:
-        with running_registry(storage, username, password) as host:
+    data_dir = tmp_path_factory.mktemp("registry")
+    with kept_storage(REGISTRY_CACHE, data_dir / "storage") as storage:
+        with running_registry(data_dir, username, password, storage=storage) as host:
             yield Registry(host, username, password)
-    finally:  # the pushed test image is gigabytes: never left behind, whatever the outcome
-        shutil.rmtree(storage, ignore_errors=True)
+        if storage == REGISTRY_CACHE:
+            collect_registry_garbage(data_dir)
+
+
+@contextmanager
+def kept_storage(cache: Path, fallback: Path) -> Iterator[Path]:
+    """The registry storage `cache` with no tags in it, held for the block; `fallback` (removed after) when another
+    session holds it."""
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache.parent / f"{cache.name}.lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                yield fallback
+            finally:  # the pushed test image is gigabytes: never left behind, whatever the outcome
+                shutil.rmtree(fallback, ignore_errors=True)
+            return
+        # a repository's tags are folders in it (distribution's registry/storage/paths.go: manifestTagsPathSpec);
+        # without them every manifest is untagged, and the session's first build pushes
+        for tags in cache.glob("docker/registry/v2/repositories/**/_manifests/tags"):
+            shutil.rmtree(tags)
+        yield cache
 
 
 def image_config(service: Registry, **overrides) -> ImageConfig:
