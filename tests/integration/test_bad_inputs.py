@@ -8,7 +8,7 @@ import pytest
 from tests.bad_inputs import CASES, readme_table, run_all, table
 
 README = Path(__file__).resolve().parents[2] / "README.md"
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("bad-inputs")]  # `outcomes` runs once
 
 
 @pytest.fixture(scope="module")

@@ -1,10 +1,12 @@
 """The CPU training image with a real Docker engine and a registry with authentication: built, pushed,
 pulled back by digest, reused when unchanged, and running Horovod across two containers."""
 
+import io
 import json
 import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -14,10 +16,11 @@ from infra.backends import PoolConfig, RunPaths, train_on_pool
 from infra.backends.docker import DockerPool
 from infra.backends.docker_nodes import Mount, remove_nodes, running_nodes
 from infra.images import DockerEngine, ImageError
+from infra.local_docker import collect_registry_garbage, running_registry
 from infra.trainer import REPO, TrainingConfig
 from infra.services import free_port
 from tasks.build_image import build_and_push, use_existing
-from tests.conftest import Registry, image_config
+from tests.conftest import Registry, image_config, kept_storage
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(3600)]  # a cold first build takes ~15 min
 TRAINFLOW = str(Path(sys.executable).parent / "trainflow")
@@ -167,3 +170,50 @@ def test_bench_images_compares_an_unchanged_rebuild_with_docker_build_and_push(r
     assert result["speedup"]["all"] == pytest.approx([d / t for t, d in zip(
         result["trainflow_unchanged_seconds"]["all"], result["docker_build_push_seconds"]["all"])])
     assert "x faster than docker build + push" in out.stdout.splitlines()[-1]
+
+
+def tiny_image(engine: DockerEngine, repository: str, tag: str, content: bytes) -> None:
+    """An image of one layer holding one file (`docker import` of a tar): no base image, no build."""
+    tar = io.BytesIO()
+    with tarfile.open(fileobj=tar, mode="w") as archive:
+        info = tarfile.TarInfo("payload")
+        info.size = len(content)
+        archive.addfile(info, io.BytesIO(content))
+    engine.api.import_image_from_data(tar.getvalue(), repository=repository, tag=tag)
+
+
+def push_statuses(engine: DockerEngine, host: str, name: str, auth: dict) -> set[str]:
+    """Push `name` to the registry at `host` (every tag it has there); the engine's statuses per layer."""
+    events = engine.api.push(f"{host}/{name}", auth_config=auth, stream=True, decode=True)
+    statuses = {event["status"] for event in events if "id" in event and "status" in event}
+    assert not any("error" in s.lower() for s in statuses), statuses
+    return statuses
+
+
+def test_the_kept_registry_storage_sends_only_new_layers_and_keeps_only_what_the_last_session_pushed(
+        docker_engine, tmp_path):
+    """The test sessions' registry storage (conftest.kept_storage, collect_registry_garbage): a later session starts
+    with no tag, finds the layers an earlier one pushed, and what it did not push is deleted after it."""
+    cache, auth = tmp_path / "cache", {"username": "u", "password": "p"}
+    blobs = lambda: sorted(p.name for p in cache.glob("docker/registry/v2/blobs/sha256/*/*"))  # noqa: E731
+    for name in ("kept-a", "kept-b"):
+        tiny_image(docker_engine, f"trainflow-test/{name}", "v1", name.encode() * 1000)
+    for session, pushed in enumerate([("kept-a", "kept-b"), ("kept-a",)]):
+        data_dir = tmp_path / f"session-{session}"
+        with kept_storage(cache, tmp_path / "fallback") as storage:
+            assert storage == cache and not list(cache.glob("**/_manifests/tags/*"))  # no tag left from before
+            with kept_storage(cache, tmp_path / "other") as other:  # a second session at the same time
+                assert other == tmp_path / "other"
+            with running_registry(data_dir, auth["username"], auth["password"], storage=storage) as host:
+                for name in pushed:
+                    docker_engine.client.images.get(f"trainflow-test/{name}:v1").tag(f"{host}/{name}", "v1")
+                    statuses = push_statuses(docker_engine, host, name, auth)
+                    assert ("Layer already exists" in statuses) == (session == 1), statuses
+                    docker_engine.client.images.remove(f"{host}/{name}:v1")
+            if session == 0:
+                first = blobs()
+            collect_registry_garbage(data_dir)
+    for name in ("kept-a", "kept-b"):
+        docker_engine.client.images.remove(f"trainflow-test/{name}:v1")
+    # per image: its layer, its config and its manifest; the second session pushed kept-a alone
+    assert len(first) == 6 and len(blobs()) == 3 and set(blobs()) < set(first)
