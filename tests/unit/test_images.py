@@ -1,6 +1,7 @@
 """Image names, content tags, the Dockerfiles as files, and how registry failures are described."""
 
 import re
+import subprocess
 import tomllib
 from pathlib import Path
 
@@ -74,6 +75,14 @@ def test_the_setup_lock_holds_every_project_pin_at_its_version():
     pins = pyproject_pins() | dict(d.split("==") for d in project["optional-dependencies"]["dev"])
     assert {name.lower(): version for name, version in pins.items()}.items() <= lock.items()
     assert "-c $(LOCK)" in (REPO / "Makefile").read_text()
+
+
+def test_make_setup_runs_its_four_parts_at_once():
+    """README: make setup installs the venv, node_modules, Debian's tools and the tools' venv at once (make -j4)."""
+    plan = subprocess.run(["make", "-n", "setup"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    assert "-j4" in plan.splitlines()[0] and "SETUP_PARTS" not in plan
+    for part in ("$(VENV)/.installed", "node_modules/.installed", "docker-setup", "tools"):
+        assert part in (REPO / "Makefile").read_text().split("SETUP_PARTS :=")[1].splitlines()[0]
 
 
 def test_context_tag_follows_content_paths_and_build_args(tmp_path):
