@@ -136,24 +136,26 @@ def docker_engine(tmp_path_factory) -> DockerEngine:
         yield DockerEngine()
 
 
-# The test registry's storage, kept between sessions as a team's registry is (the pushed image is gigabytes).
-REGISTRY_CACHE = Path(os.environ.get("TRAINFLOW_TEST_REGISTRY", Path.home() / ".cache" / "trainflow" / "test-registry"))
+def registry_cache() -> Path:
+    """The test registry's storage, kept between sessions as a team's registry is (the pushed image is gigabytes):
+    TRAINFLOW_TEST_REGISTRY, else ~/.cache/trainflow/test-registry."""
+    return Path(os.environ.get("TRAINFLOW_TEST_REGISTRY", Path.home() / ".cache" / "trainflow" / "test-registry"))
 
 
 @pytest.fixture(scope="session")
 def registry(tmp_path_factory) -> Registry:
     """A Distribution registry with htpasswd authentication, for the session.
 
-    It starts with no image in it, so the session's image is pushed, but its storage (REGISTRY_CACHE) is kept: the
+    It starts with no image in it, so the session's image is pushed, but its storage (registry_cache()) is kept: the
     layers an earlier session pushed are there, and the engine does not send them again (a rebuilt image's last
     layers are what a push costs). At the end everything this session did not push is garbage-collected, so the
     cache holds one image. A second test session at the same time gets empty storage of its own."""
     username, password = "trainflow-ci", secrets.token_urlsafe(16)
     data_dir = tmp_path_factory.mktemp("registry")
-    with kept_storage(REGISTRY_CACHE, data_dir / "storage") as storage:
+    with kept_storage(registry_cache(), data_dir / "storage") as storage:
         with running_registry(data_dir, username, password, storage=storage) as host:
             yield Registry(host, username, password)
-        if storage == REGISTRY_CACHE:
+        if storage == registry_cache():
             try:
                 collect_registry_garbage(data_dir)
             except subprocess.CalledProcessError as exc:  # a cache, not a result: the next session pushes whole
