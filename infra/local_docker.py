@@ -81,13 +81,12 @@ def running_registry(data_dir: Path, username: str, password: str, startup_secon
         yield f"localhost:{port}"
 
 
-def collect_registry_garbage(data_dir: Path) -> str:
+def collect_registry_garbage(data_dir: Path) -> None:
     """Delete, from the stopped registry of `data_dir`, every manifest no tag names and every blob no manifest uses
-    (`registry garbage-collect --delete-untagged`, distribution's docs/garbage-collection.md); its summary line."""
+    (`registry garbage-collect --delete-untagged`, distribution's docs/garbage-collection.md)."""
     binary = require_binary("docker-registry", "docker-registry")
-    done = subprocess.run([binary, "garbage-collect", "--delete-untagged", str(data_dir / "config.yml")],
-                          capture_output=True, text=True, check=True)
-    return done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
+    subprocess.run([binary, "garbage-collect", "--delete-untagged", str(data_dir / "config.yml")],
+                   capture_output=True, text=True, check=True)
 
 
 def require_binary(name: str, package: str) -> str:

@@ -12,7 +12,7 @@ import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import pytest
@@ -152,21 +152,15 @@ def registry(tmp_path_factory) -> Registry:
     cache holds one image. A second test session at the same time gets empty storage of its own."""
     username, password = "trainflow-ci", secrets.token_urlsafe(16)
     data_dir = tmp_path_factory.mktemp("registry")
-    with kept_storage(registry_cache(), data_dir / "storage") as storage:
+    with kept_storage(registry_cache(), data_dir / "storage", lambda: collect_registry_garbage(data_dir)) as storage:
         with running_registry(data_dir, username, password, storage=storage) as host:
             yield Registry(host, username, password)
-        if storage == registry_cache():
-            try:
-                collect_registry_garbage(data_dir)
-            except subprocess.CalledProcessError as exc:  # a cache, not a result: the next session pushes whole
-                print(f"registry cache {storage} removed: garbage-collect failed ({exc.stderr.strip()[-300:]})")
-                shutil.rmtree(storage, ignore_errors=True)
 
 
 @contextmanager
-def kept_storage(cache: Path, fallback: Path) -> Iterator[Path]:
-    """The registry storage `cache` with no tags in it, held for the block; `fallback` (removed after) when another
-    session holds it."""
+def kept_storage(cache: Path, fallback: Path, collect: Callable[[], None]) -> Iterator[Path]:
+    """The registry storage `cache` with no tags in it, held for the block, then `collect`ed (the registry stopped;
+    the cache removed if that fails); `fallback` (removed after) when another session holds it."""
     cache.mkdir(parents=True, exist_ok=True)
     with open(cache.parent / f"{cache.name}.lock", "w") as lock:
         try:
@@ -183,6 +177,11 @@ def kept_storage(cache: Path, fallback: Path) -> Iterator[Path]:
         for tag in cache.glob("docker/registry/v2/repositories/**/_manifests/tags/*"):
             shutil.rmtree(tag)
         yield cache
+        try:
+            collect()
+        except subprocess.CalledProcessError as exc:  # a cache, not a result: the next session pushes whole
+            print(f"registry cache {cache} removed: garbage-collect failed ({exc.stderr.strip()[-300:]})")
+            shutil.rmtree(cache, ignore_errors=True)
 
 
 def image_config(service: Registry, **overrides) -> ImageConfig:

@@ -200,9 +200,9 @@ def test_the_kept_registry_storage_sends_only_new_layers_and_keeps_only_what_the
         tiny_image(docker_engine, f"trainflow-test/{name}", "v1", name.encode() * 1000)
     for session, pushed in enumerate([("kept-a", "kept-b"), ("kept-a",)]):
         data_dir = tmp_path / f"session-{session}"
-        with kept_storage(cache, tmp_path / "fallback") as storage:
+        with kept_storage(cache, tmp_path / "fallback", lambda: collect_registry_garbage(data_dir)) as storage:
             assert storage == cache and not list(cache.glob("**/_manifests/tags/*"))  # no tag left from before
-            with kept_storage(cache, tmp_path / "other") as other:  # a second session at the same time
+            with kept_storage(cache, tmp_path / "other", lambda: None) as other:  # a second session at the same time
                 assert other == tmp_path / "other"
             with running_registry(data_dir, auth["username"], auth["password"], storage=storage) as host:
                 for name in pushed:
@@ -212,7 +212,6 @@ def test_the_kept_registry_storage_sends_only_new_layers_and_keeps_only_what_the
                     docker_engine.client.images.remove(f"{host}/{name}:v1")
             if session == 0:
                 first = blobs()
-            collect_registry_garbage(data_dir)
     for name in ("kept-a", "kept-b"):
         docker_engine.client.images.remove(f"trainflow-test/{name}:v1")
     # per image: its layer, its config and its manifest; the second session pushed kept-a alone
