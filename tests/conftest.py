@@ -159,8 +159,9 @@ def registry(tmp_path_factory) -> Registry:
 
 @contextmanager
 def kept_storage(cache: Path, fallback: Path, collect: Callable[[], None]) -> Iterator[Path]:
-    """The registry storage `cache` with no tags in it, held for the block, then `collect`ed (the registry stopped;
-    the cache removed if that fails); `fallback` (removed after) when another session holds it."""
+    """The registry storage `cache` with no tags in it, held for the block, then `collect`ed if the block pushed
+    anything (the registry stopped; the cache removed if that fails); `fallback` (removed after) when another session
+    holds it."""
     cache.mkdir(parents=True, exist_ok=True)
     with open(cache.parent / f"{cache.name}.lock", "w") as lock:
         try:
@@ -177,6 +178,8 @@ def kept_storage(cache: Path, fallback: Path, collect: Callable[[], None]) -> It
         for tag in cache.glob("docker/registry/v2/repositories/**/_manifests/tags/*"):
             shutil.rmtree(tag)
         yield cache
+        if not any(cache.glob("docker/registry/v2/repositories/**/_manifests/tags/*")):
+            return  # the session pushed nothing (a part of the suite): what an earlier one pushed stays
         try:
             collect()
         except subprocess.CalledProcessError as exc:  # a cache, not a result: the next session pushes whole

@@ -198,7 +198,7 @@ def test_the_kept_registry_storage_sends_only_new_layers_and_keeps_only_what_the
     blobs = lambda: sorted(p.name for p in cache.glob("docker/registry/v2/blobs/sha256/*/*"))  # noqa: E731
     for name in ("kept-a", "kept-b"):
         tiny_image(docker_engine, f"trainflow-test/{name}", "v1", name.encode() * 1000)
-    for session, pushed in enumerate([("kept-a", "kept-b"), ("kept-a",)]):
+    for session, pushed in enumerate([("kept-a", "kept-b"), ("kept-a",), ()]):  # the last pushes nothing
         data_dir = tmp_path / f"session-{session}"
         with kept_storage(cache, tmp_path / "fallback", lambda: collect_registry_garbage(data_dir)) as storage:
             assert storage == cache and not list(cache.glob("**/_manifests/tags/*"))  # no tag left from before
@@ -212,7 +212,9 @@ def test_the_kept_registry_storage_sends_only_new_layers_and_keeps_only_what_the
                     docker_engine.client.images.remove(f"{host}/{name}:v1")
             if session == 0:
                 first = blobs()
+        if session == 1:
+            second = blobs()
     for name in ("kept-a", "kept-b"):
         docker_engine.client.images.remove(f"trainflow-test/{name}:v1")
-    # per image: its layer, its config and its manifest; the second session pushed kept-a alone
-    assert len(first) == 6 and len(blobs()) == 3 and set(blobs()) < set(first)
+    # per image: its layer, its config and its manifest; the second session pushed kept-a alone; the third, nothing
+    assert len(first) == 6 and len(second) == 3 and set(second) < set(first) and blobs() == second
