@@ -422,6 +422,39 @@ def imagenet_shaped(
         print(f"wrote {dest}: {size} in {done['seconds']:.1f} s ({done['files'] / done['seconds']:,.0f} files/s)")
 
 
+@data_app.command("add-restart-markers")
+@friendly_errors
+def add_restart_markers(
+    config: ConfigOpt = None, data: DataOpt = None, workdir: WorkdirOpt = None,
+    workers: Annotated[Optional[int], typer.Option(min=1, help="Processes (default: one per core).")] = None,
+) -> None:
+    """Rewrite the training JPEGs of --data in place with a restart marker after every MCU: lossless (each checked to
+    decode to the same pixels), so the fast loader decodes only each random crop's MCUs. Run once before staging;
+    a second run rewrites only what the first did not reach."""
+    from infra.restart_markers import add_restart_markers as rewrite
+
+    cfg = configure(config, data, workdir, digits_defaults=False)
+    if not cfg.data or cfg.data in LOCAL_DATA_FREE:
+        raise ConfigError("add-restart-markers needs --data DIR: the ImageNet-layout folder whose train/ JPEGs to "
+                          "rewrite")
+    done = rewrite(Path(cfg.data).resolve(), workers)
+    print_restarts_summary(done)
+
+
+def print_restarts_summary(done: dict) -> None:
+    """What add-restart-markers did: counts, sizes, time; the first files left as they were, with why."""
+    from infra.restart_markers import ALREADY, LEFT, REWRITTEN
+
+    seconds = max(done["seconds"], 1e-9)
+    print(f"{done['folder']}/train: {done['files']:,} images in {seconds:.1f} s ({done['files'] / seconds:,.0f} "
+          f"files/s): {done[REWRITTEN]:,} {REWRITTEN}, {done[ALREADY]:,} {ALREADY}, {done[LEFT]:,} {LEFT}; "
+          f"{done['bytes_before'] / 1e6:,.1f} MB -> {done['bytes_after'] / 1e6:,.1f} MB")
+    for path, why in done["left"][:20]:
+        print(f"  left as it was: {path} ({why})")
+    if len(done["left"]) > 20:
+        print(f"  ... and {len(done['left']) - 20:,} more left as they were")
+
+
 @bench_app.command("train")
 @friendly_errors
 def bench_train(

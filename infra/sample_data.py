@@ -241,7 +241,7 @@ def _write_files(root: Path, chunks: list[_Chunk], workers: int | None, progress
     write = functools.partial(_write_chunk, str(root))
     _base_jpegs()  # encoded once here: forked writers inherit them
     files = size = 0
-    with _writers(workers) as pool, _progress_bar(progress) as bar:
+    with writer_pool(workers) as pool, files_bar(progress) as bar:
         task = bar.add_task("writing", total=total)
         for written, nbytes in (pool.imap_unordered(write, chunks) if pool else map(write, chunks)):
             files, size = files + written, size + nbytes
@@ -250,7 +250,7 @@ def _write_files(root: Path, chunks: list[_Chunk], workers: int | None, progress
 
 
 @contextmanager
-def _writers(workers: int):
+def writer_pool(workers: int):
     """A pool of `workers` forked writer processes (None for 1, or where fork is not available); they stop with it."""
     if workers <= 1 or "fork" not in multiprocessing.get_all_start_methods():
         yield None
@@ -274,7 +274,7 @@ def _start_writer(parent: int) -> None:
     threading.Thread(target=exit_with_parent, daemon=True).start()
 
 
-def _progress_bar(enabled: bool):
+def files_bar(enabled: bool):
     """A progress bar of files written, on stderr."""
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("files"),
                     TimeRemainingColumn(), console=Console(stderr=True), disable=not enabled)

@@ -203,23 +203,32 @@ class CropFirst:
 
     def crop(self, path: str) -> torch.Tensor:
         """The crop of the image at `path`, decoded, not yet resized."""
-        with opened(path) as img:  # the format, the size, and the guard against decompression bombs
-            jpeg, (width, height) = img.format == "JPEG" and img.mode in ("RGB", "L"), img.size
-        if jpeg and jpeg_crop.library():
-            content = Path(path).read_bytes()
-            # Without its end marker a file was cut short: a crop above the cut would decode, one below it not,
-            # so whether training stops would depend on the draw. read_uint8 names the file, every time.
-            if content.endswith(b"\xff\xd9"):
-                top, left, h, w = crop_box(width, height, self.scale)
-                try:
-                    return jpeg_crop.decode_crop(content, top, left, h, w)
-                except jpeg_crop.JpegError:
-                    pass  # read_uint8 decodes it through PIL, or names what is wrong with it
+        try:
+            content = Path(path).read_bytes() if jpeg_crop.library() else b""
+        except OSError:
+            content = b""  # read_uint8 names the file and why
+        shape = jpeg_crop.info(content) if content else None  # width, height, components; None: not a JPEG
+        # Without its end marker a file was cut short: a crop above the cut would decode, one below it not, so
+        # whether training stops would depend on the draw. Too many pixels: PIL's guard against decompression bombs.
+        # CMYK and YCCK (4 components) are PIL's to convert. read_uint8 decodes those whole, or names what is wrong.
+        if shape and shape[2] in (1, 3) and content.endswith(b"\xff\xd9") and not too_many_pixels(*shape[:2]):
+            top, left, h, w = crop_box(*shape[:2], self.scale)
+            try:
+                return jpeg_crop.decode_crop(content, top, left, h, w)
+            except jpeg_crop.JpegError:
+                pass
         return self.cut(read_uint8(path))
 
     def finish(self, crop: torch.Tensor) -> torch.Tensor:
         crop = v2.functional.resize(crop, [self.size, self.size], antialias=True)
         return v2.functional.horizontal_flip(crop) if self.hflip and torch.rand(1) < 0.5 else crop
+
+
+def too_many_pixels(width: int, height: int) -> bool:
+    """More pixels than PIL decodes without its decompression-bomb warning (which `opened` makes an error)."""
+    from PIL import Image
+
+    return Image.MAX_IMAGE_PIXELS is not None and width * height > Image.MAX_IMAGE_PIXELS
 
 
 def val_transform(size: int, loader: str = "pil"):

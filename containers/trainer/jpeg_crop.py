@@ -1,4 +1,5 @@
-"""Partial JPEG decoding for the fast loader (jpeg_crop.c): only the random-resized crop is decoded.
+"""Partial JPEG decoding for the fast loader (jpeg_crop.c): only the random-resized crop is decoded; JPEGs with a
+restart marker after every MCU (`add_restarts` rewrites them so, losslessly) have only the crop's MCUs decoded.
 
 The C file is compiled once per version of it (`cc -O2 -shared -fPIC ... -ljpeg`, a second or less) into
 TRAINFLOW_JPEG_CROP_DIR (default ~/.cache/trainflow, else the temporary folder) and loaded with ctypes; the training
@@ -69,6 +70,12 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
         return None, str(exc)
     lib.jpeg_crop_decode.argtypes = [ctypes.c_char_p, ctypes.c_ulong, *[ctypes.c_int] * 4, ctypes.c_void_p,
                                      ctypes.c_char_p]
+    lib.jpeg_crop_info.argtypes = [ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
+    lib.jpeg_crop_add_restarts.argtypes = [ctypes.c_char_p, ctypes.c_ulong, ctypes.c_int,
+                                           ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_ulong),
+                                           ctypes.c_char_p]
+    lib.jpeg_crop_cuttable.argtypes = [ctypes.c_char_p, ctypes.c_ulong]
+    lib.jpeg_crop_free.argtypes = [ctypes.c_void_p]
     return lib, ""
 
 
@@ -93,6 +100,32 @@ def decode_crop(data: bytes, top: int, left: int, height: int, width: int) -> to
     if status:
         raise JpegError(message.value.decode(errors="replace"))
     return out.permute(2, 0, 1)
+
+
+def info(data: bytes) -> tuple[int, int, int] | None:
+    """(width, height, components) from a JPEG's header, read without libjpeg (a few markers); None when `data`
+    does not start with a JPEG header."""
+    found = (ctypes.c_int * 3)()
+    return tuple(found) if library().jpeg_crop_info(data, len(data), found) == 0 else None
+
+
+def cuttable(data: bytes) -> bool:
+    """Whether decode_crop decodes only the crop's restart intervals of this JPEG (one sequential scan, a restart
+    interval that divides a row of MCUs), not every row down to the crop's last."""
+    return bool(library().jpeg_crop_cuttable(data, len(data)))
+
+
+def add_restarts(data: bytes, interval: int = 1) -> bytes:
+    """The JPEG `data` rewritten with a restart marker after every `interval` MCUs, its Huffman tables optimised:
+    the same DCT coefficients, so the same pixels; JpegError when libjpeg refuses it."""
+    lib, out, size = library(), ctypes.c_void_p(), ctypes.c_ulong()
+    message = ctypes.create_string_buffer(lib.jpeg_crop_message_size())
+    if lib.jpeg_crop_add_restarts(data, len(data), interval, ctypes.byref(out), ctypes.byref(size), message):
+        raise JpegError(message.value.decode(errors="replace"))
+    try:
+        return ctypes.string_at(out, size.value)
+    finally:
+        lib.jpeg_crop_free(out)
 
 
 if __name__ == "__main__":  # the training images build it ahead: python jpeg_crop.py DIR

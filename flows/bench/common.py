@@ -15,6 +15,7 @@ from infra.trainer import TrainingConfig
 from trainer.metrics import library_versions
 
 REPEATS = 3  # rounds of every configuration in every bench: figures are the median with its min-max
+RESTARTS = "fast+restarts"  # bench loader's run of the fast loader on the JPEGs rewritten with restart markers
 
 
 def over_defaults(defaults: dict, training: TrainingConfig) -> TrainingConfig:

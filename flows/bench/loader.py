@@ -1,8 +1,9 @@
 """`trainflow bench loader`: images/s per core of each training loader on ImageNet-like JPEGs, and where it goes.
 
 Every loader of the trainer (`--loader`: fast, pil, and dali where NVIDIA DALI is installed) reads the same JPEGs
-(500x375, quality 90, about 110 KB, made by infra/sample_data.py's write_photo_like, or --data's train/) with the
-trainer's own data set and transforms: the random-resized crop and flip of the training config (224 px by default),
+(500x375, quality 90, about 110 KB, made by infra/sample_data.py's write_photo_like, or --data's train/), and the
+fast loader reads them once more as `trainflow data add-restart-markers` rewrites them (RESTARTS: a copy under the
+workdir, made once; the rewrite's time per file is measured then), with the trainer's own data set and transforms: the random-resized crop and flip of the training config (224 px by default),
 batches of training.batch_size, normalised floats at the end. The uint8 batches of fast and dali are normalised
 here, on these cores, as a CPU device does in the step (a GPU does it for nearly nothing). Each loader runs as the
 trainer makes it (data.make_loader) in this process alone (1 core: no worker processes, one thread) and with one
@@ -15,6 +16,7 @@ figure the median with its min-max, each loader's speed-up over pil computed wit
 
 import importlib.util
 import os
+import shutil
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,29 +30,34 @@ from trainer import data
 from trainer.errors import UsageError
 from trainer.layout import Split, index_folder
 
-from flows.bench.common import REPEATS, bench_progress, shown, spread, write_json
+from flows.bench.common import REPEATS, RESTARTS, bench_progress, shown, spread, write_json
 from flows.config import ConfigError, FlowConfig
-from infra.sample_data import write_photo_like
+from infra.jsonfiles import read_json, write_json as keep_json
+from infra.restart_markers import add_restart_markers
+from infra.sample_data import write_photo_like, written_whole
 
 BASELINE = "pil"
 PARTS = ("decode", "augment", "collate")
+REWRITE_RECORD = ".restart-markers.json"  # in the rewritten copy: what the rewrite did and took
 
 
 def bench_loader(cfg: FlowConfig, json_out: Path | None, files: int, repeats: int = REPEATS) -> dict:
     """Measure every loader on 1 core and on all cores, with its time split, `repeats` rounds; print and return."""
     folder = Path(cfg.data).resolve() if cfg.data else \
         write_photo_like(cfg.workdir.resolve() / "bench" / "loader" / f"photo-like-{files}", files=files)
-    split, cores, loaders = training_split(folder), len(os.sched_getaffinity(0)), installed_loaders()
+    split, cores = training_split(folder), len(os.sched_getaffinity(0))
     if len(split.samples) < 2 * cfg.training.batch_size:
         raise ConfigError(f"{folder} has {len(split.samples)} training images: timing needs two batches of "
                           f"{cfg.training.batch_size} or more (the first starts the workers); pass --files "
                           f"{2 * cfg.training.batch_size} or more, or lower training.batch_size")
+    prepared, rewrite = with_restart_markers(folder, cfg.workdir.resolve() / "bench" / "loader")
+    loaders = [(loader, loader, split) for loader in installed_loaders()] + [(RESTARTS, "fast", prepared)]
     rounds = []
     with one_thread(), bench_progress() as progress:
         bar = progress.add_task("loader benchmark", total=repeats * len(loaders) * (len({1, cores}) + 1))
         for _ in range(repeats):
-            rounds.append(one_round(split, cfg.training, cores, loaders, lambda: progress.advance(bar)))
-    result = summarise(rounds, cores, len(split.samples), cfg.training)
+            rounds.append(one_round(cfg.training, cores, loaders, lambda: progress.advance(bar)))
+    result = summarise(rounds, cores, len(split.samples), cfg.training) | {"restart_markers": rewrite}
     print_loader_bench(result)
     write_json(result, json_out)
     return result
@@ -62,6 +69,19 @@ def training_split(folder: Path) -> Split:
         return index_folder(folder)[0]
     except UsageError as exc:
         raise ConfigError(str(exc)) from None
+
+
+def with_restart_markers(folder: Path, under: Path) -> tuple[Split, dict]:
+    """The training split of a copy of `folder`'s train/ rewritten by `trainflow data add-restart-markers` (made
+    once, under `under`), and what the rewrite did and took: files, bytes before and after, ms per file."""
+    dest = under / f"{folder.name}-{RESTARTS}"
+    if not (dest / "train").is_dir():
+        with written_whole(dest) as tmp:
+            shutil.copytree(folder / "train", tmp / "train")
+            done = add_restart_markers(tmp, progress=False)
+            keep_json(tmp / REWRITE_RECORD, done | {"ms_per_file": done["seconds"] * 1e3 / max(done["files"], 1),
+                                                    "cores": len(os.sched_getaffinity(0))})
+    return training_split(dest), read_json(dest / REWRITE_RECORD)
 
 
 def installed_loaders() -> tuple[str, ...]:
@@ -80,15 +100,16 @@ def one_thread() -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def one_round(split: Split, training, cores: int, loaders: tuple[str, ...], advance: Callable[[], None]) -> dict:
-    """Each loader's images/s on 1 core and with `cores` workers, and its seconds per image in each part."""
+def one_round(training, cores: int, loaders: list[tuple[str, str, Split]], advance: Callable[[], None]) -> dict:
+    """Each loader's images/s on 1 core and with `cores` workers, and its seconds per image in each part; `loaders`
+    names each run, its --loader and the images it reads."""
     rates, parts = {}, {}
-    for loader in loaders:
+    for name, loader, split in loaders:
         dataset = loader_dataset(split, training, loader)
         for used in sorted({1, cores}):  # 1 core: this process alone; more: as many worker processes
-            rates[f"{loader}/{used}"] = images_per_sec(dataset, training.batch_size, 0 if used == 1 else used)
+            rates[f"{name}/{used}"] = images_per_sec(dataset, training.batch_size, 0 if used == 1 else used)
             advance()
-        parts[loader] = time_parts(dataset, training.batch_size)
+        parts[name] = time_parts(dataset, training.batch_size)
         advance()
     return {"rates": rates, "parts": parts}
 
@@ -176,3 +197,7 @@ def print_loader_bench(r: dict) -> None:
     for loader, figures in r["ms_per_image"].items():
         parts.add_row(loader, *(shown(figures[part], ".2f") for part in PARTS))
     Console().print(parts)
+    if rewrite := r.get("restart_markers"):
+        print(f"{RESTARTS}: the same JPEGs as rewritten by `trainflow data add-restart-markers` (once, in "
+              f"{rewrite['seconds']:.1f} s on {rewrite.get('cores', '?')} cores: {rewrite['ms_per_file']:.1f} ms per file; "
+              f"{rewrite['bytes_before'] / 1e6:.1f} MB -> {rewrite['bytes_after'] / 1e6:.1f} MB)")

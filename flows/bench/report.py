@@ -12,7 +12,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
-from flows.bench.common import shown  # noqa: E402
+from flows.bench.common import RESTARTS, shown  # noqa: E402
 from flows.config import ConfigError  # noqa: E402
 
 
@@ -93,9 +93,15 @@ def scale_chart(r: dict) -> Chart:
                  "µs per file, log scale (flat across sizes is the goal)", bars, [], log=True)
 
 
+def loader_label(name: str) -> str:
+    """How a loader run is named: its --loader, and for the fast loader's second run the JPEGs it read."""
+    return "--loader fast, JPEGs with restart markers" if name == RESTARTS else f"--loader {name}"
+
+
 def loader_chart(r: dict) -> Chart:
     """Images/s per core of each loader on 1 core and on all; each loader's speed-up per core over pil."""
-    bars = [(f"--loader {key.split('/')[0]}, {key.split('/')[1]} core(s)", f["per_core"]) for key, f in r["runs"].items()]
+    bars = [(f"{loader_label(key.split('/')[0])}, {key.split('/')[1]} core(s)", f["per_core"])
+            for key, f in r["runs"].items()]
     return Chart(f"loaders on {r['images']} ImageNet-like JPEGs, random-resized-crop to {r['image_size']} px",
                  "images/s per core (higher is better)", bars,
                  [f"{loader} against pil, per core, {n} core(s): {shown(f, '.2f')}x"
