@@ -66,16 +66,19 @@ def add_restart_markers(data_dir: Path, workers: int | None = None, progress: bo
     paths = list(training_jpegs(data_dir))
     counts, before, after, left = dict.fromkeys((REWRITTEN, ALREADY, LEFT), 0), 0, 0, []
     workers = workers or len(os.sched_getaffinity(0))
-    with writer_pool(workers if len(paths) > CHUNK else 1) as pool, files_bar(progress) as bar:
-        task = bar.add_task("adding restart markers", total=len(paths))
-        chunks = [paths[i:i + CHUNK] for i in range(0, len(paths), CHUNK)]
-        for done in (pool.imap(rewrite_files, chunks) if pool else map(rewrite_files, chunks)):
-            for path, outcome in done:
-                counts[outcome.kind] += 1
-                before, after = before + outcome.before, after + outcome.after
-                if outcome.kind == LEFT:
-                    left.append((path, outcome.why))
-            bar.update(task, advance=len(done))
+    try:
+        with writer_pool(workers if len(paths) > CHUNK else 1) as pool, files_bar(progress) as bar:
+            task = bar.add_task("adding restart markers", total=len(paths))
+            chunks = [paths[i:i + CHUNK] for i in range(0, len(paths), CHUNK)]
+            for done in (pool.imap(rewrite_files, chunks) if pool else map(rewrite_files, chunks)):
+                for path, outcome in done:
+                    counts[outcome.kind] += 1
+                    before, after = before + outcome.before, after + outcome.after
+                    if outcome.kind == LEFT:
+                        left.append((path, outcome.why))
+                bar.update(task, advance=len(done))
+    finally:  # an interrupt stops the writers wherever they are: a temporary file may be left, never a half file
+        remove_leftovers(data_dir)
     return {"folder": str(data_dir), "files": len(paths), **counts, "bytes_before": before, "bytes_after": after,
             "seconds": time.perf_counter() - started, "left": left, "leftovers_removed": removed}
 
@@ -95,7 +98,8 @@ def rewrite_file(path: Path) -> Outcome:
     if jpeg_crop.cuttable(data):
         return Outcome(ALREADY, len(data), len(data))
     if shape[2] not in (1, 3):
-        return Outcome(LEFT, len(data), len(data), f"{shape[2]} components (CMYK): the loader decodes it through PIL")
+        why = f"CMYK or YCCK ({shape[2]} components): the fast loader decodes it through PIL"
+        return Outcome(LEFT, len(data), len(data), why)
     try:
         rewritten = jpeg_crop.add_restarts(data)
     except jpeg_crop.JpegError as exc:

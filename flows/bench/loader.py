@@ -3,15 +3,16 @@
 Every loader of the trainer (`--loader`: fast, pil, and dali where NVIDIA DALI is installed) reads the same JPEGs
 (500x375, quality 90, about 110 KB, made by infra/sample_data.py's write_photo_like, or --data's train/), and the
 fast loader reads them once more as `trainflow data add-restart-markers` rewrites them (RESTARTS: a copy under the
-workdir, made once; the rewrite's time per file is measured then), with the trainer's own data set and transforms: the random-resized crop and flip of the training config (224 px by default),
-batches of training.batch_size, normalised floats at the end. The uint8 batches of fast and dali are normalised
+workdir, made once; the rewrite's time per file is measured then), each with the trainer's own data set and
+transforms: the random-resized crop and flip of the training config (224 px by default), batches of
+training.batch_size, normalised floats at the end. The uint8 batches of fast and dali are normalised
 here, on these cores, as a CPU device does in the step (a GPU does it for nearly nothing). Each loader runs as the
 trainer makes it (data.make_loader) in this process alone (1 core: no worker processes, one thread) and with one
 worker process (DALI: thread) per core (all cores), counted after the first batch (the workers' start), the rule of
 every bench; then one pass in this process split into decode, augment (crop, flip, to floats, normalise) and collate
 (the fast loader decodes only the crop: drawing and decoding it is decode; DALI's one pipeline decodes, crops and
-flips: all of it counted as decode). REPEATS rounds of everything; every
-figure the median with its min-max, each loader's speed-up over pil computed within its round.
+flips: all of it counted as decode). REPEATS rounds of everything; every figure the median with its min-max, each
+loader's speed-up over pil computed within its round.
 """
 
 import importlib.util
@@ -79,8 +80,8 @@ def with_restart_markers(folder: Path, under: Path) -> tuple[Split, dict]:
         with written_whole(dest) as tmp:
             shutil.copytree(folder / "train", tmp / "train")
             done = add_restart_markers(tmp, progress=False)
-            keep_json(tmp / REWRITE_RECORD, done | {"ms_per_file": done["seconds"] * 1e3 / max(done["files"], 1),
-                                                    "cores": len(os.sched_getaffinity(0))})
+            keep_json(tmp / REWRITE_RECORD, done | {"folder": str(dest), "cores": len(os.sched_getaffinity(0)),
+                                                    "ms_per_file": done["seconds"] * 1e3 / max(done["files"], 1)})
     return training_split(dest), read_json(dest / REWRITE_RECORD)
 
 
@@ -199,5 +200,5 @@ def print_loader_bench(r: dict) -> None:
     Console().print(parts)
     if rewrite := r.get("restart_markers"):
         print(f"{RESTARTS}: the same JPEGs as rewritten by `trainflow data add-restart-markers` (once, in "
-              f"{rewrite['seconds']:.1f} s on {rewrite.get('cores', '?')} cores: {rewrite['ms_per_file']:.1f} ms per file; "
+              f"{rewrite['seconds']:.1f} s on {rewrite['cores']} cores: {rewrite['ms_per_file']:.1f} ms per file; "
               f"{rewrite['bytes_before'] / 1e6:.1f} MB -> {rewrite['bytes_after'] / 1e6:.1f} MB)")

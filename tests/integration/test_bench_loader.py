@@ -1,4 +1,5 @@
-"""`trainflow bench loader` at its smallest: both loaders, 1 core and all, three rounds, the JSON."""
+"""`trainflow bench loader` at its smallest: every loader, and the fast loader on JPEGs with restart markers, 1 core
+and all, three rounds, the JSON."""
 
 import json
 import subprocess
@@ -8,6 +9,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+from flows.bench.common import RESTARTS
 from flows.bench.loader import installed_loaders
 from infra.sample_data import write_photo_like
 
@@ -30,7 +32,7 @@ def test_bench_loader_measures_both_loaders_on_one_core_and_all_and_writes_the_j
     result = json.loads((tmp_path / "loader.json").read_text())
     cores = result["machine"]["cores"]
     assert result["images"] == 16 and result["repeats"] == 3 and result["cores"] == cores
-    loaders = installed_loaders()
+    loaders = (*installed_loaders(), RESTARTS)
     assert set(loaders) >= {"fast", "pil"}
     assert set(result["runs"]) == {f"{loader}/{n}" for loader in loaders for n in {1, cores}}
     for figures in result["runs"].values():
@@ -44,6 +46,11 @@ def test_bench_loader_measures_both_loaders_on_one_core_and_all_and_writes_the_j
         parts = {part: figure["median"] for part, figure in result["ms_per_image"][loader].items()}
         assert parts["decode"] > 0 and parts["augment"] > 0 and (parts["collate"] > 0) == (loader != "dali")
     assert "per core vs pil" in " ".join(out.stdout.split())
+    rewrite = result["restart_markers"]  # the copy the fast loader read again, rewritten once
+    assert (rewrite["files"], rewrite["rewritten"], rewrite["left"]) == (16, 16, [])
+    assert rewrite["ms_per_file"] > 0 and 0 < rewrite["bytes_after"] < 1.1 * rewrite["bytes_before"]
+    copy = Path(rewrite["folder"])
+    assert copy.parent == tmp_path / "w" / "bench" / "loader" and len(list((copy / "train").rglob("*.JPEG"))) == 16
 
 
 def test_bench_loader_refuses_too_few_images_in_one_line(tmp_path):

@@ -48,6 +48,58 @@ def test_a_decoded_crop_holds_the_pixels_of_a_whole_decode(tmp_path, kind):
         assert torch.equal(crop, whole[:, top:top + h, left:left + w]), (top, left, h, w)
 
 
+MCU_WIDTH = {"4:2:0": 16, "4:2:2": 16, "4:4:4": 8, "gray": 8}  # a 203-pixel row: 13, 13, 26 and 26 MCUs
+
+
+@pytest.mark.parametrize("kind", list(MCU_WIDTH))
+@pytest.mark.parametrize("interval", [1, 2, 13])
+def test_a_crop_of_a_jpeg_with_restart_markers_holds_the_pixels_of_a_whole_decode(tmp_path, kind, interval):
+    """add_restarts is lossless; where its interval divides a row of MCUs only the crop's intervals are decoded
+    (cuttable), elsewhere the file is decoded the usual way: the same pixels either way, edges and corners too."""
+    save = {"4:2:0": {"subsampling": 2}, "4:4:4": {"subsampling": 0}, "4:2:2": {"subsampling": 1}, "gray": {}}[kind]
+    path = tmp_path / "photo.jpg"
+    original = photo(path, mode="L" if kind == "gray" else "RGB", **save)
+    marked = jpeg_crop.add_restarts(original, interval)
+    whole = decode_jpeg(read_file(str(path)), mode=ImageReadMode.RGB)
+    assert torch.equal(decode_jpeg(torch.frombuffer(bytearray(marked), dtype=torch.uint8), mode=ImageReadMode.RGB),
+                       whole)
+    assert not jpeg_crop.cuttable(original)
+    assert jpeg_crop.cuttable(marked) == ((203 + MCU_WIDTH[kind] - 1) // MCU_WIDTH[kind] % interval == 0)
+    assert jpeg_crop.info(marked) == (203, 117, 1 if kind == "gray" else 3)
+    for top, left, h, w in boxes(203, 117, 60):
+        assert torch.equal(jpeg_crop.decode_crop(marked, top, left, h, w), whole[:, top:top + h, left:left + w])
+
+
+def restart_intervals(jpeg: bytes) -> list[tuple[int, int]]:
+    """(start, end) of each restart interval's entropy-coded bytes: after the scan header, between RST markers."""
+    scan = jpeg.index(b"\xff\xda")
+    at = scan + 2 + int.from_bytes(jpeg[scan + 2:scan + 4], "big")
+    starts = [at] + [m.end() for m in re.finditer(rb"\xff[\xd0-\xd7]", jpeg[at:])]
+    starts = [at] + [at + s for s in starts[1:]]
+    ends = [s - 2 for s in starts[1:]] + [len(jpeg) - 2]
+    return list(zip(starts, ends))
+
+
+def test_only_the_crops_restart_intervals_are_read(tmp_path):
+    """A rewritten 500x375 JPEG (4:2:0: 32 x 24 MCUs of 16 px) whose every interval above the crop or left of it is
+    overwritten with zeros still gives the crop's exact pixels: nothing outside the crop's MCUs (and the one pixel
+    around them) is decoded (libjpeg's partial decoding would entropy-decode every row above the crop)."""
+    path = tmp_path / "photo.jpg"
+    marked = jpeg_crop.add_restarts(photo(path, 500, 375, subsampling=2))
+    whole = decode_jpeg(read_file(str(path)), mode=ImageReadMode.RGB)
+    top, left, h, w = 200, 300, 100, 150  # MCU rows 12-18 and columns 18-28 with the pixel around the crop
+    spoiled = bytearray(marked)
+    intervals = restart_intervals(marked)
+    assert len(intervals) == 32 * 24
+    for k, (start, end) in enumerate(intervals):
+        if k // 32 < 12 or k % 32 < 18:
+            spoiled[start:end] = bytes(end - start)
+    assert bytes(spoiled) != marked
+    assert torch.equal(jpeg_crop.decode_crop(bytes(spoiled), top, left, h, w), whole[:, top:top + h, left:left + w])
+    with pytest.raises(jpeg_crop.JpegError):  # the spoiled intervals are corrupt data
+        jpeg_crop.decode_crop(bytes(spoiled), 0, 0, 375, 500)
+
+
 def test_corrupt_data_and_a_crop_outside_the_image_are_refused(tmp_path):
     jpeg = photo(tmp_path / "photo.jpg")
     with pytest.raises(ValueError, match=r"crop 10x10 at \(110, 0\) is not inside the image"):
@@ -70,16 +122,33 @@ def test_the_crop_is_drawn_as_torchvision_draws_it():
             assert ours == tuple(theirs), (width, height, seed)
 
 
-def test_the_fast_loader_trains_on_the_crop_a_whole_decode_would_give(tmp_path):
-    """load(path) decodes only the crop; __call__ crops a whole decode: with one seed, the same tensor."""
+@pytest.mark.parametrize("restarts", [False, True])
+def test_the_fast_loader_trains_on_the_crop_a_whole_decode_would_give(tmp_path, restarts):
+    """load(path) decodes only the crop (of a rewritten JPEG: only its intervals); __call__ crops a whole decode:
+    with one seed, the same tensor."""
     path = tmp_path / "photo.jpg"
-    photo(path, 500, 375)
+    jpeg = photo(path, 500, 375)
+    if restarts:
+        path.write_bytes(jpeg_crop.add_restarts(jpeg))
     augment = data.CropFirst(64, 0.08, hflip=True)
     for seed in range(10):
         torch.manual_seed(seed)
         partial = augment.load(str(path))
         torch.manual_seed(seed)
         assert torch.equal(partial, augment(data.read_uint8(str(path)))) and partial.shape == (3, 64, 64)
+
+
+def test_a_jpeg_header_claiming_too_many_pixels_is_refused_by_name_before_any_decoding(tmp_path):
+    """The fast loader reads the size from the JPEG's header itself: past PIL's limit the file goes to PIL, which
+    refuses it as a decompression bomb, as the pil loader does."""
+    jpeg = bytearray(photo(tmp_path / "small.jpg", 16, 16))
+    sof = jpeg.index(b"\xff\xc0")
+    jpeg[sof + 5:sof + 9] = (20000).to_bytes(2, "big") * 2
+    bomb = tmp_path / "bomb.jpg"
+    bomb.write_bytes(bytes(jpeg))
+    assert jpeg_crop.info(bytes(jpeg)) == (20000, 20000, 3)
+    with pytest.raises(UsageError, match=f"image {re.escape(str(bomb))} has 400000000 pixels, more than the "):
+        data.CropFirst(8, 0.5, hflip=False).load(str(bomb))
 
 
 def test_without_a_compiler_the_fast_loader_decodes_whole_images_and_says_why(tmp_path, monkeypatch):
