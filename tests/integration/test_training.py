@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from infra.launchers import LaunchError, local_command, route_output
+from infra.restart_markers import add_restart_markers
 from infra.sample_data import write_digits
 from infra.trainer import TrainingConfig, trainer_argv
 from tests.conftest import train_locally
@@ -109,25 +110,30 @@ def test_without_partial_jpeg_decoding_a_worker_trains_on_whole_decodes_and_says
 
 def test_decoding_only_the_crop_trains_to_the_very_parameters_of_whole_decoding(tmp_path, monkeypatch, capsys):
     """The fast loader's partial JPEG decoding gives the pixels of a whole decode and draws the same crops: on the
-    digits as JPEGs, a run with it and a run without it (no compiler: whole images decoded) end with the same
-    parameters, bit for bit. (tests/integration/test_loaders.py compares the loaders' accuracy.)"""
+    digits as JPEGs, a run with it, a run on the same JPEGs rewritten with restart markers (only each crop's MCUs
+    decoded) and a run without it (no compiler: whole images decoded) end with the same parameters, bit for bit.
+    (tests/integration/test_loaders.py compares the loaders' accuracy.)"""
     digits = write_digits(tmp_path / "digits", fmt="jpg")
-    argv = ["--data", str(digits), "--model", "resnet18", "--image-size", "16", "--epochs", "1", "--batch-size",
-            "32", "--loader-workers", "0", "--threads", "1", "--log-every", "100"]
+    marked = tmp_path / "marked"
+    shutil.copytree(digits, marked)
+    assert add_restart_markers(marked, progress=False)["rewritten"] == len(list((marked / "train").rglob("*.jpg")))
+    argv = ["--model", "resnet18", "--image-size", "16", "--epochs", "1", "--batch-size", "32", "--loader-workers",
+            "0", "--threads", "1", "--log-every", "100"]
     digests = {}
-    for way, compiler in (("partial", None), ("whole", "/bin/false")):
+    for way, folder, compiler in [("partial", digits, None), ("restarts", marked, None),
+                                  ("whole", digits, "/bin/false")]:
         monkeypatch.setenv(jpeg_crop.DIR, str(tmp_path / f"lib-{way}"))
         if compiler:
             monkeypatch.setenv("CC", compiler)
         jpeg_crop._load.cache_clear()
         try:
-            assert engine_main([*argv, "--out", str(tmp_path / way)]) == 0
+            assert engine_main([*argv, "--data", str(folder), "--out", str(tmp_path / way)]) == 0
             assert (jpeg_crop.library() is None) == (way == "whole")
         finally:
             jpeg_crop._load.cache_clear()
         digests[way] = json.loads((tmp_path / way / "metrics.json").read_text())["parameter_digest"]
-    assert "partial JPEG decoding is unavailable" in capsys.readouterr().out  # the second run did decode whole
-    assert digests["partial"] == digests["whole"]
+    assert "partial JPEG decoding is unavailable" in capsys.readouterr().out  # the last run did decode whole
+    assert digests["partial"] == digests["restarts"] == digests["whole"]
 
 
 @pytest.mark.slow  # Inductor compiles the forward and backward passes on the CPU: a minute or more
