@@ -215,7 +215,7 @@ class CropFirst:
             top, left, h, w = crop_box(*shape[:2], self.scale)
             try:
                 return jpeg_crop.decode_crop(content, top, left, h, w)
-            except jpeg_crop.JpegError:
+            except (jpeg_crop.JpegError, ValueError):  # refused, or a header libjpeg reads otherwise than info
                 pass
         return self.cut(read_uint8(path))
 

@@ -144,7 +144,7 @@ static size_t *interval_starts(const unsigned char *data, size_t size, size_t fi
       q += b ? 1 : 2;
       continue;
     }
-    if (b >= 0xD0 && b <= 0xD7 && n < count) { /* RSTn */
+    if ((size_t)b == 0xD0 + ((n - 1) & 7) && n < count) { /* RSTn, numbered in turn (else a whole decode resyncs) */
       starts[n++] = (q + 2) - data;
       q += 2;
       continue;
@@ -186,6 +186,8 @@ static unsigned char *cut_intervals(const unsigned char *data, size_t size, cons
   memcpy(cut, data, l->data);
   int h = (r1 * l->mcu_h < l->height ? r1 * l->mcu_h : l->height) - r0 * l->mcu_h;
   int w = (g1 * group_w < l->width ? g1 * group_w : l->width) - g0 * group_w;
+  if (w < l->mcu_w && g0 > 0) /* chroma <= 2 samples wide: libjpeg would not use fancy upsampling */
+    g0--, w += group_w;
   unsigned char size_bytes[4] = {h >> 8, h & 255, w >> 8, w & 255};
   memcpy(cut + l->sof + 5, size_bytes, 4);
   size_t o = l->data, k = 0;
@@ -214,6 +216,7 @@ static int decode_rows(const unsigned char *data, size_t size, int oy, int ox, i
   struct jpeg_decompress_struct d;
   struct failure f;
   unsigned char *volatile row = NULL;
+  memset(&d, 0, sizeof d);
   d.err = failing(&f, message);
   if (setjmp(f.jump)) {
     free(row);
@@ -234,6 +237,11 @@ static int decode_rows(const unsigned char *data, size_t size, int oy, int ox, i
    * neighbours, and the edges of jpeg_crop_scanline's region have none (measured: up to 22 levels off). */
   int from = ox > 0 ? ox - 1 : 0;
   int to = (unsigned)(ox + width) < d.output_width ? ox + width + 1 : ox + width;
+  int least = 2 * d.max_h_samp_factor; /* every component >= 2 samples wide, or libjpeg drops fancy upsampling */
+  if (to - from < least) {
+    to = from + least < (int)d.output_width ? from + least : (int)d.output_width;
+    from = to - least > 0 ? to - least : 0;
+  }
   JDIMENSION x = from, w = to - from;
   jpeg_crop_scanline(&d, &x, &w); /* widens the region to whole iMCU columns */
   row = malloc((size_t)w * 3);
@@ -290,6 +298,8 @@ int jpeg_crop_add_restarts(const unsigned char *data, unsigned long size, int in
   memset(&c, 0, sizeof c);
   d.err = c.err = failing(&f, message);
   if (setjmp(f.jump)) {
+    if (written) /* jpeg_mem_dest's buffer grows by moving: only term_destination stores where it now is */
+      (*c.dest->term_destination)(&c);
     jpeg_destroy_compress(&c);
     jpeg_destroy_decompress(&d);
     free(written);

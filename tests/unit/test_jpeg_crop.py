@@ -70,6 +70,32 @@ def test_a_crop_of_a_jpeg_with_restart_markers_holds_the_pixels_of_a_whole_decod
         assert torch.equal(jpeg_crop.decode_crop(marked, top, left, h, w), whole[:, top:top + h, left:left + w])
 
 
+@pytest.mark.parametrize("subsampling", [2, 1])
+@pytest.mark.parametrize("restarts", [False, True])
+def test_crops_a_few_pixels_wide_at_the_edges_keep_the_upsampling_of_a_whole_decode(tmp_path, subsampling, restarts):
+    """libjpeg upsamples the chroma of a region at most 2 samples wide without its fancy filter: a crop of 1 to 3
+    pixels at the left edge, or in a last MCU column 4 pixels wide (100 = 6 x 16 + 4), is widened so it keeps the
+    whole decode's pixels."""
+    path = tmp_path / "photo.jpg"
+    jpeg = photo(path, 100, 75, subsampling=subsampling)
+    jpeg = jpeg_crop.add_restarts(jpeg) if restarts else jpeg
+    whole = decode_jpeg(read_file(str(path)), mode=ImageReadMode.RGB)
+    for left in (0, 1, 2, 96, 97, 98, 99):
+        for w in range(1, min(3, 100 - left) + 1):
+            for top, h in ((0, 5), (10, 5), (30, 3), (74, 1)):
+                crop = jpeg_crop.decode_crop(jpeg, top, left, h, w)
+                assert torch.equal(crop, whole[:, top:top + h, left:left + w]), (top, left, h, w)
+
+
+def test_a_rewrite_that_fails_late_frees_its_buffer_once(tmp_path):
+    """A JPEG whose coefficient the encoder refuses (a 12-bit DC difference in an 8-bit file) behind a 10 KB APP1
+    segment: the rewrite fails after its output buffer has grown (moved), and is refused, not freed twice."""
+    tiny = bytes.fromhex("ffd8ffdb00430001010101010101010101010101010101010101010101010101010101010101010101010101010101010101010101010101010101010101010101010101010101ffc0000b080008000801011100ffc4002600010000000000000000000000000000000c100100000000000000000000000000000000ffda0008010100003f004003ffd9")
+    crafted = tiny[:2] + b"\xff\xe1" + (10_002).to_bytes(2, "big") + bytes(10_000) + tiny[2:]
+    with pytest.raises(jpeg_crop.JpegError, match="DCT coefficient out of range"):
+        jpeg_crop.add_restarts(crafted)
+
+
 def restart_intervals(jpeg: bytes) -> list[tuple[int, int]]:
     """(start, end) of each restart interval's entropy-coded bytes: after the scan header, between RST markers."""
     scan = jpeg.index(b"\xff\xda")
