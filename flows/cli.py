@@ -495,6 +495,7 @@ def bench_loader(
     config: ConfigOpt = None, data: DataOpt = None, workdir: WorkdirOpt = None,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the figures to this JSON file.")] = None,
     files: Annotated[int, typer.Option(min=1, help="JPEGs in the generated ImageNet-like folder.")] = 512,
+    repeats: RepeatsOpt = REPEATS,
 ) -> None:
     """Images/s per core of each training loader (fast, pil, dali) on 1 core and on all; decode/augment/collate split.
 
@@ -504,7 +505,7 @@ def bench_loader(
 
     cfg = configure(config, data, workdir, digits_defaults=False)
     with holding(cfg, prefect=False):
-        run_bench(cfg, json_out, files)
+        run_bench(cfg, json_out, files, repeats)
 
 
 @bench_app.command("scale")
