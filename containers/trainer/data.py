@@ -224,6 +224,14 @@ class CropFirst:
         return v2.functional.horizontal_flip(crop) if self.hflip and torch.rand(1) < 0.5 else crop
 
 
+def without_restart_markers(split: Split, sample: int = 32) -> tuple[int, int]:
+    """Of up to `sample` JPEGs spread over the split, how many lack the restart markers that let the fast loader
+    decode only a crop's MCUs (jpeg_crop.cuttable), and how many JPEGs were sampled."""
+    jpegs = [content for path, _ in split.samples[::max(len(split.samples) // sample, 1)][:sample]
+             if jpeg_crop.info(content := Path(path).read_bytes())]
+    return sum(not jpeg_crop.cuttable(content) for content in jpegs), len(jpegs)
+
+
 def too_many_pixels(width: int, height: int) -> bool:
     """More pixels than PIL decodes without its decompression-bomb warning (which `opened` makes an error)."""
     from PIL import Image

@@ -132,8 +132,13 @@ def test_decoding_only_the_crop_trains_to_the_very_parameters_of_whole_decoding(
         finally:
             jpeg_crop._load.cache_clear()
         digests[way] = json.loads((tmp_path / way / "metrics.json").read_text())["parameter_digest"]
-    assert "partial JPEG decoding is unavailable" in capsys.readouterr().out  # the last run did decode whole
+    said = capsys.readouterr().out
+    assert "partial JPEG decoding is unavailable" in said  # the last run did decode whole
     assert digests["partial"] == digests["restarts"] == digests["whole"]
+    # The first run, on JPEGs as they come, says how to rewrite them; the second, on rewritten ones, does not.
+    assert said.count("of 32 training JPEGs sampled have no restart markers: `trainflow data "
+                      "add-restart-markers --data DIR` rewrites them losslessly") == 1
+    assert "32 of 32 training JPEGs sampled" in said
 
 
 @pytest.mark.slow  # Inductor compiles the forward and backward passes on the CPU: a minute or more
