@@ -72,7 +72,7 @@ def test_the_training_jpegs_are_rewritten_losslessly_and_the_rest_left_as_they_w
             assert f"left as it was: {path} ({why}" in out.stdout
     assert not leftover.exists()
 
-    again = add_restart_markers(data)
+    again = add_restart_markers(data, "--workers", "1")
     assert again.returncode == 0 and ": 0 rewritten, 4 already had them, 3 left as they were; " in again.stdout
 
 
