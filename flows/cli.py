@@ -442,13 +442,18 @@ def add_restart_markers(
 
 
 def print_restarts_summary(done: dict) -> None:
-    """What add-restart-markers did: counts, sizes, time; the first files left as they were, with why."""
-    from infra.restart_markers import ALREADY, LEFT, REWRITTEN
+    """What add-restart-markers did: counts, sizes, time; the JPEGs left as they were (the first 20), with why."""
+    from infra.restart_markers import ALREADY, LEFT, NOT_JPEG, REWRITTEN
 
     seconds = max(done["seconds"], 1e-9)
     print(f"{done['folder']}/train: {done['files']:,} images in {seconds:.1f} s ({done['files'] / seconds:,.0f} "
-          f"files/s): {done[REWRITTEN]:,} {REWRITTEN}, {done[ALREADY]:,} {ALREADY}, {done[LEFT]:,} {LEFT}; "
-          f"{done['bytes_before'] / 1e6:,.1f} MB -> {done['bytes_after'] / 1e6:,.1f} MB")
+          f"files/s): {done[REWRITTEN]:,} {REWRITTEN}, {done[ALREADY]:,} {ALREADY}, {done[LEFT]:,} JPEGs "
+          f"{LEFT}, {done[NOT_JPEG]:,} {NOT_JPEG}; {done['bytes_before'] / 1e6:,.1f} MB -> "
+          f"{done['bytes_after'] / 1e6:,.1f} MB")
+    if done["files"] == done[NOT_JPEG]:
+        print("  no JPEGs to rewrite: the fast loader's partial decoding is for JPEGs")
+    if done["leftovers_removed"]:
+        print(f"  removed {done['leftovers_removed']:,} temporary files an interrupted run had left")
     for path, why in done["left"][:20]:
         print(f"  left as it was: {path} ({why})")
     if len(done["left"]) > 20:

@@ -203,10 +203,7 @@ class CropFirst:
 
     def crop(self, path: str) -> torch.Tensor:
         """The crop of the image at `path`, decoded, not yet resized."""
-        try:
-            content = Path(path).read_bytes() if jpeg_crop.library() else b""
-        except OSError:
-            content = b""  # read_uint8 names the file and why
+        content = read_jpeg(path) if jpeg_crop.library() else b""
         shape = jpeg_crop.info(content) if content else None  # width, height, components; None: not a JPEG
         # Without its end marker a file was cut short: a crop above the cut would decode, one below it not, so
         # whether training stops would depend on the draw. Too many pixels: PIL's guard against decompression bombs.
@@ -230,6 +227,17 @@ def without_restart_markers(split: Split, sample: int = 32) -> tuple[int, int]:
     jpegs = [content for path, _ in split.samples[::max(len(split.samples) // sample, 1)][:sample]
              if jpeg_crop.info(content := Path(path).read_bytes())]
     return sum(not jpeg_crop.cuttable(content) for content in jpegs), len(jpegs)
+
+
+def read_jpeg(path: str) -> bytes:
+    """The file's bytes when it starts as a JPEG does (SOI), else b"" (PNGs and the rest are read once, by PIL; a
+    file that cannot be read too: read_uint8 names it and why)."""
+    try:
+        with open(path, "rb") as file:
+            start = file.read(2)
+            return start + file.read() if start == b"\xff\xd8" else b""
+    except OSError:
+        return b""
 
 
 def too_many_pixels(width: int, height: int) -> bool:

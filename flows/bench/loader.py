@@ -15,6 +15,7 @@ flips: all of it counted as decode). REPEATS rounds of everything; every figure 
 loader's speed-up over pil computed within its round.
 """
 
+import hashlib
 import importlib.util
 import os
 import shutil
@@ -74,8 +75,11 @@ def training_split(folder: Path) -> Split:
 
 def with_restart_markers(folder: Path, under: Path) -> tuple[Split, dict]:
     """The training split of a copy of `folder`'s train/ rewritten by `trainflow data add-restart-markers` (made
-    once, under `under`), and what the rewrite did and took: files, bytes before and after, ms per file."""
-    dest = under / f"{folder.name}-{RESTARTS}"
+    once per folder, file count and size, under `under`), and what the rewrite did and took: files, bytes before
+    and after, ms per file."""
+    files = [Path(path) for path, _ in training_split(folder).samples]  # the copy is made again when they change
+    key = hashlib.sha256(f"{folder.resolve()}|{len(files)}|{sum(f.stat().st_size for f in files)}".encode())
+    dest = under / f"{folder.name}-{key.hexdigest()[:10]}-{RESTARTS}"
     if not (dest / "train").is_dir():
         with written_whole(dest) as tmp:
             shutil.copytree(folder / "train", tmp / "train")

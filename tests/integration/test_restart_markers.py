@@ -1,7 +1,6 @@
 """`trainflow data add-restart-markers`: a folder's training JPEGs rewritten losslessly with restart markers, what it
 cannot rewrite left as it was, a second run rewriting nothing, and Ctrl-C leaving every file whole."""
 
-import io
 import os
 import signal
 import subprocess
@@ -14,7 +13,7 @@ import psutil
 import pytest
 from PIL import Image
 
-from infra.restart_markers import TEMPORARY
+from infra.restart_markers import TEMPORARY, pixels as decoded
 from infra.sample_data import write_imagenet_shaped
 from tests.conftest import write_image
 from trainer import jpeg_crop
@@ -37,43 +36,61 @@ def photo(path: Path, mode: str = "RGB", **save) -> Path:
     return path
 
 
-def decoded(data: bytes) -> tuple:
-    with Image.open(io.BytesIO(data)) as img:
-        return img.mode, img.size, img.tobytes()
-
-
 def test_the_training_jpegs_are_rewritten_losslessly_and_the_rest_left_as_they_were(tmp_path):
     data = tmp_path / "data"
     rewritable = [photo(data / "train" / "a" / "colour.jpg", subsampling=2),
-                  photo(data / "train" / "a" / "gray.jpeg", "L"), photo(data / "train" / "b" / "full.JPG", subsampling=0),
-                  photo(data / "train" / "b" / "progressive.jpg", progressive=True)]
+                  photo(data / "train" / "a" / "gray.jpeg", "L"),
+                  photo(data / "train" / "b" / "full.JPG", subsampling=0),
+                  photo(data / "train" / "b" / "progressive.jpg", progressive=True),
+                  photo(data / "train" / "b" / "someone else's.jpg")]
+    os.chown(rewritable[-1], 65534, 65534)  # this runs as root (the suite's machines do): the owner is kept
     cut = data / "train" / "b" / "cut.jpg"
     cut.write_bytes(photo(tmp_path / "whole.jpg").read_bytes()[:2000])
-    kept = {"not a JPEG": write_image(data / "train" / "a" / "png.png"),
-            "CMYK": write_image(data / "train" / "b" / "cmyk.jpg", "CMYK", fmt="JPEG"),
-            "libjpeg refused it": cut, "val": photo(data / "val" / "a" / "v.jpg")}
+    outside = photo(tmp_path / "elsewhere" / "shared.jpg")
+    (data / "train" / "a" / "link.jpg").symlink_to(outside)
+    os.link(photo(data / "train" / "b" / "twice.jpg"), tmp_path / "twice-again.jpg")
+    frozen = photo(data / "train" / "b" / "frozen.jpg")
+    frozen.chmod(0o444)
+    kept = {"CMYK": write_image(data / "train" / "b" / "cmyk.jpg", "CMYK", fmt="JPEG"),
+            "libjpeg refused it": cut, "a symbolic link": data / "train" / "a" / "link.jpg",
+            "hard-linked (2 names)": data / "train" / "b" / "twice.jpg", "read-only": frozen}
+    unlisted = {"not a JPEG": write_image(data / "train" / "a" / "png.png"), "val": photo(data / "val" / "a" / "v.jpg")}
     rewritable[1].chmod(0o600)
-    before = {path: path.read_bytes() for path in [*rewritable, *kept.values()]}
-    leftover = data / "train" / "a" / f".colour.jpg{TEMPORARY}"  # as a run killed mid-write leaves one
-    leftover.write_bytes(b"half")
+    before = {path: path.read_bytes() for path in [*rewritable, *kept.values(), *unlisted.values(), outside]}
+    leftovers = [data / "train" / "a" / f".x{TEMPORARY}", data / "train" / "b" / "nested" / f".y{TEMPORARY}"]
+    for leftover in leftovers:  # as a run killed mid-write leaves them, at any depth
+        leftover.parent.mkdir(exist_ok=True)
+        leftover.write_bytes(b"half")
 
     out = add_restart_markers(data)
     assert out.returncode == 0, out.stderr[-2000:]
     summary = out.stdout.splitlines()[0]
-    assert summary.startswith(f"{data}/train: 7 images in ") and \
-        ": 4 rewritten, 0 already had them, 3 left as they were; " in summary, out.stdout
+    assert summary.startswith(f"{data}/train: 11 images in ") and (": 5 rewritten, 0 already had them, 5 JPEGs left "
+                                                                   "as they were, 1 not JPEGs; ") in summary, out.stdout
     for path in rewritable:
         now = path.read_bytes()
         assert now != before[path] and jpeg_crop.cuttable(now) and decoded(now) == decoded(before[path]), path
     assert oct(rewritable[1].stat().st_mode & 0o777) == "0o600"
+    assert (rewritable[-1].stat().st_uid, rewritable[-1].stat().st_gid) == (65534, 65534)
     for why, path in kept.items():
         assert path.read_bytes() == before[path], why
-        if why != "val":
-            assert f"left as it was: {path} ({why}" in out.stdout
-    assert not leftover.exists()
+        assert f"left as it was: {path} ({why}" in out.stdout
+    for why, path in unlisted.items():
+        assert path.read_bytes() == before[path] and str(path) not in out.stdout, why
+    assert outside.read_bytes() == before[outside] and (data / "train" / "a" / "link.jpg").is_symlink()
+    assert os.stat(kept["hard-linked (2 names)"]).st_nlink == 2
+    assert not any(leftover.exists() for leftover in leftovers)
+    assert "removed 2 temporary files an interrupted run had left" in out.stdout
 
     again = add_restart_markers(data, "--workers", "1")
-    assert again.returncode == 0 and ": 0 rewritten, 4 already had them, 3 left as they were; " in again.stdout
+    assert again.returncode == 0 and ": 0 rewritten, 5 already had them, 5 JPEGs left as they were, 1 not JPEGs; " \
+        in again.stdout
+
+
+def test_a_folder_without_jpegs_is_said_to_have_none(tmp_path):
+    write_image(tmp_path / "data" / "train" / "a" / "one.png")
+    out = add_restart_markers(tmp_path / "data")
+    assert out.returncode == 0 and "no JPEGs to rewrite" in out.stdout
 
 
 def test_bad_input_is_refused_in_one_line(tmp_path):
@@ -112,4 +129,5 @@ def test_ctrl_c_leaves_every_file_whole_and_a_second_run_finishes_the_rest(tmp_p
 
     out = add_restart_markers(data)
     assert out.returncode == 0
-    assert f": {len(paths) - len(rewritten):,} rewritten, {len(rewritten):,} already had them, 0 left" in out.stdout
+    assert f": {len(paths) - len(rewritten):,} rewritten, {len(rewritten):,} already had them, 0 JPEGs left" \
+        in out.stdout

@@ -90,7 +90,10 @@ def test_crops_a_few_pixels_wide_at_the_edges_keep_the_upsampling_of_a_whole_dec
 def test_a_rewrite_that_fails_late_frees_its_buffer_once(tmp_path):
     """A JPEG whose coefficient the encoder refuses (a 12-bit DC difference in an 8-bit file) behind a 10 KB APP1
     segment: the rewrite fails after its output buffer has grown (moved), and is refused, not freed twice."""
-    tiny = bytes.fromhex("ffd8ffdb00430001010101010101010101010101010101010101010101010101010101010101010101010101010101010101010101010101010101010101010101010101010101ffc0000b080008000801011100ffc4002600010000000000000000000000000000000c100100000000000000000000000000000000ffda0008010100003f004003ffd9")
+    tiny = bytes.fromhex(
+        "ffd8ffdb0043000101010101010101010101010101010101010101010101010101010101010101010101010101010101"
+        "0101010101010101010101010101010101010101010101ffc0000b080008000801011100ffc400260001000000000000"
+        "0000000000000000000c100100000000000000000000000000000000ffda0008010100003f004003ffd9")
     crafted = tiny[:2] + b"\xff\xe1" + (10_002).to_bytes(2, "big") + bytes(10_000) + tiny[2:]
     with pytest.raises(jpeg_crop.JpegError, match="DCT coefficient out of range"):
         jpeg_crop.add_restarts(crafted)
@@ -164,9 +167,13 @@ def test_the_fast_loader_trains_on_the_crop_a_whole_decode_would_give(tmp_path, 
         assert torch.equal(partial, augment(data.read_uint8(str(path)))) and partial.shape == (3, 64, 64)
 
 
-def test_a_jpeg_header_claiming_too_many_pixels_is_refused_by_name_before_any_decoding(tmp_path):
+def test_a_jpeg_header_claiming_too_many_pixels_is_refused_by_name_before_any_decoding(tmp_path, monkeypatch):
     """The fast loader reads the size from the JPEG's header itself: past PIL's limit the file goes to PIL, which
-    refuses it as a decompression bomb, as the pil loader does."""
+    refuses it as a decompression bomb, as the pil loader does; the partial decoder never sees it."""
+    def never(*_):
+        raise AssertionError("decoded a decompression bomb")
+
+    monkeypatch.setattr(jpeg_crop, "decode_crop", never)
     jpeg = bytearray(photo(tmp_path / "small.jpg", 16, 16))
     sof = jpeg.index(b"\xff\xc0")
     jpeg[sof + 5:sof + 9] = (20000).to_bytes(2, "big") * 2
