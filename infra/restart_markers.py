@@ -123,7 +123,7 @@ def rewrite_file(data_dir: Path, path: Path) -> Outcome:
 
 def check_rewritable(data_dir: Path, path: Path, found: os.stat_result, components: int) -> None:
     """Left when the file must stay as it is: CMYK, a link, hard-linked or read-only."""
-    if components not in (1, 3):
+    if components not in jpeg_crop.TO_RGB:
         raise Left(f"CMYK or YCCK ({components} components): the fast loader decodes it through PIL")
     if path.resolve() != data_dir / path.relative_to(data_dir):
         raise Left("a symbolic link, or inside a linked folder: its target may be shared, so it is left alone")

@@ -208,7 +208,7 @@ class CropFirst:
         # Without its end marker a file was cut short: a crop above the cut would decode, one below it not, so
         # whether training stops would depend on the draw. Too many pixels: PIL's guard against decompression bombs.
         # CMYK and YCCK (4 components) are PIL's to convert. read_uint8 decodes those whole, or names what is wrong.
-        if shape and shape[2] in (1, 3) and content.endswith(b"\xff\xd9") and not too_many_pixels(*shape[:2]):
+        if shape and shape[2] in jpeg_crop.TO_RGB and content.endswith(b"\xff\xd9") and not too_many_pixels(*shape[:2]):
             top, left, h, w = crop_box(*shape[:2], self.scale)
             try:
                 return jpeg_crop.decode_crop(content, top, left, h, w)
@@ -225,7 +225,7 @@ def without_restart_markers(split: Split, sample: int = 32) -> tuple[int, int]:
     """Of up to `sample` JPEGs spread over the split, how many lack the restart markers that let the fast loader
     decode only a crop's MCUs (jpeg_crop.cuttable), and how many JPEGs were sampled."""
     jpegs = [content for path, _ in split.samples[::max(len(split.samples) // sample, 1)][:sample]
-             if jpeg_crop.info(content := Path(path).read_bytes())]
+             if jpeg_crop.info(content := read_jpeg(path))]
     return sum(not jpeg_crop.cuttable(content) for content in jpegs), len(jpegs)
 
 

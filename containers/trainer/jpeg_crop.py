@@ -22,6 +22,7 @@ import torch
 
 SOURCE = Path(__file__).with_name("jpeg_crop.c")
 DIR = "TRAINFLOW_JPEG_CROP_DIR"  # where the library is kept (or was built ahead, in the training images)
+TO_RGB = (1, 3)  # the components of the JPEGs decoded here (gray, colour); CMYK and YCCK (4) are PIL's to convert
 
 
 class JpegError(RuntimeError):

@@ -52,7 +52,7 @@ def bench_loader(cfg: FlowConfig, json_out: Path | None, files: int, repeats: in
         raise ConfigError(f"{folder} has {len(split.samples)} training images: timing needs two batches of "
                           f"{cfg.training.batch_size} or more (the first starts the workers); pass --files "
                           f"{2 * cfg.training.batch_size} or more, or lower training.batch_size")
-    prepared, rewrite = with_restart_markers(folder, cfg.workdir.resolve() / "bench" / "loader")
+    prepared, rewrite = with_restart_markers(folder, split, cfg.workdir.resolve() / "bench" / "loader")
     loaders = [(loader, loader, split) for loader in installed_loaders()] + [(RESTARTS, "fast", prepared)]
     rounds = []
     with one_thread(), bench_progress() as progress:
@@ -73,11 +73,11 @@ def training_split(folder: Path) -> Split:
         raise ConfigError(str(exc)) from None
 
 
-def with_restart_markers(folder: Path, under: Path) -> tuple[Split, dict]:
-    """The training split of a copy of `folder`'s train/ rewritten by `trainflow data add-restart-markers` (made
+def with_restart_markers(folder: Path, split: Split, under: Path) -> tuple[Split, dict]:
+    """The training split of a copy of `folder`'s train/ (`split`) rewritten by `trainflow data add-restart-markers` (made
     once per folder, file count and size, under `under`), and what the rewrite did and took: files, bytes before
     and after, ms per file."""
-    files = [Path(path) for path, _ in training_split(folder).samples]  # the copy is made again when they change
+    files = [Path(path) for path, _ in split.samples]  # the copy is made again when they change
     key = hashlib.sha256(f"{folder.resolve()}|{len(files)}|{sum(f.stat().st_size for f in files)}".encode())
     dest = under / f"{folder.name}-{key.hexdigest()[:10]}-{RESTARTS}"
     if not (dest / "train").is_dir():
