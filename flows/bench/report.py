@@ -48,7 +48,8 @@ def training_chart(r: dict) -> Chart:
             for run in r["runs"]]
     bars += [("one process alone", r["alone_images_per_sec"]),
              ("two independent processes", r["independent_2x1_images_per_sec"])]
-    ratios = [f"scaling efficiency at 2 workers, {b}: {shown(f, '.2f')}" for b, f in r["scaling_efficiency"].items()]
+    ratios = [f"scaling efficiency at 2 workers, {b}: {shown(f, '.2f')}, {shown(r['of_the_ceiling'][b], '.2f')} of the "
+              "machine's ceiling" for b, f in r["scaling_efficiency"].items()]
     steps = [f"{b} per step: 1 worker {shown(ms['step_ms_1_worker'], '.0f')} ms, 2 workers "
              f"{shown(ms['step_ms_2_workers'], '.0f')} ms, of which the machine {shown(ms['machine_ms'], '.0f')} ms and "
              f"communication {shown(ms['communication_ms'], '.0f')} ms" for b, ms in r["per_step_ms"].items()]

@@ -46,6 +46,8 @@ def test_bench_train_repeats_every_run_and_computes_the_ceiling(tmp_path):
     ceiling = result["machine_ceiling_efficiency"]
     assert repeated(ceiling) and ceiling["all"] == pytest.approx([t / (2 * a) for t, a in zip(
         result["independent_2x1_images_per_sec"]["all"], result["alone_images_per_sec"]["all"])])
+    assert result["of_the_ceiling"]["horovod"]["all"] == pytest.approx(
+        [e / c for e, c in zip(result["scaling_efficiency"]["horovod"]["all"], ceiling["all"])])
 
 
 def test_bench_parallel_repeats_every_layout_with_memory_per_rank(tmp_path):

@@ -19,6 +19,7 @@ def test_the_training_bench_computes_each_ratio_within_its_round():
     assert result["scaling_efficiency"]["ddp"]["all"] == pytest.approx([0.9, 0.95, 0.8])
     assert result["scaling_efficiency"]["ddp"]["median"] == pytest.approx(0.9)
     assert result["machine_ceiling_efficiency"]["all"] == pytest.approx([0.95, 0.9, 0.95])
+    assert result["of_the_ceiling"]["ddp"]["all"] == pytest.approx([0.9 / 0.95, 0.95 / 0.9, 0.8 / 0.95])
     assert result["runs"][1] == {"backend": "ddp", "workers": 2, "threads_per_worker": 1, "images_per_sec": {
         "median": 76.0, "min": 72.0, "max": 90.0, "all": [90.0, 76.0, 72.0]}}
     assert result["settings"]["repeats"] == 3
