@@ -130,6 +130,9 @@ class TrainingMetrics(BaseModel):
     than computing; high on any rank means the loader underfeeds the GPUs (each epoch's row has its own)."""
     steady_images_per_sec: float | None = None
     """The last epoch's images/s after its first step (which also infers shapes and allocates): what benches use."""
+    cpu_ms_per_step: dict[str, float | None] = {}
+    """The last epoch's CPU ms per step after its first, mean of the ranks: "training_thread" (the thread that runs
+    the step) and "other_threads" (the all-reduce's threads; with more than one torch thread, its pool too)."""
     wall_seconds: float
     final_val_top1: float | None = None
     final_val_top5: float | None = None

@@ -61,6 +61,8 @@ class Throughput:
     seen: int = 0
     after_first: tuple[float, int] | None = None  # (time, images) when the epoch's first step ended
     waited: float = 0.0  # seconds spent waiting for the next batch (the loader)
+    steps: int = 0
+    cpu_after_first: tuple[float, float, int] | None = None  # (this thread's CPU s, the process's CPU s, steps)
 
     def next_batch(self, batches: Iterator):
         """The next batch of `batches` (None after the last), the time spent waiting for it counted."""
@@ -75,9 +77,10 @@ class Throughput:
 
     def count(self, images: int) -> None:
         """A step of `images` ended."""
-        self.seen += images
+        self.seen, self.steps = self.seen + images, self.steps + 1
         if self.after_first is None:
             self.after_first = (time.perf_counter(), self.seen)
+            self.cpu_after_first = (time.thread_time(), time.process_time(), self.steps)
 
     def rates(self) -> tuple[float, float, float]:
         """(seconds, images/s, steady images/s); with a single step the steady rate is the whole epoch's."""
@@ -87,6 +90,16 @@ class Throughput:
             return seconds, whole, whole
         at, images = self.after_first
         return seconds, whole, (self.seen - images) / max(now - at, 1e-9)
+
+    def cpu_ms_per_step(self) -> tuple[float, float]:
+        """CPU milliseconds per step after the first: of the thread that counts (the one that trains) and of the
+        process's other threads (gloo's, Horovod's background thread: the all-reduce; with more than one torch
+        thread, torch's intra-op pool too). (0, 0) before a second step."""
+        if self.cpu_after_first is None or self.steps == self.cpu_after_first[2]:
+            return 0.0, 0.0
+        thread, process, steps = self.cpu_after_first
+        trained, n = time.thread_time() - thread, self.steps - steps
+        return 1e3 * trained / n, 1e3 * (time.process_time() - process - trained) / n
 
 
 def wait_share(waited: float, total: float) -> float:

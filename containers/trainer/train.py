@@ -431,12 +431,15 @@ def train_epoch(run: Run) -> dict:
         if run.reports_loss and run.step % args.log_every == 0:
             log_step(run, done, loss.item(), counted)
     seconds, rate, steady = counted.rates()
-    totals = run.backend.all_reduce_sum(torch.tensor([float(loss_sum), counted.seen, rate, steady], dtype=torch.float64))
+    totals = run.backend.all_reduce_sum(torch.tensor([float(loss_sum), counted.seen, rate, steady,
+                                                      *counted.cpu_ms_per_step()], dtype=torch.float64))
     waits = rank_values(run.backend, counted.data_wait_share())
+    workers = run.backend.world_size
     return {"epoch": run.epoch + 1, "step": run.step, "train_loss": totals[0].item() / max(totals[1].item(), 1),
-            "images_per_sec": totals[2].item(), "images_per_sec_per_worker": totals[2].item() / run.backend.world_size,
+            "images_per_sec": totals[2].item(), "images_per_sec_per_worker": totals[2].item() / workers,
             "steady_images_per_sec": totals[3].item(), "epoch_seconds": seconds, "lr": run.scheduler.get_last_lr()[0],
-            "data_wait_share": [round(w, 4) for w in waits]}
+            "data_wait_share": [round(w, 4) for w in waits], "training_thread_cpu_ms_per_step": totals[4].item() / workers,
+            "other_threads_cpu_ms_per_step": totals[5].item() / workers}
 
 
 def log_step(run: Run, done: int, loss: float, counted: metrics.Throughput) -> None:
@@ -638,6 +641,8 @@ def write_metrics(run: Run, status: str, **extra) -> None:
                "wall_seconds": run.wall_seconds(), "final_val_top1": last.get("val_top1"), "final_val_top5": last.get("val_top5"),
                "images_per_sec": last.get("images_per_sec"), "data_wait_share": last.get("data_wait_share"),
                "steady_images_per_sec": last.get("steady_images_per_sec"), "versions": metrics.library_versions(),
+               "cpu_ms_per_step": {"training_thread": last.get("training_thread_cpu_ms_per_step"),
+                                   "other_threads": last.get("other_threads_cpu_ms_per_step")},
                "trainer": str(Path(__file__).resolve().parent),  # which scripts version trained the model
                **run.data_facts, "epochs": run.history, **extra}
     checkpoint.save_json(Path(args.out) / "metrics.json", summary)

@@ -51,19 +51,20 @@ def bench_training(cfg: FlowConfig, json_out: Path | None, launchers: tuple[str,
 
 def one_round(base: TrainingConfig, data: str, root: Path, launched: list[tuple[str, int]], advance) -> dict:
     """Steady images/s of each launcher and worker count, of one single process alone and of two at once."""
-    rates = {}
+    rates, cpu = {}, {}
     for launcher, workers in launched:
         out = root / f"{launcher}-{workers}"
         clear_checkpoints(out)
         metrics = train_here(base.model_copy(update={"launcher": launcher, "workers": workers}), data, out,
                              root / "pools", lambda line: None)
         rates[(metrics.backend, workers)] = metrics.steady_images_per_sec
+        cpu[(metrics.backend, workers)] = metrics.cpu_ms_per_step
         advance(f"{launcher}, {workers} worker(s)")
     alone = independent_throughput(base, data, root / "alone", 1)
     advance("one process alone")
     together = independent_throughput(base, data, root / "independent", 2)
     advance("two independent processes")
-    return {"rates": rates, "alone": alone, "together": together}
+    return {"rates": rates, "cpu": cpu, "alone": alone, "together": together}
 
 
 def independent_throughput(cfg: TrainingConfig, data: str, root: Path, n: int) -> float:
@@ -88,13 +89,17 @@ def scaling_efficiency(rates: dict[tuple[str, int], float]) -> dict[str, float]:
 def step_breakdown(r: dict, batch: int) -> dict[str, dict[str, float]]:
     """Per backend, one round's milliseconds per step (each worker's batch of `batch`): with 1 worker and with 2, and
     the 2-worker step's extra time split into the machine's share (two independent processes' step against one
-    alone's: shared caches and memory) and the rest, communication (the all-reduce and whatever it displaces)."""
+    alone's: shared caches and memory) and the rest, communication (the all-reduce and whatever it displaces).
+    Where the 2-worker step goes, per worker: CPU ms of the thread that trains, CPU ms of its other threads (the
+    all-reduce's), and the rest of the step, off any CPU (waiting for the peer, or for a core its peer holds)."""
     alone, independent = 1e3 * batch / r["alone"], 1e3 * batch * 2 / r["together"]
     steps = {}
     for backend in scaling_efficiency(r["rates"]):
         one, two = 1e3 * batch / r["rates"][(backend, 1)], 1e3 * batch * 2 / r["rates"][(backend, 2)]
+        training, others = (r["cpu"][(backend, 2)].get(k) or 0.0 for k in ("training_thread", "other_threads"))
         steps[backend] = {"step_ms_1_worker": one, "step_ms_2_workers": two, "machine_ms": independent - alone,
-                          "communication_ms": two - one - (independent - alone)}
+                          "communication_ms": two - one - (independent - alone), "training_thread_cpu_ms": training,
+                          "other_threads_cpu_ms": others, "off_cpu_ms": two - training - others}
     return steps
 
 
@@ -140,4 +145,7 @@ def print_training_bench(result: dict) -> None:
     for backend, ms in result["per_step_ms"].items():
         Console().print(f"{backend} per step: 1 worker {shown(ms['step_ms_1_worker'], '.0f')} ms, 2 workers "
                         f"{shown(ms['step_ms_2_workers'], '.0f')} ms; of the difference, the machine "
-                        f"{shown(ms['machine_ms'], '.0f')} ms and communication {shown(ms['communication_ms'], '.0f')} ms")
+                        f"{shown(ms['machine_ms'], '.0f')} ms and communication {shown(ms['communication_ms'], '.0f')} ms; "
+                        f"a 2-worker step per worker: the training thread's CPU {shown(ms['training_thread_cpu_ms'], '.0f')}"
+                        f" ms, its other threads' (the all-reduce) {shown(ms['other_threads_cpu_ms'], '.0f')} ms, off "
+                        f"the CPU (waiting) {shown(ms['off_cpu_ms'], '.0f')} ms")

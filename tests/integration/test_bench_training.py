@@ -41,7 +41,12 @@ def test_bench_train_repeats_every_run_and_computes_the_ceiling(tmp_path):
     assert [(r["backend"], r["workers"]) for r in result["runs"]] == [("horovod", 1), ("horovod", 2)]
     assert all(repeated(r["images_per_sec"]) and r["images_per_sec"]["min"] > 0 for r in result["runs"])
     assert set(result["scaling_efficiency"]) == {"horovod"} == set(result["per_step_ms"])
-    assert all(repeated(f) for f in result["per_step_ms"]["horovod"].values())
+    steps = result["per_step_ms"]["horovod"]
+    assert all(repeated(f) for f in steps.values())
+    # the step's CPU split: Horovod's background thread (the all-reduce) spends CPU beside the thread that trains
+    assert steps["training_thread_cpu_ms"]["min"] > 0 and steps["other_threads_cpu_ms"]["min"] > 0
+    assert steps["off_cpu_ms"]["all"] == pytest.approx([s - t - o for s, t, o in zip(
+        steps["step_ms_2_workers"]["all"], steps["training_thread_cpu_ms"]["all"], steps["other_threads_cpu_ms"]["all"])])
     assert all(repeated(f) for f in result["scaling_efficiency"].values())
     ceiling = result["machine_ceiling_efficiency"]
     assert repeated(ceiling) and ceiling["all"] == pytest.approx([t / (2 * a) for t, a in zip(

@@ -15,8 +15,9 @@ from trainer.data import LOADERS
 
 STAGING_ROUNDS = [{"seconds": {path: seconds * (i + 1) for i, path in enumerate(staging.PATHS)},
                    "phases": {"upload": seconds * 0.6, "sync": seconds * 0.4}} for seconds in (2.0, 2.5, 3.0)]
-TRAINING_ROUNDS = [{"rates": {("ddp", 1): 50.0, ("ddp", 2): 90.0}, "alone": 52.0, "together": 98.8},
-                   {"rates": {("ddp", 1): 40.0, ("ddp", 2): 76.0}, "alone": 41.0, "together": 73.8}]
+CPU = {("ddp", 1): {"training_thread": 500.0, "other_threads": 20.0}, ("ddp", 2): {"training_thread": 520.0, "other_threads": 40.0}}
+TRAINING_ROUNDS = [{"rates": {("ddp", 1): 50.0, ("ddp", 2): 90.0}, "cpu": CPU, "alone": 52.0, "together": 98.8},
+                   {"rates": {("ddp", 1): 40.0, ("ddp", 2): 76.0}, "cpu": CPU, "alone": 41.0, "together": 73.8}]
 FLOW_ROUNDS = [{"torchrun": 20.0 + i, "trainflow run": 50.0 + 2 * i, "import the flow": 4.0, "start Prefect's server": 20.0,
                 "start Azurite": 2.5} for i in range(3)]
 MACHINE = {"cores": 2, "memory_gb": 23.4, "platform": "Linux", "python": "3.11.2", "versions": {"torch": "2.14.1"}}

@@ -3,6 +3,8 @@ import pytest
 from flows.bench.training import scaling_efficiency, summarise
 from infra.trainer import TrainingConfig
 
+CPU = {("ddp", 1): {"training_thread": 190.0, "other_threads": 5.0}, ("ddp", 2): {"training_thread": 200.0, "other_threads": 30.0}}
+
 
 def test_scaling_efficiency_is_two_worker_over_twice_one_worker():
     rates = {("ddp", 1): 50.0, ("ddp", 2): 90.0, ("horovod", 1): 40.0}
@@ -12,9 +14,9 @@ def test_scaling_efficiency_is_two_worker_over_twice_one_worker():
 def test_the_training_bench_computes_each_ratio_within_its_round():
     """The ceiling is two independent processes against one process alone in the same round (not against the
     slower launcher's 1-worker run), and every figure is the median of the rounds with its range."""
-    rounds = [{"rates": {("ddp", 1): 50.0, ("ddp", 2): 90.0}, "alone": 52.0, "together": 98.8},
-              {"rates": {("ddp", 1): 40.0, ("ddp", 2): 76.0}, "alone": 41.0, "together": 73.8},
-              {"rates": {("ddp", 1): 45.0, ("ddp", 2): 72.0}, "alone": 46.0, "together": 87.4}]
+    rounds = [{"rates": {("ddp", 1): 50.0, ("ddp", 2): 90.0}, "cpu": CPU, "alone": 52.0, "together": 98.8},
+              {"rates": {("ddp", 1): 40.0, ("ddp", 2): 76.0}, "cpu": CPU, "alone": 41.0, "together": 73.8},
+              {"rates": {("ddp", 1): 45.0, ("ddp", 2): 72.0}, "cpu": CPU, "alone": 46.0, "together": 87.4}]
     result = summarise(rounds, TrainingConfig(threads=1), "synthetic")
     assert result["scaling_efficiency"]["ddp"]["all"] == pytest.approx([0.9, 0.95, 0.8])
     assert result["scaling_efficiency"]["ddp"]["median"] == pytest.approx(0.9)
@@ -44,8 +46,11 @@ def test_the_two_worker_step_s_extra_time_splits_into_the_machine_s_share_and_co
     """Batch 10 per worker. One worker: 50 images/s, 200 ms a step. Two: 80 images/s, 20 images a step, 250 ms.
     Alone 50 images/s (200 ms), two independent 90 images/s (each 222 ms): the machine's share 22 ms, the rest
     of the 50 ms, 28 ms, communication."""
-    rounds = [{"rates": {("ddp", 1): 50.0, ("ddp", 2): 80.0}, "alone": 50.0, "together": 90.0}]
+    rounds = [{"rates": {("ddp", 1): 50.0, ("ddp", 2): 80.0}, "cpu": CPU, "alone": 50.0, "together": 90.0}]
     ms = summarise(rounds, TrainingConfig(threads=1, batch_size=10), "synthetic")["per_step_ms"]["ddp"]
     assert ms["step_ms_1_worker"]["median"] == pytest.approx(200) and ms["step_ms_2_workers"]["median"] == pytest.approx(250)
     assert ms["machine_ms"]["median"] == pytest.approx(2000 / 9 - 200)
     assert ms["communication_ms"]["median"] == pytest.approx(50 - (2000 / 9 - 200))
+    # per worker, the 250 ms step: 200 ms of the training thread's CPU, 30 of the all-reduce's threads, 20 off the CPU
+    assert ms["training_thread_cpu_ms"]["median"] == 200 and ms["other_threads_cpu_ms"]["median"] == 30
+    assert ms["off_cpu_ms"]["median"] == pytest.approx(20)

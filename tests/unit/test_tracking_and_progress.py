@@ -4,6 +4,7 @@ the engine's one-line refusal of a tracking URI without MLflow."""
 
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -31,6 +32,31 @@ def test_the_data_wait_share_counts_the_time_spent_in_the_loader():
         time.sleep(0.05)  # the step's compute, as long as the wait
     assert counted.waited >= 0.2 and 0.35 < counted.data_wait_share() < 0.65
     assert wait_share(1.0, 4.0) == 0.25 and wait_share(0.0, 0.0) == 0.0 and wait_share(5.0, 4.0) == 1.0
+
+
+def busy(cpu_seconds: float) -> None:
+    """Burn this thread's own CPU for `cpu_seconds`."""
+    until = time.thread_time() + cpu_seconds
+    while time.thread_time() < until:
+        pass
+
+
+def test_the_cpu_per_step_splits_the_training_thread_from_the_others():
+    """Two steps after the first: the counting thread burns 0.1 s of CPU and another thread (the all-reduce's, in a
+    training) 0.2 s; per step, 50 and 100 ms. The first step's CPU is not counted."""
+    counted = Throughput()
+    assert counted.cpu_ms_per_step() == (0.0, 0.0)
+    busy(0.1)
+    counted.count(8)
+    assert counted.cpu_ms_per_step() == (0.0, 0.0)  # one step: nothing steady yet
+    other = threading.Thread(target=busy, args=(0.2,))
+    other.start()
+    busy(0.1)
+    other.join()
+    counted.count(8)
+    counted.count(8)
+    training, others = counted.cpu_ms_per_step()
+    assert 50 <= training < 65 and 100 <= others < 115
 
 
 def test_the_progress_line_gives_the_step_of_all_and_the_eta_follows_the_pace():
