@@ -62,7 +62,7 @@ class Throughput:
     after_first: tuple[float, int] | None = None  # (time, images) when the epoch's first step ended
     waited: float = 0.0  # seconds spent waiting for the next batch (the loader)
     steps: int = 0
-    cpu_after_first: tuple[float, float, int] | None = None  # (this thread's CPU s, the process's CPU s, steps)
+    cpu_after_first: tuple[float, float] | None = None  # (this thread's CPU s, the process's CPU s) after step 1
 
     def next_batch(self, batches: Iterator):
         """The next batch of `batches` (None after the last), the time spent waiting for it counted."""
@@ -80,7 +80,7 @@ class Throughput:
         self.seen, self.steps = self.seen + images, self.steps + 1
         if self.after_first is None:
             self.after_first = (time.perf_counter(), self.seen)
-            self.cpu_after_first = (time.thread_time(), time.process_time(), self.steps)
+            self.cpu_after_first = (time.thread_time(), time.process_time())
 
     def rates(self) -> tuple[float, float, float]:
         """(seconds, images/s, steady images/s); with a single step the steady rate is the whole epoch's."""
@@ -95,10 +95,10 @@ class Throughput:
         """CPU milliseconds per step after the first: of the thread that counts (the one that trains) and of the
         process's other threads (gloo's, Horovod's background thread: the all-reduce; with more than one torch
         thread, torch's intra-op pool too). (0, 0) before a second step."""
-        if self.cpu_after_first is None or self.steps == self.cpu_after_first[2]:
+        if self.steps < 2:
             return 0.0, 0.0
-        thread, process, steps = self.cpu_after_first
-        trained, n = time.thread_time() - thread, self.steps - steps
+        thread, process = self.cpu_after_first
+        trained, n = time.thread_time() - thread, self.steps - 1
         return 1e3 * trained / n, 1e3 * (time.process_time() - process - trained) / n
 
 
