@@ -3,7 +3,8 @@
 # and the cached Horovod wheel.
 PYTHON ?= python3
 VENV ?= .venv
-# Horovod is compiled once per torch version and kept outside the checkout, so fresh clones reuse it.
+# Horovod is compiled once per torch version and patch (containers/build/) and kept outside the checkout, so fresh
+# clones reuse it; the wheel is reinstalled over an older build of the same version.
 WHEEL_CACHE ?= $(HOME)/.cache/trainflow/wheels
 WORKDIR ?= .trainflow
 PYTEST_ARGS ?=
@@ -39,10 +40,11 @@ docker-setup:
 
 # Every version comes from the lock (pip -c $(LOCK)): the index gains releases between two installs.
 LOCK := containers/requirements/constraints.txt
-$(VENV)/.installed: pyproject.toml $(LOCK) containers/build/horovod-wheel.sh
+$(VENV)/.installed: pyproject.toml $(LOCK) containers/build/horovod-wheel.sh containers/build/horovod-idle-cycle.patch
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q -c $(LOCK) $(TORCH_PINS) setuptools wheel packaging psutil cloudpickle pyyaml
 	wheel=$$(containers/build/horovod-wheel.sh $(BIN)/python $(WHEEL_CACHE)) && \
+	  $(BIN)/pip install -q --force-reinstall --no-deps "$$wheel" && \
 	  $(BIN)/pip install -q -c $(LOCK) "$$wheel" -e '.[dev]'
 	touch $@
 

@@ -15,12 +15,13 @@ RUN ([ -x /opt/venv/bin/python ] || python3 -m venv /opt/venv) \
 
 # Horovod is compiled in a stage of its own so the compilers stay out of the image.
 FROM base AS horovod
-RUN apt-get update && apt-get install -y --no-install-recommends g++ make cmake \
+# patch: horovod-wheel.sh applies build/horovod-idle-cycle.patch to Horovod's sdist.
+RUN apt-get update && apt-get install -y --no-install-recommends g++ make cmake patch \
  && rm -rf /var/lib/apt/lists/*
 COPY wheels/ /tmp/wheels/
-COPY build/horovod-wheel.sh /tmp/horovod-wheel.sh
+COPY build/ /tmp/build/
 RUN pip install --no-index --find-links /tmp/wheels -r /opt/trainflow/requirements/image.txt \
- && /tmp/horovod-wheel.sh python /tmp/wheels
+ && /tmp/build/horovod-wheel.sh python /tmp/wheels
 
 # The fast loader's partial JPEG decoding (trainer/jpeg_crop.c), compiled here too: no compiler in the image.
 FROM base AS jpeg

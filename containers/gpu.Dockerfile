@@ -14,13 +14,14 @@ ENV DEBIAN_FRONTEND=noninteractive VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PAT
 #   steps install it: https://learn.microsoft.com/azure/storage/files/storage-files-how-to-mount-nfs-shares).
 # util-linux: flock and mountpoint, which the per-node mount step uses (one mount per node, skipped when mounted;
 #   https://packages.ubuntu.com/noble/util-linux lists /usr/bin/flock and /usr/bin/mountpoint).
+# patch: horovod-wheel.sh applies build/horovod-idle-cycle.patch to Horovod's sdist.
 # libjpeg-dev: the fast loader's partial JPEG decoder (trainer/jpeg_crop.c) is compiled against it below.
 # rdma-core, libibverbs1, ibverbs-providers: the verbs library and the mlx5 provider of the InfiniBand NICs on
 #   Azure's ND/NC..r sizes. NCCL opens libibverbs.so.1 at run time and, without it, warns "Failed to open
 #   libibverbs.so[.1]" and falls back to TCP sockets (NVIDIA/nccl src/misc/ibvwrap.cc, ibvsymbols.cc in newer
 #   releases; https://learn.microsoft.com/azure/virtual-machines/extensions/enable-infiniband).
 RUN apt-get update && apt-get install -y --no-install-recommends \
-      python3 python3-dev python3-venv g++ make cmake git openmpi-bin libopenmpi-dev \
+      python3 python3-dev python3-venv g++ make cmake git patch openmpi-bin libopenmpi-dev \
       openssh-server openssh-client libjpeg-dev \
       nfs-common util-linux rdma-core libibverbs1 ibverbs-providers \
  && rm -rf /var/lib/apt/lists/* && mkdir -p /run/sshd && python3 -m venv /opt/venv
@@ -28,7 +29,7 @@ COPY requirements/ /opt/trainflow/requirements/
 RUN pip install -r /opt/trainflow/requirements/torch.txt -r /opt/trainflow/requirements/image.txt
 # NVIDIA DALI: --loader dali decodes JPEGs on the GPU (nvJPEG through nvImageCodec, wheels that bring their own).
 RUN pip install -r /opt/trainflow/requirements/dali.txt
-COPY build/horovod-wheel.sh /tmp/horovod-wheel.sh
+COPY build/ /tmp/build/
 # Horovod: NCCL for GPU allreduce (the NCCL that torch's wheels bring), MPI and Gloo as controllers.
 # HOROVOD_NCCL_LINK=SHARED: pip's nvidia-nccl wheel has only libnccl.so.2 (no libnccl_static.a), and unset,
 # Horovod links NCCL statically for CUDA ("HOROVOD_NCCL_LINK - {SHARED, STATIC}. Mode to link NCCL library.
@@ -38,7 +39,7 @@ COPY build/horovod-wheel.sh /tmp/horovod-wheel.sh
 RUN NCCL=$(python -c 'import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])') \
  && ln -sf libnccl.so.2 "$NCCL/lib/libnccl.so" \
  && HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_WITH_MPI=1 HOROVOD_NCCL_HOME="$NCCL" HOROVOD_NCCL_LINK=SHARED \
-    /tmp/horovod-wheel.sh python /tmp/wheels \
+    /tmp/build/horovod-wheel.sh python /tmp/wheels \
  && pip install /tmp/wheels/horovod-*/horovod-*.whl && rm -rf /tmp/wheels \
  && horovodrun --check-build
 COPY trainer/ /opt/trainflow/trainer/

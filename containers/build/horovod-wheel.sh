@@ -6,6 +6,7 @@
 # while torch 2.1+ headers need C++17 and torch 2.14's need C++20 (its headers #error otherwise), and
 # its bundled gloo's cmake_minimum_required is rejected by CMake 4. We raise the standards in the
 # sdist (C++17 for Horovod's core, as on Horovod's unreleased master; C++20 for its torch module).
+# It also applies horovod-idle-cycle.patch (beside this script): an idle background thread waits for work.
 #
 # Usage: containers/build/horovod-wheel.sh PYTHON WHEEL_CACHE_DIR
 #   Prints the path of the wheel. Extra env: HOROVOD_GPU_OPERATIONS=NCCL etc. pass through
@@ -17,7 +18,10 @@ CACHE=${2:?usage: horovod-wheel.sh PYTHON WHEEL_CACHE_DIR}
 VERSION=0.28.1
 TORCH=$("$PYTHON" -c 'import torch; print(torch.__version__.split("+")[0])')
 FLAVOUR=${HOROVOD_GPU_OPERATIONS:+nccl}
-OUT="$CACHE/horovod-$VERSION-torch-$TORCH-${FLAVOUR:-cpu}"
+# Our patch to Horovod's background thread (its header says what and why); the cache is keyed by its content.
+PATCH="$(cd "$(dirname "$0")" && pwd)/horovod-idle-cycle.patch"
+PATCHED=$(sha256sum "$PATCH" | cut -c1-12)
+OUT="$CACHE/horovod-$VERSION-torch-$TORCH-${FLAVOUR:-cpu}-$PATCHED"
 existing=$(ls "$OUT"/horovod-*.whl 2>/dev/null | head -n 1 || true)
 if [ -n "$existing" ]; then echo "$existing"; exit 0; fi
 
@@ -32,6 +36,7 @@ tar -xzf "$SDIST" -C "$WORK"
 SRC="$WORK/horovod-$VERSION"
 sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' "$SRC/CMakeLists.txt"
 sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 20)/' "$SRC/horovod/torch/CMakeLists.txt"
+patch --quiet -d "$SRC" -p1 < "$PATCH"
 
 export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1
 if [ -z "${HOROVOD_GPU_OPERATIONS:-}" ]; then
