@@ -1,13 +1,16 @@
 """Image names, content tags, the Dockerfiles as files, and how registry failures are described."""
 
+import hashlib
 import os
 import re
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
 import dockerfile
 import pytest
+import torch
 from pydantic import ValidationError
 
 from infra.build_context import CONTAINERS, context_tag, source_files
@@ -41,6 +44,10 @@ def test_dockerfiles_parse_and_install_the_pinned_requirements(flavour):
     assert "horovod-wheel.sh" in runs and "horovodrun --check-build" in runs
     copies = [c.value for c in commands if c.cmd == "COPY"]
     assert ("trainer/", "/opt/trainflow/trainer/") in copies  # the one training package, in both images
+    # horovod-wheel.sh applies the patch beside it with `patch`, installed in the stage that compiles Horovod
+    assert ("build/", "/tmp/build/") in copies and "/tmp/build/horovod-wheel.sh" in runs
+    compiling = next(c.value[0] for c in commands if c.cmd == "RUN" and " g++ " in c.value[0])
+    assert " patch " in compiling
 
 
 def test_gpu_base_is_pinned_by_version_tag():
@@ -67,6 +74,21 @@ def test_images_install_the_project_pins():
             assert image[name] == pins[name], name
     script = (CONTAINERS / "build" / "horovod-wheel.sh").read_text()
     assert f"VERSION={pins['horovod']}" in script
+
+
+def test_the_horovod_wheel_cache_is_keyed_by_the_patch(tmp_path):
+    """A wheel built before the patch changed is not reused: horovod-wheel.sh takes only the one under its patch's
+    hash (it prints a cached wheel without building)."""
+    build = CONTAINERS / "build"
+    digest = hashlib.sha256((build / "horovod-idle-cycle.patch").read_bytes()).hexdigest()[:12]
+    stem = f"horovod-0.28.1-torch-{torch.__version__.split('+')[0]}-cpu"
+    for folder in (stem, f"{stem}-{digest}"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "horovod-0.28.1-cp311-cp311-linux_x86_64.whl").write_text("")
+    env = {k: v for k, v in os.environ.items() if k != "HOROVOD_GPU_OPERATIONS"}
+    printed = subprocess.run([str(build / "horovod-wheel.sh"), sys.executable, str(tmp_path)], capture_output=True,
+                             text=True, check=True, env=env).stdout.strip()
+    assert printed == str(tmp_path / f"{stem}-{digest}" / "horovod-0.28.1-cp311-cp311-linux_x86_64.whl")
 
 
 def test_the_setup_lock_holds_every_project_pin_at_its_version():
@@ -104,6 +126,7 @@ def test_context_holds_one_training_package_and_no_caches():
     files = source_files("cpu")
     assert files["Dockerfile"].name == "cpu.Dockerfile"
     assert "trainer/train.py" in files and "build/horovod-wheel.sh" in files
+    assert "build/horovod-idle-cycle.patch" in files
     assert not [f for f in files if "__pycache__" in f or f.endswith(".pyc")]
 
 
