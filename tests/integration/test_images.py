@@ -44,10 +44,12 @@ def test_unchanged_context_is_neither_rebuilt_nor_pushed(docker_engine, registry
 
 
 def test_image_has_the_pinned_stack(docker_engine, cpu_image):
-    probe = ("import torch, torchvision, horovod, horovod.torch as hvd; print(torch.__version__.split('+')[0], "
-             "torchvision.__version__.split('+')[0], horovod.__version__, hvd.gloo_built())")
+    # the last: Horovod's library reads HOROVOD_IDLE_CYCLE_TIME, i.e. it is built with horovod-idle-cycle.patch
+    probe = ("import torch, torchvision, horovod, horovod.torch as hvd, horovod.torch.mpi_lib_v2 as lib; "
+             "print(torch.__version__.split('+')[0], torchvision.__version__.split('+')[0], horovod.__version__, "
+             "hvd.gloo_built(), b'HOROVOD_IDLE_CYCLE_TIME' in open(lib.__file__, 'rb').read())")
     output = docker_engine.client.containers.run(cpu_image["image"], ["python", "-c", probe], remove=True, network_mode="none")
-    assert output.decode().split() == ["2.14.1", "0.29.1", "0.28.1", "True"]
+    assert output.decode().split() == ["2.14.1", "0.29.1", "0.28.1", "True", "True"]
 
 
 def test_horovod_trains_across_two_containers_on_mounted_data(docker_engine, cpu_image, digits, tmp_path):
