@@ -92,7 +92,7 @@ class DDP(Backend):
 POLL_S = 0.001  # Horovod: between polls of an all-reduce in flight; a step takes hundreds of ms on a CPU
 # Horovod, as patched by containers/build/horovod-idle-cycle.patch: while no tensor is pending, the background thread
 # waits up to this many ms for one (an enqueued request wakes it at once) instead of negotiating with every peer each
-# cycle. Stock Horovod ignores the variable. Measured on 2 cores (README "Scaling"): the idle negotiation took 30-40 ms
+# cycle. Stock Horovod ignores the variable. Measured on 2 cores (README "Scaling"): the idle negotiation took 20-40 ms
 # of CPU per ResNet-18 step at the 5 ms cycle. HOROVOD_IDLE_CYCLE_TIME in the environment overrides it.
 IDLE_CYCLE_MS = 100
 
