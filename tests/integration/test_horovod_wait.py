@@ -33,20 +33,31 @@ backend.shutdown()
 """
 
 
+def run_two_ranks(tmp_path, source: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`source` run by 2 ranks through horovodrun (with `env` added to this environment); it must succeed."""
+    script = tmp_path / "ranks.py"
+    script.write_text(source)
+    done = subprocess.run(local_command("horovodrun", 2, [str(script)], python=sys.executable), capture_output=True,
+                          text=True, timeout=300, env={**os.environ, **(env or {})})
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
+def seconds_in(line: str) -> float:
+    """The N of a line "... in N s"."""
+    return float(line.split(" in ")[1].split()[0])
+
+
 def test_a_rank_waiting_for_a_late_peer_leaves_the_cpu_free(tmp_path):
     """Measured on 2026-11-23: Horovod's own wait (hvd.synchronize) used 0.7 CPU s per s; this one under 0.1."""
-    script = tmp_path / "late_peer.py"
-    script.write_text(LATE_PEER)
-    done = subprocess.run(local_command("horovodrun", 2, [str(script)], python=sys.executable), capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
+    done = run_two_ranks(tmp_path, LATE_PEER)
     waited, used = map(float, next(line.split("waited ")[1].replace(" s using", "").split()[:2]
                                    for line in done.stdout.splitlines() if "rank 0 waited" in line))
     assert waited > 2, done.stdout  # it did wait for the late peer
     assert used < 0.2 * waited, done.stdout
 
 
-# Both ranks idle IDLE_S with the Horovod backend, then all-reduce one tensor; rank 0 prints how long it took.
+# Both ranks idle idle_s with the Horovod backend, then all-reduce one tensor; rank 0 prints how long it took.
 IDLE_THEN_ALLREDUCE = f"""
 import sys, time, torch
 sys.path.insert(0, {str(CONTAINERS)!r})
@@ -64,13 +75,10 @@ backend.shutdown()
 def run_idle_ranks(tmp_path, idle_s: float, env: dict[str, str]) -> tuple[int, float]:
     """Negotiation cycles that rank 0's Horovod timeline marked over the run, and the all-reduce's seconds after the
     idle time."""
-    script, timeline = tmp_path / "idle.py", tmp_path / "timeline.json"
-    script.write_text(IDLE_THEN_ALLREDUCE.format(idle_s=idle_s))
-    env = {**os.environ, "HOROVOD_TIMELINE": str(timeline), "HOROVOD_TIMELINE_MARK_CYCLES": "1", **env}
-    done = subprocess.run(local_command("horovodrun", 2, [str(script)], python=sys.executable), capture_output=True,
-                          text=True, timeout=300, env=env)
-    assert done.returncode == 0, done.stdout + done.stderr
-    seconds = float(next(line.split(" in ")[1].split()[0] for line in done.stdout.splitlines() if "rank 0 all-reduced" in line))
+    timeline = tmp_path / "timeline.json"
+    done = run_two_ranks(tmp_path, IDLE_THEN_ALLREDUCE.format(idle_s=idle_s),
+                         {"HOROVOD_TIMELINE": str(timeline), "HOROVOD_TIMELINE_MARK_CYCLES": "1", **env})
+    seconds = next(seconds_in(line) for line in done.stdout.splitlines() if "rank 0 all-reduced" in line)
     return timeline.read_text().count('"CYCLE_START"'), seconds
 
 
@@ -103,11 +111,6 @@ def test_adding_a_process_set_wakes_an_idle_rank(tmp_path):
     """Adding or removing a process set is agreed in a negotiation cycle, and asking for one wakes the background
     thread: with a 20 s idle cycle time both take well under a second (before the patch woke it: 5 s each at a 5 s
     idle cycle time)."""
-    script = tmp_path / "process_set.py"
-    script.write_text(PROCESS_SET)
-    env = {**os.environ, "HOROVOD_DYNAMIC_PROCESS_SETS": "1", "HOROVOD_IDLE_CYCLE_TIME": "20000"}
-    done = subprocess.run(local_command("horovodrun", 2, [str(script)], python=sys.executable), capture_output=True,
-                          text=True, timeout=300, env=env)
-    assert done.returncode == 0, done.stdout + done.stderr
-    seconds = [float(line.split(" in ")[1].split()[0]) for line in done.stdout.splitlines() if "added and removed" in line]
+    done = run_two_ranks(tmp_path, PROCESS_SET, {"HOROVOD_DYNAMIC_PROCESS_SETS": "1", "HOROVOD_IDLE_CYCLE_TIME": "20000"})
+    seconds = [seconds_in(line) for line in done.stdout.splitlines() if "added and removed" in line]
     assert len(seconds) == 2 and max(seconds) < 5, done.stdout
