@@ -576,6 +576,7 @@ def bench_gpu(
                                                    "every loader of the trainer.")] = [],  # noqa: B006
     peak_tflops: Annotated[Optional[float], typer.Option(help="The GPU's peak dense bf16 TFLOP/s, for a GPU that "
                                                              "the MFU table lacks.")] = None,
+    repeats: RepeatsOpt = REPEATS,
 ) -> None:
     """ResNet-50 bf16 images/s per GPU, synthetic and real JPEGs through each loader, data-wait share and MFU."""
     from flows.bench.gpu import bench_gpu as run_bench
@@ -585,7 +586,7 @@ def bench_gpu(
         raise ConfigError(f"--loader {unknown[0]} is not a loader: pass one of {', '.join(LOADERS)}")
     cfg = configure(config, None, workdir, digits_defaults=False)
     with holding(cfg, prefect=False):
-        run_bench(cfg, json_out, tuple(loader) or LOADERS, peak_tflops)
+        run_bench(cfg, json_out, tuple(loader) or LOADERS, peak_tflops, repeats)
 
 
 @bench_app.command("parallel")

@@ -246,10 +246,14 @@ class LayerProgress:
         return done
 
 
+HTTP_401 = re.compile(r"(?<![\d:.])401(?![\d.])")  # the status code, not a port (localhost:42401) or an address
+
+
 def registry_error(where: str, message: str, username: str | None) -> ImageError:
     """A registry failure with what to do about it: credentials refused, unreachable, or a bad name."""
     lowered = message.lower()
-    if any(s in lowered for s in ("unauthorized", "authentication required", "no basic auth", "denied", "401")):
+    if any(s in lowered for s in ("unauthorized", "authentication required", "no basic auth", "denied")) or \
+            HTTP_401.search(lowered):
         who = f"user {username!r}" if username else "anonymous access (no image.username set)"
         return ImageError(f"registry {where} refused {who}: {message.strip()}; check image.username and the password "
                           "(image.password_env or image.password_secret)", permanent=True)

@@ -41,15 +41,21 @@ def digest_chunks(digest: str, n: int = 4) -> list[float]:
     return [float(int(digest[i * 5:(i + 1) * 5], 16)) for i in range(n)]
 
 
+def installed_versions(*packages: str) -> dict[str, str]:
+    """The installed version of each of `packages` that is installed (the others are left out)."""
+    versions = {}
+    for package in packages:
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return versions
+
+
 def library_versions() -> dict[str, str]:
     """Versions of what the run depends on."""
-    versions = {"python": platform.python_version(), "torch": torch.__version__,
-                "torchvision": torchvision.__version__, "cuda": torch.version.cuda or "none"}
-    try:
-        versions["horovod"] = importlib.metadata.version("horovod")
-    except importlib.metadata.PackageNotFoundError:
-        pass
-    return versions
+    return {"python": platform.python_version(), "torch": torch.__version__, "torchvision": torchvision.__version__,
+            "cuda": torch.version.cuda or "none", **installed_versions("horovod")}
 
 
 @dataclass

@@ -257,7 +257,8 @@ def make_batches(args, backend: Backend, device: torch.device, shard: int, shard
     and the facts metrics.json records about the data (images used, images left out)."""
     if args.data == SYNTHETIC:
         steps = args.steps_per_epoch or 100
-        batches = data.SyntheticBatches(args.batch_size, args.image_size, args.num_classes, steps, args.seed + shard)
+        batches = data.SyntheticBatches(args.batch_size, args.image_size, args.num_classes, steps, args.seed + shard,
+                                        device, resolve(args.channels_last, device))
         return batches, None, [str(i) for i in range(args.num_classes)], {}
     train_split, val_split, record, _ = usable_splits(args, backend, data.index_folder(Path(args.data)))
     facts = data_facts(args, train_split, val_split, record)

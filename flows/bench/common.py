@@ -1,6 +1,5 @@
 """What every benchmark shares: fresh outputs, timing, repetitions, counting, quiet logs, the JSON file."""
 
-import importlib.metadata
 import json
 import os
 import platform
@@ -12,7 +11,7 @@ import psutil
 from rich.progress import Progress, TimeElapsedColumn
 
 from infra.trainer import TrainingConfig
-from trainer.metrics import library_versions
+from trainer.metrics import installed_versions, library_versions
 
 REPEATS = 3  # rounds of every configuration in every bench: figures are the median with its min-max
 RESTARTS = "fast+restarts"  # bench loader's run of the fast loader on the JPEGs rewritten with restart markers
@@ -55,7 +54,7 @@ def bench_progress() -> Progress:
 def machine() -> dict:
     """What the figures were measured on: cores, memory, the platform and the versions that matter (the trainer's
     record of its own, and the orchestrator's)."""
-    versions = {**library_versions(), **{p: importlib.metadata.version(p) for p in ("prefect", "azure-storage-blob")}}
+    versions = {**library_versions(), **installed_versions("prefect", "azure-storage-blob")}
     return {"cores": len(os.sched_getaffinity(0)), "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
             "platform": platform.platform(), "python": platform.python_version(), "versions": versions}
 

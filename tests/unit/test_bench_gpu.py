@@ -6,6 +6,7 @@ from typer.testing import CliRunner
 
 from flows.bench.gpu import gpu_row, mfu, peak_tflops, runs
 from flows.cli import app
+from trainer.metrics import installed_versions
 
 
 def test_mfu_is_resnet50_training_flops_over_the_gpu_s_bf16_peak():
@@ -37,3 +38,9 @@ def test_without_a_gpu_bench_gpu_says_so_and_writes_nothing(tmp_path):
     result = CliRunner().invoke(app, ["bench", "gpu", "--workdir", str(tmp_path), "--json", str(tmp_path / "g.json")])
     assert result.exit_code == 2 and "no CUDA GPU here" in result.output and "bench" not in {p.name for p in tmp_path.iterdir()}
     assert not (tmp_path / "g.json").exists()
+
+
+def test_the_machine_record_leaves_out_a_package_that_is_not_installed():
+    # a GPU host may run the bench from a checkout without the orchestrator's packages: the figures still get written
+    versions = installed_versions("torch", "trainflow-no-such-package")
+    assert list(versions) == ["torch"] and versions["torch"].startswith(torch.__version__.split("+")[0])

@@ -93,6 +93,16 @@ def test_synthetic_batches_repeat_one_fixed_batch():
     assert torch.equal(seen[0][0], seen[2][0])
 
 
+def test_a_synthetic_batch_is_kept_in_the_models_memory_format_so_a_step_copies_nothing():
+    plain = data.SyntheticBatches(batch_size=4, image_size=8, num_classes=10, steps=1, seed=0)
+    kept = data.SyntheticBatches(batch_size=4, image_size=8, num_classes=10, steps=1, seed=0,
+                                 device=torch.device("cpu"), channels_last=True)
+    images = next(iter(kept))[0]
+    assert images.is_contiguous(memory_format=torch.channels_last) and torch.equal(images, plain.images)
+    # what the trainer's to_device does each step returns this very tensor: no copy, no layout change
+    assert images.to(torch.device("cpu"), non_blocking=True, memory_format=torch.channels_last) is images
+
+
 def test_transforms_give_the_requested_size(image_tree):
     image = Image.new("RGB", (50, 30))
     assert data.train_transform(16, 0.5, hflip=True)(image).shape == (3, 16, 16)

@@ -165,6 +165,13 @@ def test_registry_errors_say_what_to_fix():
     assert anonymous.permanent and "anonymous" in anonymous.args[0]
     down = registry_error("localhost:1/x", "Get http://localhost:1/v2/: dial tcp 127.0.0.1:1: connect: connection refused", "bob")
     assert not down.permanent and "unreachable" in down.args[0]
+    # a port with 401 in it is not the status code 401 (a CI run's random port 42401 read as refused credentials)
+    port = registry_error("localhost:42401", 'Get "http://localhost:42401/v2/": dial tcp 127.0.0.1:42401: connect: '
+                                             "connection refused", "bob")
+    assert not port.permanent and "unreachable" in port.args[0]
+    status = registry_error("r/x", "received unexpected HTTP status: 401 Unauthorized", "bob")
+    assert status.permanent and "refused user 'bob'" in status.args[0]
+    assert registry_error("r/x", "error: 401", "bob").permanent
 
 
 def test_push_progress_counts_bytes_per_layer():
