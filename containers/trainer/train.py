@@ -365,7 +365,7 @@ def wrap_for_backend(run: Run, state: dict | None) -> None:
     if state is not None and run.pipeline is None:  # after wrapping: Horovod's optimizer starts with empty state
         run.optimizer.load_state_dict(state["optimizer"])
     run.backend.broadcast_state(run.raw_model, run.optimizer)
-    if run.args.compile == "on" and run.pipeline is None:
+    if resolve(run.args.compile, run.device) and run.pipeline is None:
         # the wrapped model: under DDP, TorchDynamo splits the graph at the gradient buckets so that the all-reduce
         # still overlaps the backward pass; checkpoints keep using raw_model's names
         run.model = torch.compile(run.model)

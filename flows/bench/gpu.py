@@ -57,8 +57,8 @@ def gpu_facts() -> dict:
 
 def runs(loaders: tuple[str, ...]) -> list[tuple[str, str, dict]]:
     """(label, data, trainer settings) of every run: synthetic data eager and compiled (whether torch.compile
-    helps decides its default), then the JPEGs through each loader."""
-    return [("synthetic", "synthetic", {"loader": loaders[0]}),
+    helps decided its default, on for a GPU), then the JPEGs through each loader with the default."""
+    return [("synthetic, --compile off", "synthetic", {"loader": loaders[0], "compile": "off"}),
             ("synthetic, --compile on", "synthetic", {"loader": loaders[0], "compile": "on"})] + \
         [(f"JPEGs, --loader {name}", "jpegs", {"loader": name}) for name in loaders]
 

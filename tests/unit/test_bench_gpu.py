@@ -21,7 +21,7 @@ def test_the_peak_comes_from_the_device_name_or_the_option():
 
 
 def test_every_loader_runs_on_the_jpegs_after_synthetic_data_eager_and_compiled():
-    assert runs(("fast", "pil")) == [("synthetic", "synthetic", {"loader": "fast"}),
+    assert runs(("fast", "pil")) == [("synthetic, --compile off", "synthetic", {"loader": "fast", "compile": "off"}),
                                      ("synthetic, --compile on", "synthetic", {"loader": "fast", "compile": "on"}),
                                      ("JPEGs, --loader fast", "jpegs", {"loader": "fast"}),
                                      ("JPEGs, --loader pil", "jpegs", {"loader": "pil"})]
@@ -38,6 +38,13 @@ def test_without_a_gpu_bench_gpu_says_so_and_writes_nothing(tmp_path):
     result = CliRunner().invoke(app, ["bench", "gpu", "--workdir", str(tmp_path), "--json", str(tmp_path / "g.json")])
     assert result.exit_code == 2 and "no CUDA GPU here" in result.output and "bench" not in {p.name for p in tmp_path.iterdir()}
     assert not (tmp_path / "g.json").exists()
+
+
+def test_bench_gpu_takes_its_rounds_from_repeats_at_least_two(tmp_path):
+    one = CliRunner().invoke(app, ["bench", "gpu", "--workdir", str(tmp_path), "--repeats", "1"])
+    assert one.exit_code == 2 and "--repeats" in one.output
+    two = CliRunner().invoke(app, ["bench", "gpu", "--workdir", str(tmp_path), "--repeats", "2"])
+    assert two.exit_code == 2 and "no CUDA GPU here" in two.output
 
 
 def test_the_machine_record_leaves_out_a_package_that_is_not_installed():
