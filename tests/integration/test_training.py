@@ -153,6 +153,19 @@ def test_a_compiled_model_trains_and_checkpoints_under_the_model_s_own_names(ima
     assert "conv1.weight" in state["model"] and not any("_orig_mod" in k for k in state["model"])
 
 
+@pytest.mark.slow  # Inductor compiles on the CPU: about 40 s a launcher
+@pytest.mark.parametrize("launcher, backend", [("torchrun", "ddp"), ("horovodrun", "horovod")])
+def test_a_compiled_model_trains_in_sync_under_either_launcher(digits, tmp_path, launcher, backend):
+    # --compile's default is on for a GPU, with either launcher: DDP's all-reduce hooks and Horovod's gradient hooks
+    # must still fire on the compiled backward, or the ranks would drift apart
+    settings = {**TINY, "epochs": 1, "steps_per_epoch": 4, "image_size": 16, "compile": "on"}
+    out = tmp_path / "out"
+    metrics = train_locally(TrainingConfig(launcher=launcher, **settings), str(digits), out, lambda line: None)
+    assert metrics["status"] == "complete" and metrics["backend"] == backend and metrics["parameters_in_sync"] is True
+    ranks = digests(out / "logs")
+    assert ranks[0] == ranks[1] == metrics["parameter_digest"][:16]
+
+
 def test_resume_mid_epoch_ends_where_an_uninterrupted_run_ends(tmp_path):
     """Same seed, one process: resuming from a mid-epoch checkpoint must give the very same parameters,
     so the step, the position in the epoch, the optimizer state and the learning rate all come back."""
