@@ -365,10 +365,21 @@ def wrap_for_backend(run: Run, state: dict | None) -> None:
     if state is not None and run.pipeline is None:  # after wrapping: Horovod's optimizer starts with empty state
         run.optimizer.load_state_dict(state["optimizer"])
     run.backend.broadcast_state(run.raw_model, run.optimizer)
-    if resolve(run.args.compile, run.device) and run.pipeline is None:
+    if run.pipeline is None:
         # the wrapped model: under DDP, TorchDynamo splits the graph at the gradient buckets so that the all-reduce
         # still overlaps the backward pass; checkpoints keep using raw_model's names
-        run.model = torch.compile(run.model)
+        run.model = compile_model(run.model, run.args.compile, run.device)
+
+
+def compile_model(model: torch.nn.Module, choice: str, device: torch.device) -> torch.nn.Module:
+    """The model through torch.compile as --compile says: `on` compiles and fails where compiling fails; `auto` (on
+    for a GPU) runs eagerly, with TorchDynamo's warning, whatever it cannot compile (a node without a C++ compiler,
+    say): a default never ends a run."""
+    if not resolve(choice, device):
+        return model
+    torch._dynamo.config.suppress_errors = choice == "auto"
+    log.info("compiling the model (--compile %s)%s", choice, ": eager where compiling fails" if choice == "auto" else "")
+    return torch.compile(model)
 
 
 def make_scheduler(run: Run) -> torch.optim.lr_scheduler.LambdaLR:

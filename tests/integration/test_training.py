@@ -6,6 +6,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -164,6 +165,26 @@ def test_a_compiled_model_trains_in_sync_under_either_launcher(digits, tmp_path,
     assert metrics["status"] == "complete" and metrics["backend"] == backend and metrics["parameters_in_sync"] is True
     ranks = digests(out / "logs")
     assert ranks[0] == ranks[1] == metrics["parameter_digest"][:16]
+
+
+COMPILE = """import sys, torch
+from trainer.train import compile_model
+model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
+x = torch.randn(4, 8)
+compiled = compile_model(model, sys.argv[1], torch.device("cuda"))  # a GPU's choice; the model itself stays on the CPU
+compiled(x).sum().backward()
+print("trained", torch.equal(compiled(x), model(x)))
+"""
+
+
+@pytest.mark.parametrize("choice, ends", [("auto", "trained True"), ("on", "InvalidCxxCompiler")])
+def test_compile_auto_runs_eagerly_where_compiling_fails_and_on_fails(tmp_path, choice, ends):
+    # a node without a working C++ compiler (CXX names one that always fails): the default must not end the run
+    script = tmp_path / "compile.py"
+    script.write_text(COMPILE)
+    done = subprocess.run([sys.executable, str(script), choice], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "CXX": "/bin/false"})
+    assert ends in done.stdout + done.stderr and (done.returncode == 0) == (choice == "auto")
 
 
 def test_resume_mid_epoch_ends_where_an_uninterrupted_run_ends(tmp_path):
