@@ -200,8 +200,8 @@ def set_up(args) -> Run:
     if backend.rank == 0:
         check_output_folder(args.out)
     replica, replicas = data_shard(args, backend)
-    train_batches, val_batches, classes, facts = make_batches(args, backend, device, replica, replicas)
     channels_last = resolve(args.channels_last, device)
+    train_batches, val_batches, classes, facts = make_batches(args, backend, device, channels_last, replica, replicas)
     before_model = resident_mb()
     model, pipeline = build_for_rank(args, backend, len(classes), device, channels_last)
     # fused: one kernel updates every parameter (CPU and CUDA), instead of a loop of small ones per parameter
@@ -252,13 +252,13 @@ def split_for_pipeline(args, backend: Backend, num_classes: int, device: torch.d
     return pipeline
 
 
-def make_batches(args, backend: Backend, device: torch.device, shard: int, shards: int):
+def make_batches(args, backend: Backend, device: torch.device, channels_last: bool, shard: int, shards: int):
     """This worker's training batches (shard `shard` of `shards`, or a fixed synthetic batch), val batches, classes,
     and the facts metrics.json records about the data (images used, images left out)."""
     if args.data == SYNTHETIC:
         steps = args.steps_per_epoch or 100
         batches = data.SyntheticBatches(args.batch_size, args.image_size, args.num_classes, steps, args.seed + shard,
-                                        device, resolve(args.channels_last, device))
+                                        device, channels_last)
         return batches, None, [str(i) for i in range(args.num_classes)], {}
     train_split, val_split, record, _ = usable_splits(args, backend, data.index_folder(Path(args.data)))
     facts = data_facts(args, train_split, val_split, record)

@@ -81,9 +81,9 @@ def bench_gpu(cfg: FlowConfig, json_out: Path | None, loaders: tuple[str, ...], 
                 clear_checkpoints(out)
                 metrics = train_here(base.model_copy(update=settings), jpegs if data == "jpegs" else data,
                                      out, root / "pools", lambda line: None)
-                facts[label].append((metrics.steady_images_per_sec, max(metrics.data_wait_share or [0.0])))
-                progress.console.print(f"{label} ({repeat + 1}/{repeats}): {facts[label][-1][0]:.0f} images/s, "
-                                       f"data-wait share {facts[label][-1][1]:.2f}")
+                rate, wait = metrics.steady_images_per_sec, max(metrics.data_wait_share or [0.0])
+                facts[label].append((rate, wait))
+                progress.console.print(f"{label} ({repeat + 1}/{repeats}): {rate:.0f} images/s, data-wait share {wait:.2f}")
                 progress.advance(bar)
     peak = peak_tflops(gpu["name"], given_peak)
     result = {"gpu": gpu, "peak_bf16_tflops": peak, "settings": base.model_dump() | {"repeats": repeats},
