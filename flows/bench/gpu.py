@@ -14,8 +14,11 @@ from pathlib import Path
 import torch
 from rich.console import Console
 from rich.table import Table
+from trainer import jpeg_crop
 
-from flows.bench.common import REPEATS, bench_progress, clear_checkpoints, over_defaults, shown, spread, write_json
+from flows.bench.common import (REPEATS, RESTARTS, bench_progress, clear_checkpoints, over_defaults, shown, spread,
+                                write_json)
+from flows.bench.loader import restart_marked_copy, training_split
 from flows.config import ConfigError, FlowConfig
 from infra.backends.process import train_here
 from infra.sample_data import write_imagenet_like
@@ -55,12 +58,15 @@ def gpu_facts() -> dict:
             "cuda": torch.version.cuda, "count": torch.cuda.device_count()}
 
 
-def runs(loaders: tuple[str, ...]) -> list[tuple[str, str, dict]]:
+def runs(loaders: tuple[str, ...], restarts: bool) -> list[tuple[str, str, dict]]:
     """(label, data, trainer settings) of every run: synthetic data eager and compiled (whether torch.compile
-    helps decided its default, on for a GPU), then the JPEGs through each loader with the default."""
+    helps decided its default, on for a GPU), then the JPEGs through each loader with the default, and where
+    `restarts` (jpeg_crop can rewrite them) the fast loader once more on the JPEGs with restart markers."""
+    jpegs = [(f"JPEGs, --loader {name}", "jpegs", {"loader": name}) for name in loaders]
+    if restarts and "fast" in loaders:
+        jpegs.insert(loaders.index("fast") + 1, (f"JPEGs, --loader {RESTARTS}", RESTARTS, {"loader": "fast"}))
     return [("synthetic, --compile off", "synthetic", {"loader": loaders[0], "compile": "off"}),
-            ("synthetic, --compile on", "synthetic", {"loader": loaders[0], "compile": "on"})] + \
-        [(f"JPEGs, --loader {name}", "jpegs", {"loader": name}) for name in loaders]
+            ("synthetic, --compile on", "synthetic", {"loader": loaders[0], "compile": "on"})] + jpegs
 
 
 def bench_gpu(cfg: FlowConfig, json_out: Path | None, loaders: tuple[str, ...], given_peak: float | None = None,
@@ -69,8 +75,8 @@ def bench_gpu(cfg: FlowConfig, json_out: Path | None, loaders: tuple[str, ...], 
     gpu = gpu_facts()
     base = over_defaults({**GPU_DEFAULTS, "loader_workers": max(1, len(os.sched_getaffinity(0)) - 1)}, cfg.training)
     root = cfg.workdir.resolve() / "bench" / "gpu"
-    jpegs = str(write_imagenet_like(root / "jpegs", files=JPEGS, classes=100))
-    plan = runs(loaders)
+    plan = runs(loaders, jpeg_crop.library() is not None)
+    folders = run_data(root, {data for _, data, _ in plan})
     facts = {label: [] for label, _, _ in plan}
     with bench_progress() as progress:
         bar = progress.add_task("GPU benchmark", total=repeats * len(plan))
@@ -79,8 +85,8 @@ def bench_gpu(cfg: FlowConfig, json_out: Path | None, loaders: tuple[str, ...], 
                 progress.update(bar, description=f"{label} ({repeat + 1}/{repeats})")
                 out = root / label.replace(" ", "-").replace(",", "")
                 clear_checkpoints(out)
-                metrics = train_here(base.model_copy(update=settings), jpegs if data == "jpegs" else data,
-                                     out, root / "pools", lambda line: None)
+                metrics = train_here(base.model_copy(update=settings), folders[data], out, root / "pools",
+                                     lambda line: None)
                 rate, wait = metrics.steady_images_per_sec, max(metrics.data_wait_share or [0.0])
                 facts[label].append((rate, wait))
                 progress.console.print(f"{label} ({repeat + 1}/{repeats}): {rate:.0f} images/s, data-wait share {wait:.2f}")
@@ -91,6 +97,15 @@ def bench_gpu(cfg: FlowConfig, json_out: Path | None, loaders: tuple[str, ...], 
     print_gpu_bench(result)
     write_json(result, json_out)
     return result
+
+
+def run_data(root: Path, needed: set[str]) -> dict[str, str]:
+    """What each kind of run trains on: "synthetic", the generated JPEGs, their copy with restart markers."""
+    jpegs = write_imagenet_like(root / "jpegs", files=JPEGS, classes=100)
+    folders = {"synthetic": "synthetic", "jpegs": str(jpegs)}
+    if RESTARTS in needed:
+        folders[RESTARTS] = str(restart_marked_copy(jpegs, training_split(jpegs), root))
+    return folders
 
 
 def gpu_row(label: str, measured: list[tuple[float, float]], peak: float | None) -> dict:

@@ -74,9 +74,15 @@ def training_split(folder: Path) -> Split:
 
 
 def with_restart_markers(folder: Path, split: Split, under: Path) -> tuple[Split, dict]:
-    """The training split of a copy of `folder`'s train/ (`split`) rewritten by `trainflow data add-restart-markers` (made
-    once per folder, file count and size, under `under`), and what the rewrite did and took: files, bytes before
-    and after, ms per file."""
+    """The training split of restart_marked_copy, and what the rewrite did and took: files, bytes before and after,
+    ms per file."""
+    dest = restart_marked_copy(folder, split, under)
+    return training_split(dest), read_json(dest / REWRITE_RECORD)
+
+
+def restart_marked_copy(folder: Path, split: Split, under: Path) -> Path:
+    """A copy of `folder`'s train/ (`split`) rewritten by `trainflow data add-restart-markers`, made once per folder,
+    file count and size, under `under`."""
     files = [Path(path) for path, _ in split.samples]  # the copy is made again when they change
     key = hashlib.sha256(f"{folder.resolve()}|{len(files)}|{sum(f.stat().st_size for f in files)}".encode())
     dest = under / f"{folder.name}-{key.hexdigest()[:10]}-{RESTARTS}"
@@ -86,7 +92,7 @@ def with_restart_markers(folder: Path, split: Split, under: Path) -> tuple[Split
             done = add_restart_markers(tmp, progress=False)
             keep_json(tmp / REWRITE_RECORD, done | {"folder": str(dest), "cores": len(os.sched_getaffinity(0)),
                                                     "ms_per_file": done["seconds"] * 1e3 / max(done["files"], 1)})
-    return training_split(dest), read_json(dest / REWRITE_RECORD)
+    return dest
 
 
 def installed_loaders() -> tuple[str, ...]:
