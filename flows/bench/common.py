@@ -6,9 +6,10 @@ import platform
 import statistics
 import time
 from pathlib import Path
+from typing import Callable
 
 import psutil
-from rich.progress import Progress, TimeElapsedColumn
+from rich.progress import Progress, TaskID, TimeElapsedColumn
 
 from infra.trainer import TrainingConfig
 from trainer.metrics import installed_versions, library_versions
@@ -49,6 +50,15 @@ def shown(figure: dict, fmt: str) -> str:
 def bench_progress() -> Progress:
     """The progress bar every bench shows: the default columns and the time elapsed."""
     return Progress(*Progress.get_default_columns(), TimeElapsedColumn())
+
+
+def run_ended(progress: Progress, bar: TaskID) -> Callable[[str], None]:
+    """Print a run's figure above the bar as the run ends (a bench stopped by a time limit keeps what it printed) and
+    move the bar on."""
+    def said(line: str) -> None:
+        progress.console.print(line, soft_wrap=True)  # one line, whatever the width: grep finds it
+        progress.advance(bar)
+    return said
 
 
 def machine() -> dict:

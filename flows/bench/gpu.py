@@ -16,8 +16,8 @@ from rich.console import Console
 from rich.table import Table
 from trainer import jpeg_crop
 
-from flows.bench.common import (REPEATS, RESTARTS, bench_progress, clear_checkpoints, over_defaults, shown, spread,
-                                write_json)
+from flows.bench.common import (REPEATS, RESTARTS, bench_progress, clear_checkpoints, over_defaults, run_ended, shown,
+                                spread, write_json)
 from flows.bench.loader import restart_marked_copy, training_split
 from flows.config import ConfigError, FlowConfig
 from infra.backends.process import train_here
@@ -80,6 +80,7 @@ def bench_gpu(cfg: FlowConfig, json_out: Path | None, loaders: tuple[str, ...], 
     facts = {label: [] for label, _, _ in plan}
     with bench_progress() as progress:
         bar = progress.add_task("GPU benchmark", total=repeats * len(plan))
+        ended = run_ended(progress, bar)
         for repeat in range(repeats):
             for label, data, settings in plan:
                 progress.update(bar, description=f"{label} ({repeat + 1}/{repeats})")
@@ -89,8 +90,7 @@ def bench_gpu(cfg: FlowConfig, json_out: Path | None, loaders: tuple[str, ...], 
                                      lambda line: None)
                 rate, wait = metrics.steady_images_per_sec, max(metrics.data_wait_share or [0.0])
                 facts[label].append((rate, wait))
-                progress.console.print(f"{label} ({repeat + 1}/{repeats}): {rate:.0f} images/s, data-wait share {wait:.2f}")
-                progress.advance(bar)
+                ended(f"{label} ({repeat + 1}/{repeats}): {rate:.0f} images/s, data-wait share {wait:.2f}")
     peak = peak_tflops(gpu["name"], given_peak)
     result = {"gpu": gpu, "peak_bf16_tflops": peak, "settings": base.model_dump() | {"repeats": repeats},
               "runs": [gpu_row(label, facts[label], peak) for label, _, _ in plan]}

@@ -32,7 +32,7 @@ from trainer import data
 from trainer.errors import UsageError
 from trainer.layout import Split, index_folder
 
-from flows.bench.common import REPEATS, RESTARTS, bench_progress, shown, spread, write_json
+from flows.bench.common import REPEATS, RESTARTS, bench_progress, run_ended, shown, spread, write_json
 from flows.config import ConfigError, FlowConfig
 from infra.jsonfiles import read_json, write_json as keep_json
 from infra.restart_markers import add_restart_markers
@@ -57,8 +57,10 @@ def bench_loader(cfg: FlowConfig, json_out: Path | None, files: int, repeats: in
     rounds = []
     with one_thread(), bench_progress() as progress:
         bar = progress.add_task("loader benchmark", total=repeats * len(loaders) * (len({1, cores}) + 1))
-        for _ in range(repeats):
-            rounds.append(one_round(cfg.training, cores, loaders, lambda: progress.advance(bar)))
+        ended = run_ended(progress, bar)
+        for repeat in range(repeats):
+            rounds.append(one_round(cfg.training, cores, loaders,
+                                    lambda line: ended(f"{line} ({repeat + 1}/{repeats})")))
     result = summarise(rounds, cores, len(split.samples), cfg.training) | {"restart_markers": rewrite}
     print_loader_bench(result)
     write_json(result, json_out)
@@ -111,17 +113,18 @@ def one_thread() -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def one_round(training, cores: int, loaders: list[tuple[str, str, Split]], advance: Callable[[], None]) -> dict:
+def one_round(training, cores: int, loaders: list[tuple[str, str, Split]], ended: Callable[[str], None]) -> dict:
     """Each loader's images/s on 1 core and with `cores` workers, and its seconds per image in each part; `loaders`
-    names each run, its --loader and the images it reads."""
+    names each run, its --loader and the images it reads; `ended` is told each figure as it is measured."""
     rates, parts = {}, {}
     for name, loader, split in loaders:
         dataset = loader_dataset(split, training, loader)
         for used in sorted({1, cores}):  # 1 core: this process alone; more: as many worker processes
-            rates[f"{name}/{used}"] = images_per_sec(dataset, training.batch_size, 0 if used == 1 else used)
-            advance()
+            rate = rates[f"{name}/{used}"] = images_per_sec(dataset, training.batch_size, 0 if used == 1 else used)
+            ended(f"{name}, {used} core{'s' * (used > 1)}: {rate:.0f} images/s, {rate / used:.0f} per core")
         parts[name] = time_parts(dataset, training.batch_size)
-        advance()
+        ended(f"{name}, ms per image on one core: "
+              + ", ".join(f"{part} {parts[name][part] * 1e3:.2f}" for part in PARTS))
     return {"rates": rates, "parts": parts}
 
 
