@@ -573,20 +573,25 @@ def bench_gpu(
     config: ConfigOpt = None, workdir: WorkdirOpt = None,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the figures to this JSON file.")] = None,
     loader: Annotated[list[str], typer.Option(help="Loaders to run on the JPEGs (repeat the option); default: "
-                                                   "every loader of the trainer.")] = [],  # noqa: B006
+                                                   "every loader of the trainer installed here.")] = [],  # noqa: B006
     peak_tflops: Annotated[Optional[float], typer.Option(help="The GPU's peak dense bf16 TFLOP/s, for a GPU that "
                                                              "the MFU table lacks.")] = None,
     repeats: RepeatsOpt = REPEATS,
 ) -> None:
     """ResNet-50 bf16 images/s per GPU, synthetic and real JPEGs through each loader, data-wait share and MFU."""
     from flows.bench.gpu import bench_gpu as run_bench
+    from flows.bench.loader import installed_loaders
+    from trainer.dali import INSTALL
     from trainer.options import LOADERS
 
     if unknown := sorted(set(loader) - set(LOADERS)):
         raise ConfigError(f"--loader {unknown[0]} is not a loader: pass one of {', '.join(LOADERS)}")
+    if missing := sorted(set(loader) - set(installed_loaders())):  # refused before any run, not after the first
+        raise ConfigError(f"--loader {missing[0]} needs NVIDIA DALI, which is not installed here: {INSTALL}, or leave "
+                          "--loader out (every loader installed here)")
     cfg = configure(config, None, workdir, digits_defaults=False)
     with holding(cfg, prefect=False):
-        run_bench(cfg, json_out, tuple(loader) or LOADERS, peak_tflops, repeats)
+        run_bench(cfg, json_out, tuple(loader) or installed_loaders(), peak_tflops, repeats)
 
 
 @bench_app.command("parallel")

@@ -5,6 +5,7 @@ import torch
 from typer.testing import CliRunner
 
 from flows.bench.gpu import gpu_row, mfu, peak_tflops, runs
+from flows.bench.loader import installed_loaders
 from flows.cli import app
 from trainer.metrics import installed_versions
 
@@ -44,6 +45,16 @@ def test_without_a_gpu_bench_gpu_says_so_and_writes_nothing(tmp_path):
     result = CliRunner().invoke(app, ["bench", "gpu", "--workdir", str(tmp_path), "--json", str(tmp_path / "g.json")])
     assert result.exit_code == 2 and "no CUDA GPU here" in result.output and "bench" not in {p.name for p in tmp_path.iterdir()}
     assert not (tmp_path / "g.json").exists()
+
+
+def test_bench_gpu_refuses_dali_where_it_is_not_installed_before_any_run(tmp_path, monkeypatch):
+    # a machine without NVIDIA DALI (the GPU machine measured on had none): asked for, refused before anything runs;
+    # by default the bench runs the loaders installed here
+    monkeypatch.setattr("flows.bench.loader.importlib.util.find_spec", lambda name: None)
+    result = CliRunner().invoke(app, ["bench", "gpu", "--workdir", str(tmp_path), "--loader", "fast", "--loader", "dali"])
+    assert result.exit_code == 2 and "--loader dali needs NVIDIA DALI" in result.output and "trainflow[dali]" in result.output
+    assert not list(tmp_path.iterdir())
+    assert installed_loaders() == ("fast", "pil")
 
 
 def test_bench_gpu_takes_its_rounds_from_repeats_at_least_two(tmp_path):
