@@ -13,9 +13,9 @@ def read_json(path: Path) -> dict:
         return {}
 
 
-def write_json(path: Path, values: dict) -> None:
+def write_json(path: Path, values: dict, indent: int | None = None) -> None:
     """Write `values` to `path` through a temporary file, so a reader never sees half of it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(values))
+    tmp.write_text(json.dumps(values, indent=indent) + "\n" * bool(indent))
     os.replace(tmp, path)

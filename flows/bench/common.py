@@ -1,6 +1,5 @@
 """What every benchmark shares: fresh outputs, timing, repetitions, counting, quiet logs, the JSON file."""
 
-import json
 import os
 import platform
 import statistics
@@ -11,6 +10,7 @@ from typing import Callable
 import psutil
 from rich.progress import Progress, TaskID, TimeElapsedColumn
 
+from infra.jsonfiles import write_json as keep_json
 from infra.trainer import TrainingConfig
 from trainer.metrics import installed_versions, library_versions
 
@@ -82,6 +82,7 @@ def log_quietly(line: str) -> None:
 
 
 def write_json(result: dict, json_out: Path | None) -> None:
-    """The figures as JSON, with the machine they were measured on, when asked for."""
+    """The figures as JSON, with the machine they were measured on, when asked for; written whole (a bench that
+    writes it after every run and is stopped leaves the last whole file)."""
     if json_out:
-        json_out.write_text(json.dumps({**result, "machine": machine()}, indent=2) + "\n")
+        keep_json(json_out, {**result, "machine": machine()}, indent=2)

@@ -9,6 +9,7 @@ run, every figure the median with its min-max. On a machine without a CUDA GPU i
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import torch
@@ -77,6 +78,8 @@ def bench_gpu(cfg: FlowConfig, json_out: Path | None, loaders: tuple[str, ...], 
     root = cfg.workdir.resolve() / "bench" / "gpu"
     plan = runs(loaders, jpeg_crop.library() is not None)
     folders = run_data(root, {data for _, data, _ in plan})
+    head = {"gpu": gpu, "peak_bf16_tflops": peak_tflops(gpu["name"], given_peak),
+            "settings": base.model_dump() | {"repeats": repeats}}
     facts = {label: [] for label, _, _ in plan}
     with bench_progress() as progress:
         bar = progress.add_task("GPU benchmark", total=repeats * len(plan))
@@ -84,19 +87,31 @@ def bench_gpu(cfg: FlowConfig, json_out: Path | None, loaders: tuple[str, ...], 
         for repeat in range(repeats):
             for label, data, settings in plan:
                 progress.update(bar, description=f"{label} ({repeat + 1}/{repeats})")
-                out = root / label.replace(" ", "-").replace(",", "")
-                clear_checkpoints(out)
-                metrics = train_here(base.model_copy(update=settings), folders[data], out, root / "pools",
-                                     lambda line: None)
-                rate, wait = metrics.steady_images_per_sec, max(metrics.data_wait_share or [0.0])
+                started = time.perf_counter()
+                rate, wait = one_run(base.model_copy(update=settings), folders[data], root, label)
                 facts[label].append((rate, wait))
-                ended(f"{label} ({repeat + 1}/{repeats}): {rate:.0f} images/s, data-wait share {wait:.2f}")
-    peak = peak_tflops(gpu["name"], given_peak)
-    result = {"gpu": gpu, "peak_bf16_tflops": peak, "settings": base.model_dump() | {"repeats": repeats},
-              "runs": [gpu_row(label, facts[label], peak) for label, _, _ in plan]}
+                ended(f"{label} ({repeat + 1}/{repeats}): {rate:.0f} images/s, data-wait share {wait:.2f} "
+                      f"(the run took {time.perf_counter() - started:.0f} s)")
+                write_json(head | measured(plan, facts, head, False), json_out)  # a bench stopped later keeps these
+    result = head | measured(plan, facts, head, True)
     print_gpu_bench(result)
     write_json(result, json_out)
     return result
+
+
+def one_run(training, data: str, root: Path, label: str) -> tuple[float, float]:
+    """One training from scratch in the run's folder under `root`: its steady images/s and its largest rank's
+    data-wait share."""
+    out = root / label.replace(" ", "-").replace(",", "")
+    clear_checkpoints(out)
+    metrics = train_here(training, data, out, root / "pools", lambda line: None)
+    return metrics.steady_images_per_sec, max(metrics.data_wait_share or [0.0])
+
+
+def measured(plan: list[tuple[str, str, dict]], facts: dict, head: dict, complete: bool) -> dict:
+    """Whether every round ran, and the figures of each run measured so far."""
+    return {"complete": complete, "runs": [gpu_row(label, facts[label], head["peak_bf16_tflops"])
+                                           for label, _, _ in plan if facts[label]]}
 
 
 def run_data(root: Path, needed: set[str]) -> dict[str, str]:

@@ -4,7 +4,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from flows.bench.gpu import gpu_row, mfu, peak_tflops, runs
+from flows.bench.gpu import gpu_row, measured, mfu, peak_tflops, runs
 from flows.bench.loader import installed_loaders
 from flows.cli import app
 from trainer.metrics import installed_versions
@@ -32,6 +32,15 @@ def test_every_loader_runs_on_the_jpegs_after_synthetic_data_eager_and_compiled(
         ("JPEGs, --loader fast+restarts", "fast+restarts", {"loader": "fast"}),
         ("JPEGs, --loader pil", "jpegs", {"loader": "pil"})]
     assert "fast+restarts" not in {data for _, data, _ in runs(("pil",), restarts=True)}
+
+
+def test_the_json_written_after_each_run_holds_the_runs_measured_so_far():
+    # bench gpu writes its JSON after every run, so a bench stopped by a time limit keeps what it measured
+    plan = runs(("fast",), restarts=False)
+    facts = {label: [] for label, _, _ in plan} | {"synthetic, --compile off": [(3843.0, 0.0)]}
+    part = measured(plan, facts, {"peak_bf16_tflops": 989.4}, complete=False)
+    assert part["complete"] is False and [row["run"] for row in part["runs"]] == ["synthetic, --compile off"]
+    assert part["runs"][0]["images_per_sec"]["all"] == [3843.0] and part["runs"][0]["mfu"]["median"] == mfu(3843.0, 989.4)
 
 
 def test_a_row_has_the_spread_of_each_figure():
