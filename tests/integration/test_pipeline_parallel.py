@@ -96,18 +96,21 @@ def test_a_checkpoint_resumes_with_any_layout(tmp_path):
 
 def test_stages_of_a_large_model_need_a_share_of_a_data_parallel_worker_s_memory(tmp_path):
     """wide_resnet101_2 (126.9M parameters: fp32 parameters, gradients and momentum 1.5 GB) at 32 px, 2 steps, the
-    same global batch, against the smallest data-parallel worker: the largest of 2 stages needs at most 0.6 of its
+    same global batch, against the smallest data-parallel worker: the largest of 2 stages needs at most 0.75 of its
     whole resident set, and the memory training added (the peak above the resident set before the model was built,
-    the CPU's counterpart of CUDA's allocated memory) is at most 0.6 of the worker's for 2 stages, 0.35 for 4."""
+    the CPU's counterpart of CUDA's allocated memory) is at most 0.65 of the worker's for 2 stages, 0.4 for 4.
+    Measured on 2026-11-26: 0.71, 0.58 and 0.34. (The bounds were 0.6, 0.6 and 0.35 while the DDP worker also kept
+    a bucket copy of its gradients, 0.5 GB more: DDP now all-reduces the gradients where they lie, README "Pipeline
+    parallelism".)"""
     big = {**TINY, "model": "wide_resnet101_2", "num_classes": 10, "epochs": 1, "steps_per_epoch": 2, "balance": "params"}
     data = train_locally(TrainingConfig(workers=2, **{**big, "batch_size": 8}), "synthetic", tmp_path / "data",
                          lambda line: None)
     two, four = (train_locally(TrainingConfig(workers=stages, parallel="pipeline", stages=stages, microbatches=stages,
                                               **big), "synthetic", tmp_path / f"piped{stages}", lambda line: None)
                  for stages in (2, 4))
-    assert max(two["peak_memory_mb"]) <= 0.6 * min(data["peak_memory_mb"])
-    assert max(two["training_memory_mb"]) <= 0.6 * min(data["training_memory_mb"])
-    assert max(four["training_memory_mb"]) <= 0.35 * min(data["training_memory_mb"])
+    assert max(two["peak_memory_mb"]) <= 0.75 * min(data["peak_memory_mb"])
+    assert max(two["training_memory_mb"]) <= 0.65 * min(data["training_memory_mb"])
+    assert max(four["training_memory_mb"]) <= 0.4 * min(data["training_memory_mb"])
     assert max(two["parameters_per_rank"]) <= 0.51 * sum(two["parameters_per_rank"])
     assert 0 < min(four["training_memory_mb"]) < min(four["peak_memory_mb"])
 
