@@ -78,8 +78,8 @@ def bench_gpu(cfg: FlowConfig, json_out: Path | None, loaders: tuple[str, ...], 
     root = cfg.workdir.resolve() / "bench" / "gpu"
     plan = runs(loaders, jpeg_crop.library() is not None)
     folders = run_data(root, {data for _, data, _ in plan})
-    head = {"gpu": gpu, "peak_bf16_tflops": peak_tflops(gpu["name"], given_peak),
-            "settings": base.model_dump() | {"repeats": repeats}}
+    peak = peak_tflops(gpu["name"], given_peak)
+    head = {"gpu": gpu, "peak_bf16_tflops": peak, "settings": base.model_dump() | {"repeats": repeats}}
     facts = {label: [] for label, _, _ in plan}
     with bench_progress() as progress:
         bar = progress.add_task("GPU benchmark", total=repeats * len(plan))
@@ -92,8 +92,8 @@ def bench_gpu(cfg: FlowConfig, json_out: Path | None, loaders: tuple[str, ...], 
                 facts[label].append((rate, wait))
                 ended(f"{label} ({repeat + 1}/{repeats}): {rate:.0f} images/s, data-wait share {wait:.2f} "
                       f"(the run took {time.perf_counter() - started:.0f} s)")
-                write_json(head | measured(plan, facts, head, False), json_out)  # a bench stopped later keeps these
-    result = head | measured(plan, facts, head, True)
+                write_json(head | measured(plan, facts, peak, False), json_out)  # a bench stopped later keeps these
+    result = head | measured(plan, facts, peak, True)
     print_gpu_bench(result)
     write_json(result, json_out)
     return result
@@ -108,10 +108,9 @@ def one_run(training, data: str, root: Path, label: str) -> tuple[float, float]:
     return metrics.steady_images_per_sec, max(metrics.data_wait_share or [0.0])
 
 
-def measured(plan: list[tuple[str, str, dict]], facts: dict, head: dict, complete: bool) -> dict:
+def measured(plan: list[tuple[str, str, dict]], facts: dict, peak: float | None, complete: bool) -> dict:
     """Whether every round ran, and the figures of each run measured so far."""
-    return {"complete": complete, "runs": [gpu_row(label, facts[label], head["peak_bf16_tflops"])
-                                           for label, _, _ in plan if facts[label]]}
+    return {"complete": complete, "runs": [gpu_row(label, facts[label], peak) for label, _, _ in plan if facts[label]]}
 
 
 def run_data(root: Path, needed: set[str]) -> dict[str, str]:

@@ -38,7 +38,7 @@ def test_the_json_written_after_each_run_holds_the_runs_measured_so_far():
     # bench gpu writes its JSON after every run, so a bench stopped by a time limit keeps what it measured
     plan = runs(("fast",), restarts=False)
     facts = {label: [] for label, _, _ in plan} | {"synthetic, --compile off": [(3843.0, 0.0)]}
-    part = measured(plan, facts, {"peak_bf16_tflops": 989.4}, complete=False)
+    part = measured(plan, facts, 989.4, complete=False)
     assert part["complete"] is False and [row["run"] for row in part["runs"]] == ["synthetic, --compile off"]
     assert part["runs"][0]["images_per_sec"]["all"] == [3843.0] and part["runs"][0]["mfu"]["median"] == mfu(3843.0, 989.4)
 
