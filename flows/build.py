@@ -4,7 +4,7 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
 from flows.config import FlowConfig
-from infra.build_context import wheel_cache
+from infra.images.build_context import wheel_cache
 from tasks.build_image import build_image_task
 
 
@@ -13,8 +13,16 @@ def build_image(cfg: FlowConfig) -> dict:
     """Build and push the configured training image; returns its reference (name@digest once pushed)."""
     result = build_image_task(cfg.image, cfg.workdir, wheel_cache())
     done = "built" if result["built"] else "reused (unchanged context)"
-    sent = "pushed" if result["pushed"] else ("already in the registry" if result["digest"] else "not pushed (no registry)")
-    create_markdown_artifact(key="training-image", markdown=(
-        f"# Training image\n\n`{result['image']}`\n\n- tag (content hash): `{result['tag']}`\n- {done}, {sent}\n"
-        f"- {result['seconds']} s\n"))
+    sent = (
+        "pushed"
+        if result["pushed"]
+        else ("already in the registry" if result["digest"] else "not pushed (no registry)")
+    )
+    create_markdown_artifact(
+        key="training-image",
+        markdown=(
+            f"# Training image\n\n`{result['image']}`\n\n- tag (content hash): `{result['tag']}`\n- {done}, {sent}\n"
+            f"- {result['seconds']} s\n"
+        ),
+    )
     return result

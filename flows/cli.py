@@ -7,10 +7,11 @@ import os
 import shlex
 import subprocess
 import sys
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Iterator, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -18,21 +19,24 @@ from rich.console import Console
 from flows.config import LOCAL_DATA_FREE, ConfigError, FlowConfig, load_config, smoke_config
 from flows.interrupts import EXIT_INTERRUPTED, interrupted_line, stop_on_interrupt
 from flows.preflight import check_access
-from infra.backends import check_fits
-from infra.backends.process import train_here
-from infra.errors import exit_code
-from infra.ledger import check_budget
-from infra.manifest import check_names, relative_paths
-from infra.redact import RedactSecrets, redact
-from infra.sample_data import write_digits
-from infra.services import port_open
-from infra.tracking import UI_PORT, local_ui, store_folder, store_uri, ui_command
-from infra.trainer import SYNTHETIC, TrainingMetrics
-from infra.workdir import check_workdir, command_line, workdir_lock
+from infra.compute import check_fits
+from infra.compute.process import train_here
+from infra.core.errors import exit_code
+from infra.core.redact import RedactSecrets, redact
+from infra.data.manifest import check_names, relative_paths
+from infra.data.sample_data import write_digits
+from infra.engines.contract import SYNTHETIC, TrainingMetrics
+from infra.runs.ledger import check_budget
+from infra.runs.tracking import UI_PORT, local_ui, store_folder, store_uri, ui_command
+from infra.runs.workdir import check_workdir, command_line, workdir_lock
+from infra.services.supervise import port_open
 
-app = typer.Typer(help="Training of image classifiers on a cluster, end to end: data-parallel or pipeline-parallel.",
-                  no_args_is_help=True,
-                  pretty_exceptions_enable=False, add_completion=False)
+app = typer.Typer(
+    help="Training of image classifiers on a cluster, end to end: data-parallel or pipeline-parallel.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
 data_app = typer.Typer(help="Small real data sets, written to disk.", no_args_is_help=True)
 bench_app = typer.Typer(help="Benchmarks that print numbers.", no_args_is_help=True)
 app.add_typer(data_app, name="data")
@@ -41,11 +45,13 @@ runs_app = typer.Typer(help="Past runs under the workdir: accuracy, time, cost, 
 app.add_typer(runs_app, name="runs")
 err = Console(stderr=True, highlight=False)
 
-ConfigOpt = Annotated[Optional[Path], typer.Option("--config", help="YAML config file (see flows/configs/).")]
-DataOpt = Annotated[Optional[str], typer.Option("--data", help="ImageNet-layout folder or 'synthetic'; default: the digits set.")]
-WorkdirOpt = Annotated[Optional[Path], typer.Option("--workdir", help="Root of all local state (default .trainflow).")]
+ConfigOpt = Annotated[Path | None, typer.Option("--config", help="YAML config file (see flows/configs/).")]
+DataOpt = Annotated[
+    str | None, typer.Option("--data", help="ImageNet-layout folder or 'synthetic'; default: the digits set.")
+]
+WorkdirOpt = Annotated[Path | None, typer.Option("--workdir", help="Root of all local state (default .trainflow).")]
 RepeatsOpt = Annotated[int, typer.Option(min=2, help="Rounds of every configuration (figures: median, min-max).")]
-REPEATS = 3  # flows.bench.common.REPEATS, not imported here: flows.bench imports torch, which the CLI loads lazily
+REPEATS = 3  # benchmarks.common.REPEATS, not imported here: benchmarks imports torch, which the CLI loads lazily
 
 
 def friendly_errors(command):
@@ -71,17 +77,26 @@ def friendly_errors(command):
 
 
 def say(line: str) -> None:
-    """A line for the user on stderr, secrets masked (the one redaction point, infra/redact.py)."""
+    """A line for the user on stderr, secrets masked (the one redaction point, infra/core/redact.py)."""
     err.print(redact(line), markup=False, soft_wrap=True)
 
 
-def configure(config: Path | None, data: str | None, workdir: Path | None, training: dict | None = None,
-              digits_defaults: bool = True, **sections: dict) -> FlowConfig:
+def configure(
+    config: Path | None,
+    data: str | None,
+    workdir: Path | None,
+    training: dict | None = None,
+    digits_defaults: bool = True,
+    **sections: dict,
+) -> FlowConfig:
     """The validated config (file, environment, then these command-line overrides) with its workdir absolute and
     usable and, when no data is named, the training defaults that fit the digits set (`digits_defaults`). Every
     command reads its config here."""
-    cfg = load_config(config, {"data": data, "workdir": workdir, "training": training or {}, **sections},
-                      digits_defaults=digits_defaults)
+    cfg = load_config(
+        config,
+        {"data": data, "workdir": workdir, "training": training or {}, **sections},
+        digits_defaults=digits_defaults,
+    )
     return cfg.model_copy(update={"workdir": check_workdir(cfg.workdir).resolve()})
 
 
@@ -97,8 +112,9 @@ def digits_at(dest: Path) -> Path:
     try:
         return write_digits(dest.resolve())
     except OSError as exc:
-        raise ConfigError(f"cannot write the digits set to {dest} ({exc.strerror}); "
-                          "pass a writable --workdir or --data") from None
+        raise ConfigError(
+            f"cannot write the digits set to {dest} ({exc.strerror}); pass a writable --workdir or --data"
+        ) from None
 
 
 def check_data_names(cfg: FlowConfig) -> None:
@@ -115,24 +131,35 @@ def echo_line(line: str) -> None:
 @app.command()
 @friendly_errors
 def train(
-    config: ConfigOpt = None, data: DataOpt = None, workdir: WorkdirOpt = None,
-    workers: Annotated[Optional[int], typer.Option(help="Training processes.")] = None,
-    launcher: Annotated[Optional[str], typer.Option(help="torchrun or horovodrun.")] = None,
-    out: Annotated[Optional[Path], typer.Option(help="Results folder; a folder with checkpoints is resumed.")] = None,
-    model: Annotated[Optional[str], typer.Option(help="torchvision model name.")] = None,
-    epochs: Annotated[Optional[int], typer.Option()] = None,
-    batch_size: Annotated[Optional[int], typer.Option(help="Images per worker per step.")] = None,
-    parallel: Annotated[Optional[str], typer.Option(help="data, or pipeline (the model split into --stages).")] = None,
-    stages: Annotated[Optional[int], typer.Option(help="Pipeline stages (--parallel pipeline).")] = None,
-    microbatches: Annotated[Optional[int], typer.Option(help="Micro-batches per step.")] = None,
-    device: Annotated[Optional[str], typer.Option(help="auto, cpu or cuda.")] = None,
-    precision: Annotated[Optional[str], typer.Option(help="auto, bf16 or fp32.")] = None,
+    config: ConfigOpt = None,
+    data: DataOpt = None,
+    workdir: WorkdirOpt = None,
+    workers: Annotated[int | None, typer.Option(help="Training processes.")] = None,
+    launcher: Annotated[str | None, typer.Option(help="torchrun or horovodrun.")] = None,
+    out: Annotated[Path | None, typer.Option(help="Results folder; a folder with checkpoints is resumed.")] = None,
+    model: Annotated[str | None, typer.Option(help="torchvision model name.")] = None,
+    epochs: Annotated[int | None, typer.Option()] = None,
+    batch_size: Annotated[int | None, typer.Option(help="Images per worker per step.")] = None,
+    parallel: Annotated[str | None, typer.Option(help="data, or pipeline (the model split into --stages).")] = None,
+    stages: Annotated[int | None, typer.Option(help="Pipeline stages (--parallel pipeline).")] = None,
+    microbatches: Annotated[int | None, typer.Option(help="Micro-batches per step.")] = None,
+    device: Annotated[str | None, typer.Option(help="auto, cpu or cuda.")] = None,
+    precision: Annotated[str | None, typer.Option(help="auto, bf16 or fp32.")] = None,
 ) -> None:
     """Train on this machine with N local workers (the process backend, as `trainflow run` does) and print the
     results folder. Every other trainer option is a `training:` setting of --config."""
-    overrides = {"workers": workers, "launcher": launcher, "model": model, "epochs": epochs, "batch_size": batch_size,
-                 "parallel": parallel, "stages": stages, "microbatches": microbatches, "device": device,
-                 "precision": precision}
+    overrides = {
+        "workers": workers,
+        "launcher": launcher,
+        "model": model,
+        "epochs": epochs,
+        "batch_size": batch_size,
+        "parallel": parallel,
+        "stages": stages,
+        "microbatches": microbatches,
+        "device": device,
+        "precision": precision,
+    }
     cfg = configure(config, data, workdir, overrides)
     cfg = with_data(cfg)
     given = out
@@ -152,7 +179,8 @@ def print_summary(metrics: TrainingMetrics, out: Path) -> None:
     Console(highlight=False).print(
         f"\n[bold]{metrics.model}[/] on {metrics.world_size} workers ({metrics.backend}): "
         f"val top-1 {accuracy}, {metrics.images_per_sec or 0:.1f} images/s, {metrics.wall_seconds:.0f} s\n"
-        f"results: {out}", soft_wrap=True
+        f"results: {out}",
+        soft_wrap=True,
     )
 
 
@@ -166,28 +194,37 @@ def stage(config: ConfigOpt = None, data: DataOpt = None, workdir: WorkdirOpt = 
     cfg = with_data(cfg)
     with holding(cfg):
         from flows.stage import stage_data
-        from infra.transfers import print_summary_table
+        from infra.storage.transfers import print_summary_table
 
         result = stage_data(cfg)
-    print_summary_table([{k: v for k, v in result[step].items() if k not in ("path", "plan")}
-                         for step in ("scripts", "upload", "sync")])
+    print_summary_table(
+        [{k: v for k, v in result[step].items() if k not in ("path", "plan")} for step in ("scripts", "upload", "sync")]
+    )
     print(f"file server copy of {result['dataset']}: {result['sync']['path']}")
 
 
 @app.command()
 @friendly_errors
-def run(config: ConfigOpt = None, data: DataOpt = None, workdir: WorkdirOpt = None,
-        dry_run: Annotated[bool, typer.Option("--dry-run", help="Print what each step would do or skip; change nothing.")] = False,
-        ) -> None:
+def run(
+    config: ConfigOpt = None,
+    data: DataOpt = None,
+    workdir: WorkdirOpt = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print what each step would do or skip; change nothing.")
+    ] = False,
+) -> None:
     """The whole flow: build, stage, pool, train, collect; prints the summary."""
     run_flow(configure(config, data, workdir), dry_run)
 
 
 @app.command()
 @friendly_errors
-def smoke(config: ConfigOpt = None, data: DataOpt = None, workdir: WorkdirOpt = None,
-          dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan and specs; change nothing.")] = False,
-          ) -> None:
+def smoke(
+    config: ConfigOpt = None,
+    data: DataOpt = None,
+    workdir: WorkdirOpt = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan and specs; change nothing.")] = False,
+) -> None:
     """The flow on 1 node x 1 worker for about a minute (synthetic data unless --data): checks a deployment."""
     run_flow(smoke_config(configure(config, data or SYNTHETIC, workdir)), dry_run)
 
@@ -211,7 +248,7 @@ def print_plan(cfg: FlowConfig) -> None:
     """The dry run: each step's decision as a table, then what the backend would send its service (as YAML).
     Nothing is written, not even the digits set."""
     from flows.plan import dry_run
-    from infra.transfers import print_summary_table
+    from infra.storage.transfers import print_summary_table
 
     check_data_names(cfg)
     rows, specs = dry_run(cfg)
@@ -233,23 +270,31 @@ def with_data(cfg: FlowConfig) -> FlowConfig:
 @app.command()
 @friendly_errors
 def deploy(
-    config: ConfigOpt = None, data: DataOpt = None, workdir: WorkdirOpt = None,
+    config: ConfigOpt = None,
+    data: DataOpt = None,
+    workdir: WorkdirOpt = None,
     name: Annotated[str, typer.Option(help="Deployment name.")] = "scheduled",
-    cron: Annotated[Optional[str], typer.Option(help="Cron schedule, e.g. '0 2 * * *'; none: manual runs only.")] = None,
-    serve: Annotated[bool, typer.Option("--serve", help="Keep serving the deployment here (runs execute in this process).")] = False,
+    cron: Annotated[str | None, typer.Option(help="Cron schedule, e.g. '0 2 * * *'; none: manual runs only.")] = None,
+    serve: Annotated[
+        bool, typer.Option("--serve", help="Keep serving the deployment here (runs execute in this process).")
+    ] = False,
 ) -> None:
     """Create a deployment of the flow with the config as its parameters and an optional cron schedule."""
     cfg = configure(config, data, workdir)
     if cron and not cron_valid(cron):
-        raise ConfigError(f"--cron {cron!r} is not a cron expression such as '0 2 * * *' (minute hour day month weekday)")
+        raise ConfigError(
+            f"--cron {cron!r} is not a cron expression such as '0 2 * * *' (minute hour day month weekday)"
+        )
     cfg = with_data(cfg)
     check_access(cfg)
     with prefect_api(cfg.workdir):
         from flows.deploy import deploy_flow
 
         deployment_id = deploy_flow(cfg, name, cron, serve)
-    print(f"deployment train-flow/{name} ({deployment_id}); run it with "
-          f"`prefect deployment run 'train-flow/{name}'` or from the UI (`trainflow ui`)")
+    print(
+        f"deployment train-flow/{name} ({deployment_id}); run it with "
+        f"`prefect deployment run 'train-flow/{name}'` or from the UI (`trainflow ui`)"
+    )
 
 
 def cron_valid(expression: str) -> bool:
@@ -275,13 +320,21 @@ def ui(
     check_port_free(port, "another Prefect server or UI?")
     home = cfg.workdir / "prefect"
     home.mkdir(parents=True, exist_ok=True)
-    print(f"Prefect UI at http://127.0.0.1:{port}  (for trainflow run/deploy against it: "
-          f"export PREFECT_API_URL=http://127.0.0.1:{port}/api)", flush=True)
+    print(
+        f"Prefect UI at http://127.0.0.1:{port}  (for trainflow run/deploy against it: "
+        f"export PREFECT_API_URL=http://127.0.0.1:{port}/api)",
+        flush=True,
+    )
     # The UI asks /ui-settings where the API is; Prefect answers PREFECT_API_URL, else its default port 4200, so
     # with --port alone every page said "Can't connect to Server API". A PREFECT_UI_API_URL of the user's (a proxy) wins.
-    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-           "PREFECT_SERVER_API_HOST": "127.0.0.1", "PREFECT_SERVER_API_PORT": str(port),
-           "PREFECT_UI_API_URL": os.environ.get("PREFECT_UI_API_URL") or f"http://127.0.0.1:{port}/api"}
+    env = {
+        **os.environ,
+        "PREFECT_HOME": str(home),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_SERVER_API_HOST": "127.0.0.1",
+        "PREFECT_SERVER_API_PORT": str(port),
+        "PREFECT_UI_API_URL": os.environ.get("PREFECT_UI_API_URL") or f"http://127.0.0.1:{port}/api",
+    }
     prefect = str(Path(sys.executable).parent / "prefect")
     serve([prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port)], env, "Prefect server")
 
@@ -289,7 +342,8 @@ def ui(
 @app.command("mlflow-ui")
 @friendly_errors
 def mlflow_ui(
-    config: ConfigOpt = None, workdir: WorkdirOpt = None,
+    config: ConfigOpt = None,
+    workdir: WorkdirOpt = None,
     port: Annotated[int, typer.Option(help="Port of MLflow's UI.")] = UI_PORT,
 ) -> None:
     """Start MLflow's UI on this machine over the runs' tracking store (tracking.uri, else the workdir's SQLite
@@ -305,8 +359,9 @@ def mlflow_ui(
 def check_port_free(port: int, guess: str) -> None:
     """Refuse a port that something already serves on."""
     if port_open(port):
-        raise ConfigError(f"port {port} is in use ({guess}); pass --port N, or open the one running at "
-                          f"http://127.0.0.1:{port}")
+        raise ConfigError(
+            f"port {port} is in use ({guess}); pass --port N, or open the one running at http://127.0.0.1:{port}"
+        )
 
 
 def serve(command: list[str], env: dict[str, str], name: str) -> None:
@@ -320,9 +375,10 @@ def serve(command: list[str], env: dict[str, str], name: str) -> None:
 @app.command()
 @friendly_errors
 def build(
-    config: ConfigOpt = None, workdir: WorkdirOpt = None,
-    flavour: Annotated[Optional[str], typer.Option(help="cpu (local pools) or gpu (CUDA, NCCL, MPI).")] = None,
-    registry: Annotated[Optional[str], typer.Option(help="Registry host[:port] to push to.")] = None,
+    config: ConfigOpt = None,
+    workdir: WorkdirOpt = None,
+    flavour: Annotated[str | None, typer.Option(help="cpu (local pools) or gpu (CUDA, NCCL, MPI).")] = None,
+    registry: Annotated[str | None, typer.Option(help="Registry host[:port] to push to.")] = None,
 ) -> None:
     """Build the training image as a Prefect flow, tagged by content, push it, and print its reference."""
     cfg = configure(config, None, workdir, digits_defaults=False, image={"flavour": flavour, "registry": registry})
@@ -348,7 +404,7 @@ def holding(cfg: FlowConfig, prefect: bool = True) -> Iterator[None]:
 def prefect_api(workdir: Path) -> Iterator[None]:
     """Prefect's API for the command: the server PREFECT_API_URL names, else Prefect's server started here (its
     state under the workdir) in a session of its own, so that an interrupt reaches it only after the flow has
-    recorded how it ended (infra/prefect_server.py).
+    recorded how it ended (infra/services/prefect_server.py).
 
     Prefect reads its settings when it is first imported, so nothing this module imports at its top
     may import Prefect (a test checks)."""
@@ -356,9 +412,11 @@ def prefect_api(workdir: Path) -> Iterator[None]:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     with ExitStack() as stack:
         if not os.environ.get("PREFECT_API_URL"):
-            from infra.prefect_server import running_prefect_server
+            from infra.services.prefect_server import running_prefect_server
 
-            os.environ["PREFECT_API_URL"] = stack.enter_context(running_prefect_server(Path(os.environ["PREFECT_HOME"])))
+            os.environ["PREFECT_API_URL"] = stack.enter_context(
+                running_prefect_server(Path(os.environ["PREFECT_HOME"]))
+            )
             stack.callback(send_what_prefect_holds)  # before the server stops (callbacks run last first)
         import prefect.main  # noqa: F401 - sets up Prefect's logging (lazily imported otherwise), adjusted below
 
@@ -400,11 +458,13 @@ def imagenet_shaped(
     classes: Annotated[int, typer.Option(help="Class folders, named like ImageNet's (n01440764, ...).")] = 1000,
     per_class: Annotated[int, typer.Option(help="Training images per class.")] = 1281,
     val_per_class: Annotated[int, typer.Option(help="Validation images per class (0: no val/ folder).")] = 50,
-    config: ConfigOpt = None, data: DataOpt = None, workdir: WorkdirOpt = None,
+    config: ConfigOpt = None,
+    data: DataOpt = None,
+    workdir: WorkdirOpt = None,
 ) -> None:
     """Write an ImageNet-shaped set of small, distinct JPEGs (default: ImageNet-1k's shape, 1,331,000 files, about
     5.5 GB on disk) to --data, or under the workdir; one already there with the same shape is kept."""
-    from infra.sample_data import ImagenetShape, write_imagenet_shaped
+    from infra.data.sample_data import ImagenetShape, write_imagenet_shaped
 
     shape = ImagenetShape(classes, per_class, val_per_class)
     shape.check()  # before anything is created
@@ -413,8 +473,9 @@ def imagenet_shaped(
     try:
         done = write_imagenet_shaped(dest, *shape)
     except OSError as exc:
-        raise ConfigError(f"cannot write the ImageNet-shaped set to {dest} ({exc.strerror}); "
-                          "pass a writable --workdir or --data") from None
+        raise ConfigError(
+            f"cannot write the ImageNet-shaped set to {dest} ({exc.strerror}); pass a writable --workdir or --data"
+        ) from None
     size = f"{done['files']:,} files, {done['bytes'] / 1e6:,.2f} MB"
     if done["kept"]:
         print(f"kept {dest}: {size}, written before with this shape (delete it to write it again)")
@@ -425,31 +486,36 @@ def imagenet_shaped(
 @data_app.command("add-restart-markers")
 @friendly_errors
 def add_restart_markers(
-    config: ConfigOpt = None, data: DataOpt = None, workdir: WorkdirOpt = None,
-    workers: Annotated[Optional[int], typer.Option(min=1, help="Processes (default: one per core).")] = None,
+    config: ConfigOpt = None,
+    data: DataOpt = None,
+    workdir: WorkdirOpt = None,
+    workers: Annotated[int | None, typer.Option(min=1, help="Processes (default: one per core).")] = None,
 ) -> None:
     """Rewrite the training JPEGs of --data in place with a restart marker after every MCU: lossless (each checked to
     decode to the same pixels), so the fast loader decodes only each random crop's MCUs. Run once before staging;
     a second run rewrites only what the first did not reach."""
-    from infra.restart_markers import add_restart_markers as rewrite
+    from infra.data.restart_markers import add_restart_markers as rewrite
 
     cfg = configure(config, data, workdir, digits_defaults=False)
     if not cfg.data or cfg.data in LOCAL_DATA_FREE:
-        raise ConfigError("add-restart-markers needs --data DIR: the ImageNet-layout folder whose train/ JPEGs to "
-                          "rewrite")
+        raise ConfigError(
+            "add-restart-markers needs --data DIR: the ImageNet-layout folder whose train/ JPEGs to rewrite"
+        )
     done = rewrite(Path(cfg.data).resolve(), workers)
     print_restarts_summary(done)
 
 
 def print_restarts_summary(done: dict) -> None:
     """What add-restart-markers did: counts, sizes, time; the JPEGs left as they were (the first 20), with why."""
-    from infra.restart_markers import ALREADY, LEFT, NOT_JPEG, REWRITTEN
+    from infra.data.restart_markers import ALREADY, LEFT, NOT_JPEG, REWRITTEN
 
     seconds = max(done["seconds"], 1e-9)
-    print(f"{done['folder']}/train: {done['files']:,} images in {seconds:.1f} s ({done['files'] / seconds:,.0f} "
-          f"files/s): {done[REWRITTEN]:,} {REWRITTEN}, {done[ALREADY]:,} {ALREADY}, {done[LEFT]:,} JPEGs "
-          f"{LEFT}, {done[NOT_JPEG]:,} {NOT_JPEG}; {done['bytes_before'] / 1e6:,.1f} MB -> "
-          f"{done['bytes_after'] / 1e6:,.1f} MB")
+    print(
+        f"{done['folder']}/train: {done['files']:,} images in {seconds:.1f} s ({done['files'] / seconds:,.0f} "
+        f"files/s): {done[REWRITTEN]:,} {REWRITTEN}, {done[ALREADY]:,} {ALREADY}, {done[LEFT]:,} JPEGs "
+        f"{LEFT}, {done[NOT_JPEG]:,} {NOT_JPEG}; {done['bytes_before'] / 1e6:,.1f} MB -> "
+        f"{done['bytes_after'] / 1e6:,.1f} MB"
+    )
     if done["files"] == done[NOT_JPEG]:
         print("  no JPEGs to rewrite: the fast loader's partial decoding is for JPEGs")
     if done["leftovers_removed"]:
@@ -463,14 +529,17 @@ def print_restarts_summary(done: dict) -> None:
 @bench_app.command("train")
 @friendly_errors
 def bench_train(
-    config: ConfigOpt = None, data: DataOpt = None, workdir: WorkdirOpt = None,
-    json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the figures to this JSON file.")] = None,
-    launcher: Annotated[list[str], typer.Option(help="Launchers to compare: horovodrun, torchrun (repeat the "
-                                                     "option).")] = ["horovodrun", "torchrun"],  # noqa: B006
+    config: ConfigOpt = None,
+    data: DataOpt = None,
+    workdir: WorkdirOpt = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Also write the figures to this JSON file.")] = None,
+    launcher: Annotated[
+        list[str], typer.Option(help="Launchers to compare: horovodrun, torchrun (repeat the option).")
+    ] = ["horovodrun", "torchrun"],  # noqa: B006
     repeats: RepeatsOpt = REPEATS,
 ) -> None:
     """Throughput with 1 and 2 workers under Horovod and DDP, and the scaling efficiency."""
-    from flows.bench.training import bench_training
+    from benchmarks.training import bench_training
 
     bench_training(configure(config, data, workdir, digits_defaults=False), json_out, tuple(launcher), repeats)
 
@@ -478,8 +547,10 @@ def bench_train(
 @bench_app.command("staging")
 @friendly_errors
 def bench_staging(
-    config: ConfigOpt = None, data: DataOpt = None, workdir: WorkdirOpt = None,
-    json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the figures to this JSON file.")] = None,
+    config: ConfigOpt = None,
+    data: DataOpt = None,
+    workdir: WorkdirOpt = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Also write the figures to this JSON file.")] = None,
     files: Annotated[int, typer.Option(min=1, help="Images in the generated ImageNet-like folder.")] = 5000,
     classes: Annotated[int, typer.Option(min=1, help="Classes in it.")] = 100,
 ) -> None:
@@ -487,7 +558,7 @@ def bench_staging(
 
     Stages --data if given, else an ImageNet-like folder of --files JPEGs of about 110 KB.
     """
-    from flows.bench.staging import bench_staging as run_bench
+    from benchmarks.staging import bench_staging as run_bench
 
     cfg = configure(config, data, workdir, digits_defaults=False)
     with holding(cfg, prefect=False):
@@ -497,8 +568,10 @@ def bench_staging(
 @bench_app.command("loader")
 @friendly_errors
 def bench_loader(
-    config: ConfigOpt = None, data: DataOpt = None, workdir: WorkdirOpt = None,
-    json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the figures to this JSON file.")] = None,
+    config: ConfigOpt = None,
+    data: DataOpt = None,
+    workdir: WorkdirOpt = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Also write the figures to this JSON file.")] = None,
     files: Annotated[int, typer.Option(min=1, help="JPEGs in the generated ImageNet-like folder.")] = 512,
     repeats: RepeatsOpt = REPEATS,
 ) -> None:
@@ -506,7 +579,7 @@ def bench_loader(
 
     Reads --data's train/ if given, else --files JPEGs shaped like ImageNet's (500x375, quality 90, about 110 KB).
     """
-    from flows.bench.loader import bench_loader as run_bench
+    from benchmarks.loader import bench_loader as run_bench
 
     cfg = configure(config, data, workdir, digits_defaults=False)
     with holding(cfg, prefect=False):
@@ -516,15 +589,18 @@ def bench_loader(
 @bench_app.command("scale")
 @friendly_errors
 def bench_scale(
-    config: ConfigOpt = None, workdir: WorkdirOpt = None,
-    json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the figures to this JSON file.")] = None,
-    files: Annotated[list[int], typer.Option(min=100, help="Data set sizes (repeat the option); ImageNet is 1331167.")] = [10_000, 100_000],  # noqa: B006
+    config: ConfigOpt = None,
+    workdir: WorkdirOpt = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Also write the figures to this JSON file.")] = None,
+    files: Annotated[
+        list[int], typer.Option(min=100, help="Data set sizes (repeat the option); ImageNet is 1331167.")
+    ] = [10_000, 100_000],  # noqa: B006
 ) -> None:
     """Staging and training start-up as the data set grows: wall time, time per file and peak RSS of every stage.
 
     Each size is an ImageNet-shaped folder of small JPEGs (`trainflow data imagenet-shaped`), kept under the workdir.
     """
-    from flows.bench.scale import bench_scale as run_bench
+    from benchmarks.scale import bench_scale as run_bench
 
     cfg = configure(config, None, workdir, digits_defaults=False)
     with holding(cfg, prefect=False):
@@ -534,13 +610,14 @@ def bench_scale(
 @bench_app.command("images")
 @friendly_errors
 def bench_images(
-    config: ConfigOpt = None, workdir: WorkdirOpt = None,
-    json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the figures to this JSON file.")] = None,
+    config: ConfigOpt = None,
+    workdir: WorkdirOpt = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Also write the figures to this JSON file.")] = None,
     rounds: Annotated[int, typer.Option(min=1, help="Rounds of the unchanged rebuild, both ways.")] = 3,
     cold: Annotated[bool, typer.Option(help="Build the first image without the engine's layer cache.")] = False,
 ) -> None:
     """Training image: an unchanged rebuild and push against `docker build` (layer cache) + `docker push`, repeated."""
-    from flows.bench.images import bench_images as run_bench
+    from benchmarks.images import bench_images as run_bench
 
     cfg = configure(config, None, workdir, digits_defaults=False)
     with holding(cfg, prefect=False):
@@ -550,15 +627,23 @@ def bench_images(
 @bench_app.command("all")
 @friendly_errors
 def bench_all(
-    config: ConfigOpt = None, workdir: WorkdirOpt = None,
-    json_out: Annotated[Optional[Path], typer.Option("--json", help="The figures' JSON; the report (.md) and its "
-                                                                    "plots (.svg) go beside it. Default: "
-                                                                    "WORKDIR/bench/all.json.")] = None,
+    config: ConfigOpt = None,
+    workdir: WorkdirOpt = None,
+    json_out: Annotated[
+        Path | None,
+        typer.Option(
+            "--json",
+            help="The figures' JSON; the report (.md) and its "
+            "plots (.svg) go beside it. Default: "
+            "WORKDIR/bench/all.json.",
+        ),
+    ] = None,
     only: Annotated[list[str], typer.Option(help="Run only these benchmarks (repeat the option).")] = [],  # noqa: B006
     size: Annotated[str, typer.Option(help="small (minutes each) or tiny (the size of their tests).")] = "small",
 ) -> None:
     """Every benchmark at a small size, one JSON and one markdown report with a plot per benchmark."""
-    from flows.bench.suite import SIZES, bench_all as run_bench
+    from benchmarks.suite import SIZES
+    from benchmarks.suite import bench_all as run_bench
 
     if size not in SIZES:
         raise ConfigError(f"--size {size} is not a size: pass {' or '.join(SIZES)}")
@@ -570,25 +655,33 @@ def bench_all(
 @bench_app.command("gpu")
 @friendly_errors
 def bench_gpu(
-    config: ConfigOpt = None, workdir: WorkdirOpt = None,
-    json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the figures to this JSON file.")] = None,
-    loader: Annotated[list[str], typer.Option(help="Loaders to run on the JPEGs (repeat the option); default: "
-                                                   "every loader of the trainer installed here.")] = [],  # noqa: B006
-    peak_tflops: Annotated[Optional[float], typer.Option(help="The GPU's peak dense bf16 TFLOP/s, for a GPU that "
-                                                             "the MFU table lacks.")] = None,
+    config: ConfigOpt = None,
+    workdir: WorkdirOpt = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Also write the figures to this JSON file.")] = None,
+    loader: Annotated[
+        list[str],
+        typer.Option(
+            help="Loaders to run on the JPEGs (repeat the option); default: every loader of the trainer installed here."
+        ),
+    ] = [],  # noqa: B006
+    peak_tflops: Annotated[
+        float | None, typer.Option(help="The GPU's peak dense bf16 TFLOP/s, for a GPU that the MFU table lacks.")
+    ] = None,
     repeats: RepeatsOpt = REPEATS,
 ) -> None:
     """ResNet-50 bf16 images/s per GPU, synthetic and real JPEGs through each loader, data-wait share and MFU."""
-    from flows.bench.gpu import bench_gpu as run_bench
-    from flows.bench.loader import installed_loaders
+    from benchmarks.gpu import bench_gpu as run_bench
+    from benchmarks.loader import installed_loaders
     from trainer.dali import INSTALL
     from trainer.options import LOADERS
 
     if unknown := sorted(set(loader) - set(LOADERS)):
         raise ConfigError(f"--loader {unknown[0]} is not a loader: pass one of {', '.join(LOADERS)}")
     if missing := sorted(set(loader) - set(installed_loaders())):  # refused before any run, not after the first
-        raise ConfigError(f"--loader {missing[0]} needs NVIDIA DALI, which is not installed here: {INSTALL}, or leave "
-                          "--loader out (every loader installed here)")
+        raise ConfigError(
+            f"--loader {missing[0]} needs NVIDIA DALI, which is not installed here: {INSTALL}, or leave "
+            "--loader out (every loader installed here)"
+        )
     cfg = configure(config, None, workdir, digits_defaults=False)
     with holding(cfg, prefect=False):
         run_bench(cfg, json_out, tuple(loader) or installed_loaders(), peak_tflops, repeats)
@@ -597,14 +690,16 @@ def bench_gpu(
 @bench_app.command("parallel")
 @friendly_errors
 def bench_parallel(
-    config: ConfigOpt = None, workdir: WorkdirOpt = None,
-    json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the figures to this JSON file.")] = None,
-    microbatches: Annotated[list[int], typer.Option(min=1, help="Micro-batch counts of the 2-stage pipeline (repeat "
-                                                                 "the option).")] = [1, 2, 4, 8],  # noqa: B006
+    config: ConfigOpt = None,
+    workdir: WorkdirOpt = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Also write the figures to this JSON file.")] = None,
+    microbatches: Annotated[
+        list[int], typer.Option(min=1, help="Micro-batch counts of the 2-stage pipeline (repeat the option).")
+    ] = [1, 2, 4, 8],  # noqa: B006
     repeats: RepeatsOpt = REPEATS,
 ) -> None:
     """Data-parallel (2 workers) against a 2-stage pipeline with 1, 2, 4, 8 micro-batches: images/s, memory, idle."""
-    from flows.bench.parallel import bench_parallel as run_bench
+    from benchmarks.parallel import bench_parallel as run_bench
 
     run_bench(configure(config, None, workdir, digits_defaults=False), json_out, tuple(microbatches), repeats)
 
@@ -612,27 +707,31 @@ def bench_parallel(
 @bench_app.command("flow")
 @friendly_errors
 def bench_flow(
-    config: ConfigOpt = None, data: DataOpt = None, workdir: WorkdirOpt = None,
-    json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the figures to this JSON file.")] = None,
+    config: ConfigOpt = None,
+    data: DataOpt = None,
+    workdir: WorkdirOpt = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Also write the figures to this JSON file.")] = None,
     repeats: RepeatsOpt = REPEATS,
 ) -> None:
     """The same job directly (torchrun) and through the whole flow with every earlier step cached: the flow's overhead."""
     cfg = with_data(configure(config, data, workdir))
     with holding(cfg, prefect=False):  # each `trainflow run` it times starts its own services in a workdir of its own
-        from flows.bench.overhead import bench_flow as run_bench
+        from benchmarks.overhead import bench_flow as run_bench
 
         run_bench(cfg, json_out, repeats)
 
 
 @runs_app.callback()
 @friendly_errors
-def runs(ctx: typer.Context, workdir: WorkdirOpt = None,
-         as_json: Annotated[bool, typer.Option("--json", help="Print the runs as JSON (whole ids and receipts).")] = False,
-         ) -> None:
+def runs(
+    ctx: typer.Context,
+    workdir: WorkdirOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the runs as JSON (whole ids and receipts).")] = False,
+) -> None:
     """The past runs under the workdir, the last ended last: status, accuracy, time, cost and receipt."""
     if ctx.invoked_subcommand:
         return
-    from infra.lineage import list_runs
+    from infra.runs.lineage import list_runs
 
     root = configure(None, None, workdir).workdir / "runs"
     rows = list_runs(root)
@@ -648,12 +747,22 @@ def run_columns(row: dict) -> dict:
     """One run as the columns of `trainflow runs`: ids and hashes cut to 8 characters, as `runs diff` takes them."""
     receipt, money = row["receipt"] or {}, row["cost"]
     top1, seconds = row["val_top1"], row["seconds"]
-    return {"run": row["run_id"][:8], "status": row["status"], "updated": row["updated"], "model": row["model"] or "",
-            "workers": str(row["world_size"] or ""), "val top-1": "" if top1 is None else f"{top1:.2%}",
-            "seconds": "" if seconds is None else f"{seconds:.0f}", "node-hours": shown(row["node_hours"]),
-            "GPU-hours": shown(row["gpu_hours"]), "cost": "" if money is None else f"{money:.2f} {row['currency']}",
-            "receipt": " ".join(f"{name} {str(receipt.get(key) or '-')[:8]}" for name, key in (
-                ("data", "data_manifest"), ("config", "config_hash"), ("params", "parameter_digest")))}
+    return {
+        "run": row["run_id"][:8],
+        "status": row["status"],
+        "updated": row["updated"],
+        "model": row["model"] or "",
+        "workers": str(row["world_size"] or ""),
+        "val top-1": "" if top1 is None else f"{top1:.2%}",
+        "seconds": "" if seconds is None else f"{seconds:.0f}",
+        "node-hours": shown(row["node_hours"]),
+        "GPU-hours": shown(row["gpu_hours"]),
+        "cost": "" if money is None else f"{money:.2f} {row['currency']}",
+        "receipt": " ".join(
+            f"{name} {str(receipt.get(key) or '-')[:8]}"
+            for name, key in (("data", "data_manifest"), ("config", "config_hash"), ("params", "parameter_digest"))
+        ),
+    }
 
 
 def shown(value) -> str:
@@ -683,7 +792,7 @@ def runs_diff(
     workdir: WorkdirOpt = None,
 ) -> None:
     """What differed between two runs: their receipts, configs, metrics and ledgers, field by field."""
-    from infra.lineage import diff_runs, find_run
+    from infra.runs.lineage import diff_runs, find_run
 
     root = configure(None, None, workdir).workdir / "runs"
     first, second = find_run(root, a), find_run(root, b)
@@ -691,8 +800,10 @@ def runs_diff(
     if not rows:
         print(f"runs {first.name} and {second.name} do not differ")
         return
-    print_rows(f"{first.name} (A) against {second.name} (B)",
-               [{"field": r["field"], "A": shown(r["a"]) or "-", "B": shown(r["b"]) or "-"} for r in rows])
+    print_rows(
+        f"{first.name} (A) against {second.name} (B)",
+        [{"field": r["field"], "A": shown(r["a"]) or "-", "B": shown(r["b"]) or "-"} for r in rows],
+    )
 
 
 def main() -> None:

@@ -14,16 +14,16 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
-from infra.backends import JobConfig, PoolConfig, backend_of, backend_sections
-from infra.blobstore import StorageConfig
-from infra.errors import BadInput, first_line
-from infra.fileshare import FileShareConfig
-from infra.images import ImageConfig
-from infra.ledger import CostConfig
-from infra.redact import ENV_NAME_ERROR, names_a_variable, redact, secret_shapes
-from infra.sample_data import DIGITS_TRAINING
-from infra.tracking import TrackingConfig
-from infra.trainer import SYNTHETIC, TrainingConfig
+from infra.compute import JobConfig, PoolConfig, backend_of, backend_sections
+from infra.core.errors import BadInput, first_line
+from infra.core.redact import ENV_NAME_ERROR, names_a_variable, redact, secret_shapes
+from infra.data.sample_data import DIGITS_TRAINING
+from infra.engines.contract import SYNTHETIC, TrainingConfig
+from infra.images.registry import ImageConfig
+from infra.runs.ledger import CostConfig
+from infra.runs.tracking import TrackingConfig
+from infra.storage.blobstore import StorageConfig
+from infra.storage.fileshare import FileShareConfig
 
 ENV_PREFIX = "TRAINFLOW_"
 STAGED = "staged"  # data: train on the data set already in Blob storage under `dataset`
@@ -47,7 +47,7 @@ class FlowSettings(BaseModel):
     data: str | None = None
     """ImageNet-layout folder; "synthetic"; "staged": the data set already in Blob under `dataset`, nothing
     uploaded (scheduled runs on a machine without the local copy); unset: the small digits set, written under
-    workdir on first use, with training defaults that fit it (a run of minutes; see infra/sample_data.py)."""
+    workdir on first use, with training defaults that fit it (a run of minutes; see infra/data/sample_data.py)."""
     dataset: str | None = None
     """Name of the data set in Blob and on the file server; unset: the data folder's name."""
     training: TrainingConfig = TrainingConfig()
@@ -69,7 +69,7 @@ class FlowSettings(BaseModel):
     cost: CostConfig = CostConfig()
     """The price table of the cost ledger and the budget (per VM size, dedicated and low-priority)."""
     budget: float | None = Field(None, ge=0)
-    """The most a run's training may cost, in cost.currency: a run whose estimate (infra/ledger.py: a measured
+    """The most a run's training may cost, in cost.currency: a run whose estimate (infra/runs/ledger.py: a measured
     earlier run with the same settings, else nodes x price x job.timeout_s x attempts) is higher is refused before
     anything starts; unset: no limit."""
 
@@ -89,8 +89,10 @@ class FlowSettings(BaseModel):
     @model_validator(mode="after")
     def _staged_data_is_named(self) -> "FlowSettings":
         if self.data == STAGED and not self.dataset:
-            raise ValueError("data: staged trains on a data set already in Blob storage; name it with dataset: NAME "
-                             "(TRAINFLOW_DATASET=NAME)")
+            raise ValueError(
+                "data: staged trains on a data set already in Blob storage; name it with dataset: NAME "
+                "(TRAINFLOW_DATASET=NAME)"
+            )
         return self
 
     def dataset_name(self) -> str:
@@ -120,8 +122,9 @@ def smoke_config(cfg: FlowConfig) -> FlowConfig:
     return FlowConfig.model_validate(values)
 
 
-def load_config(path: Path | None, overrides: dict, environ: dict[str, str] | None = None,
-                digits_defaults: bool = False) -> FlowConfig:
+def load_config(
+    path: Path | None, overrides: dict, environ: dict[str, str] | None = None, digits_defaults: bool = False
+) -> FlowConfig:
     """Merge defaults, the YAML file, TRAINFLOW_* variables and `overrides` (nested dicts) and validate.
 
     With `digits_defaults`, a config that names neither data (so trains on the built-in digits set) nor a model
@@ -156,7 +159,7 @@ def read_yaml(path: Path) -> dict:
 
 
 def yaml_problem(exc: yaml.YAMLError) -> str:
-    """" at line L, column C: what is wrong (while ..., from line L, column C)", counting from 1 as editors do."""
+    """ " at line L, column C: what is wrong (while ..., from line L, column C)", counting from 1 as editors do."""
     mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
     problem = getattr(exc, "problem", None) or first_line(exc)
     at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -173,17 +176,21 @@ def env_values(environ: dict[str, str]) -> dict:
     """TRAINFLOW_SECTION__FIELD=value as nested dicts (values stay strings; pydantic converts them)."""
     values: dict = {}
     for key in sorted(k for k in environ if k.startswith(ENV_PREFIX)):  # a parent sorts before its children
-        *parents, leaf = key[len(ENV_PREFIX):].lower().split("__")
+        *parents, leaf = key[len(ENV_PREFIX) :].lower().split("__")
         node = values
         for depth, part in enumerate(parents):
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
-                raise ConfigError(f"environment variables {env_name(parents[:depth + 1])} and {key} conflict: the "
-                                  f"first sets {'.'.join(parents[:depth + 1])} to one value, the second a setting "
-                                  "inside it; unset one of them")
+                raise ConfigError(
+                    f"environment variables {env_name(parents[: depth + 1])} and {key} conflict: the "
+                    f"first sets {'.'.join(parents[: depth + 1])} to one value, the second a setting "
+                    "inside it; unset one of them"
+                )
         if isinstance(node.get(leaf), dict):
-            raise ConfigError(f"environment variable {key} sets {'.'.join([*parents, leaf])}, which other TRAINFLOW_ "
-                              "variables fill setting by setting; unset it")
+            raise ConfigError(
+                f"environment variable {key} sets {'.'.join([*parents, leaf])}, which other TRAINFLOW_ "
+                "variables fill setting by setting; unset it"
+            )
         node[leaf] = environ[key]
     return values
 
@@ -231,13 +238,18 @@ def not_a_section(where: tuple, value, source: str) -> ConfigError:
     """The error for a section given a single value (never shown: it may be a secret)."""
     dotted = ".".join(where)
     kind = {bool: "true or false", int: "a number", float: "a number", str: "a string", list: "a list"}.get(
-        type(value), type(value).__name__)
+        type(value), type(value).__name__
+    )
     if source == FROM_ENV:
-        origin, fix = f"environment variable {env_name(where)}", (
-            f"unset {env_name(where)} and set each setting as {env_name(where)}__<SETTING>=<value>")
+        origin, fix = (
+            f"environment variable {env_name(where)}",
+            (f"unset {env_name(where)} and set each setting as {env_name(where)}__<SETTING>=<value>"),
+        )
     elif source.startswith("config file"):
-        origin, fix = source, f"write them as a mapping ({where[-1]}: {{<setting>: <value>}}, or indented lines " \
-                              f"below {where[-1]}:)"
+        origin, fix = (
+            source,
+            f"write them as a mapping ({where[-1]}: {{<setting>: <value>}}, or indented lines below {where[-1]}:)",
+        )
     else:
         origin, fix = source, "pass them as a mapping"
     return ConfigError(f"{dotted} from {origin} is {kind}, but {dotted} is a section of settings: {fix}")
@@ -263,7 +275,9 @@ def secrets_in(value, model: type[BaseModel] | None = None, where: str = ""):
         for key, item in value.items():
             field = model.model_fields.get(key) if model else None
             if field is None or not names_a_variable(field):
-                yield from secrets_in(item, section_type(field) if field else None, f"{where}.{key}" if where else str(key))
+                yield from secrets_in(
+                    item, section_type(field) if field else None, f"{where}.{key}" if where else str(key)
+                )
     elif isinstance(value, (list, tuple)):
         for i, item in enumerate(value):
             yield from secrets_in(item, None, f"{where}[{i}]")
@@ -277,15 +291,17 @@ def refuse_secrets(values: dict, model: type[BaseModel]) -> None:
     problems = []
     for where, shapes in secrets_in(values, model):
         near = [h for h in homes if h.split(".")[0] == where.split(".")[0]] or homes
-        problems.append(f"{where} holds what looks like {shapes[0]}, and the config is stored with every run: put "
-                        f"the secret in an environment variable and name it in {either(near)}; the value given "
-                        "is not shown")
+        problems.append(
+            f"{where} holds what looks like {shapes[0]}, and the config is stored with every run: put "
+            f"the secret in an environment variable and name it in {either(near)}; the value given "
+            "is not shown"
+        )
     if problems:
         raise ValueError("; ".join(problems))
 
 
 def either(names: list[str]) -> str:
-    """"a", "a or b", "a, b or c"."""
+    """ "a", "a or b", "a, b or c"."""
     return " or ".join(filter(None, [", ".join(names[:-1]), names[-1]]))
 
 
@@ -314,8 +330,10 @@ def explain(err: dict) -> str:
         return f"invalid config: {message}"
     if err["type"] == ENV_NAME_ERROR:
         example = default_at(err["loc"]) or "MY_SECRET"
-        return f"{where} must name an environment variable such as {example}, not hold its value; the value given " \
-               "is not shown"
+        return (
+            f"{where} must name an environment variable such as {example}, not hold its value; the value given "
+            "is not shown"
+        )
     value = err["input"]  # a secret-shaped one never gets here (_no_secrets), and ConfigError masks any part left
     # an unknown key's value is not shown (it may be a secret set under the wrong name), nor a whole section
     shown = err["type"] not in ("missing", "extra_forbidden") and not isinstance(value, dict)

@@ -14,8 +14,13 @@ from flows.train_flow import train_flow
 
 def flow_deployment(cfg: FlowConfig, name: str, cron: str | None):
     """The train-flow as a deployment with `cfg` as its parameter and an optional cron schedule."""
-    return train_flow.to_deployment(name=name, cron=cron, parameters={"cfg": cfg.model_dump(mode="json")},
-                                        tags=["trainflow"], description=f"trainflow train-flow on {cfg.dataset_name()}")
+    return train_flow.to_deployment(
+        name=name,
+        cron=cron,
+        parameters={"cfg": cfg.model_dump(mode="json")},
+        tags=["trainflow"],
+        description=f"trainflow train-flow on {cfg.dataset_name()}",
+    )
 
 
 def deploy_flow(cfg: FlowConfig, name: str, cron: str | None, serve_runs: bool) -> str:

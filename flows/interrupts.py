@@ -4,16 +4,16 @@ The first interrupt raises KeyboardInterrupt in the command, so each `finally` o
 cancels its workers, the flow deletes its pool, Azurite and Prefect's server stop (they run in sessions of
 their own, so the terminal's Ctrl-C reaches only trainflow, which stops them in order, and Prefect records
 the flow run as crashed). The command then prints one line: what was interrupted and how to resume. A second
-interrupt exits at once; the leash on each service and launcher (infra/leash.py) stops them as this process
+interrupt exits at once; the leash on each service and launcher (infra/services/leash.py) stops them as this process
 goes.
 """
 
 import os
 import signal
 import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import TracebackType
-from typing import Callable, Iterator
 
 INTERRUPTS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a command that Ctrl-C ended
@@ -33,8 +33,10 @@ def stop_on_interrupt(say: Callable[[str], None]) -> Iterator[None]:
     def first(signum, frame) -> None:
         for sig in INTERRUPTS:
             signal.signal(sig, at_once)
-        say(f"{signal.Signals(signum).name}: stopping the workers, the pool and the services "
-            "(interrupt again to exit at once)")
+        say(
+            f"{signal.Signals(signum).name}: stopping the workers, the pool and the services "
+            "(interrupt again to exit at once)"
+        )
         raise KeyboardInterrupt
 
     previous = {sig: signal.signal(sig, first) for sig in INTERRUPTS}
@@ -62,5 +64,7 @@ def interrupted_line(exc: KeyboardInterrupt, command: str) -> str:
     step = interrupted_step(exc.__traceback__)
     where = f" during {step}" if step else ""
     resume = next(iter(getattr(exc, "__notes__", [])), f"run `{command}` again")
-    return (f"interrupted{where}: everything it started is stopped; to resume, {resume} (finished steps are "
-            "skipped and training continues from its last checkpoint)")
+    return (
+        f"interrupted{where}: everything it started is stopped; to resume, {resume} (finished steps are "
+        "skipped and training continues from its last checkpoint)"
+    )

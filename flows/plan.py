@@ -11,18 +11,18 @@ from pathlib import Path
 
 from flows.config import STAGED, SYNTHETIC, FlowConfig
 from infra import manifest as mf
-from infra.backends import RunPaths, backend_of, check_fits, slots
-from infra.build_context import wheel_cache
-from infra.fileserver import FileServer
-from infra.fileshare import open_share
-from infra.transfers import step_plan
+from infra.compute import RunPaths, backend_of, check_fits, slots
+from infra.images.build_context import wheel_cache
+from infra.storage.fileserver import FileServer
+from infra.storage.fileshare import open_share
+from infra.storage.transfers import step_plan
 from tasks.build_image import plan_image
 from tasks.sync_file_server import decide_sync, sync_row
 from tasks.track_run import engine_tracking, tracked_training
 from tasks.train_on_pool import plan_pool, run_paths
 from tasks.upload_dataset import decide_upload, scan_dataset, synced_state
-from trainer.datasets import Manifest
 from tasks.upload_scripts import package_files, plan_scripts
+from trainer.datasets import Manifest
 
 RUN_ID = "<run id>"
 MLFLOW_RUN_ID = "<mlflow run id>"
@@ -44,8 +44,11 @@ def dry_run(cfg: FlowConfig) -> tuple[list[dict], dict[str, str]]:
     if backend.sync_where(cfg) != "here" and cfg.data != SYNTHETIC:
         data_rows[1] = remote_sync_row(cfg, pool)
     rows += [scripts, *data_rows]
-    rows.append(step_plan("create-pool", "run", f"{cfg.pool.backend} pool, {slots(cfg.pool)} slots for "
-                          f"{cfg.training.workers} workers"))
+    rows.append(
+        step_plan(
+            "create-pool", "run", f"{cfg.pool.backend} pool, {slots(cfg.pool)} slots for {cfg.training.workers} workers"
+        )
+    )
     job = pool.job(tracked_training(cfg.training, engine_tracking(cfg, MLFLOW_RUN_ID)), cfg.job.timeout_s)
     rows.append(step_plan("run-training", "run", job.describe()))
     rows.append(step_plan("collect-results", "run", "results/<run id>/ on the file share, the model to Blob"))
@@ -80,17 +83,22 @@ def plan_data(cfg: FlowConfig) -> tuple[list[dict], Path]:
     """The upload's and the sync's decisions, and the data set version the job would read."""
     name, server = cfg.dataset_name(), FileServer(cfg.export_dir())
     if cfg.data == SYNTHETIC:
-        return [step_plan("upload-dataset", "skip", "data: synthetic"),
-                step_plan("sync-to-file-server", "skip", "data: synthetic")], Path(SYNTHETIC)
+        return [
+            step_plan("upload-dataset", "skip", "data: synthetic"),
+            step_plan("sync-to-file-server", "skip", "data: synthetic"),
+        ], Path(SYNTHETIC)
     if cfg.data == STAGED:
-        return [step_plan("upload-dataset", "skip", f"data: staged, {name} is used as Blob storage holds it"),
-                step_plan("sync-to-file-server", "run", f"bring the file server's copy of {name} up to Blob's "
-                          "manifest")], server.current(name)
+        return [
+            step_plan("upload-dataset", "skip", f"data: staged, {name} is used as Blob storage holds it"),
+            step_plan("sync-to-file-server", "run", f"bring the file server's copy of {name} up to Blob's manifest"),
+        ], server.current(name)
     data = Path(cfg.data)
     if not data.exists():  # the digits set, not written yet
         what = f"write the digits set to {data}, then stage it (never staged)"
-        return [step_plan("upload-dataset", "run", what), step_plan("sync-to-file-server", "run", what)], \
-            server.current(name)
+        return [
+            step_plan("upload-dataset", "run", what),
+            step_plan("sync-to-file-server", "run", what),
+        ], server.current(name)
     with tempfile.TemporaryDirectory() as tmp, scan_dataset(data, cfg.workdir, name, keep=False) as index:
         previous, stored = synced_state(server.current_manifest(name), name)
         upload = decide_upload(cfg.storage, name, index, previous, stored)
@@ -105,8 +113,11 @@ def remote_sync_row(cfg: FlowConfig, pool) -> dict:
     name = cfg.dataset_name()
     if backend_of(cfg.pool).sync_where(cfg) == "pool":
         return step_plan("sync-to-file-server", "run", f"{name}: {pool.sync_job().describe()}")
-    return step_plan("sync-to-file-server", "skip", f"{name}: each node fetches the staged shards to its local disk "
-                     "as the job starts (see the job's command)")
+    return step_plan(
+        "sync-to-file-server",
+        "skip",
+        f"{name}: each node fetches the staged shards to its local disk as the job starts (see the job's command)",
+    )
 
 
 def sync_operation(cfg: FlowConfig, staged: str) -> str:
@@ -128,7 +139,6 @@ def storage_operations(cfg: FlowConfig, scripts: str) -> list[str]:
         f"- put blobs: {container}/{mf.dataset_prefix(name)}shards/*.tar, then {mf.manifest_blob(name)} "
         f"(auth: {blob.auth})",
         sync_operation(cfg, f"{container}/{mf.dataset_prefix(name)}"),
-        f"- job output: results/<run id> (written by the job), downloaded to the run folder",
+        "- job output: results/<run id> (written by the job), downloaded to the run folder",
         f"- put results: {share.account_url}/{share.share}/results/<run id>/ and {container}/results/<run id>/model.pt",
     ]
-

@@ -10,18 +10,19 @@ Nothing is checked for storage.backend azurite (trainflow starts Azurite itself)
 """
 
 import os
-from typing import Mapping
+from collections.abc import Mapping
 
 from azure.core.credentials import TokenCredential
 
 from flows.config import STAGED, FlowConfig
 from infra import blobstore, fileshare
-from infra.errors import BadInput
-from infra.manifest import manifest_blob
+from infra.core.errors import BadInput
+from infra.data.manifest import manifest_blob
 
 
-def check_access(cfg: FlowConfig, environ: Mapping[str, str] | None = None,
-                 credential: TokenCredential | None = None) -> None:
+def check_access(
+    cfg: FlowConfig, environ: Mapping[str, str] | None = None, credential: TokenCredential | None = None
+) -> None:
     """Raise the StorageError or BadInput a run of `cfg` would meet on storage, before anything starts;
     `credential` stands in for DefaultAzureCredential (auth default) in tests."""
     env = os.environ if environ is None else environ
@@ -34,15 +35,23 @@ def check_access(cfg: FlowConfig, environ: Mapping[str, str] | None = None,
 def check_variables(cfg: FlowConfig, environ: Mapping[str, str]) -> None:
     """Every environment variable a credential is read from is set; all that are not are named at once."""
     wanted: dict[str, list[str]] = {}
-    for setting, variable in {**blobstore.secret_settings(cfg.storage), **fileshare.secret_settings(cfg.fileshare)}.items():
+    for setting, variable in {
+        **blobstore.secret_settings(cfg.storage),
+        **fileshare.secret_settings(cfg.fileshare),
+    }.items():
         wanted.setdefault(variable, []).append(setting)
-    missing = [f"{variable} (named by {' and '.join(settings)})" for variable, settings in wanted.items()
-               if not environ.get(variable)]
+    missing = [
+        f"{variable} (named by {' and '.join(settings)})"
+        for variable, settings in wanted.items()
+        if not environ.get(variable)
+    ]
     if missing:
         plural = len(missing) > 1
-        raise blobstore.MissingSecret(f"environment variable{'s' if plural else ''} {', '.join(missing)} "
-                                      f"{'are' if plural else 'is'} not set; export {'them' if plural else 'it'} "
-                                      "before running trainflow (values are never shown or stored)")
+        raise blobstore.MissingSecret(
+            f"environment variable{'s' if plural else ''} {', '.join(missing)} "
+            f"{'are' if plural else 'is'} not set; export {'them' if plural else 'it'} "
+            "before running trainflow (values are never shown or stored)"
+        )
 
 
 def check_blob(cfg: FlowConfig, environ: Mapping[str, str], credential: TokenCredential | None) -> None:
@@ -54,5 +63,7 @@ def check_blob(cfg: FlowConfig, environ: Mapping[str, str], credential: TokenCre
     if held is None and (staged or not blobstore.may_create_container(cfg.storage, environ)):
         raise blobstore.storage_error("blob storage", store.where, "list the container", 404, "ContainerNotFound")
     if staged and not held:  # the same words as the sync's own check (tasks/sync_file_server.py)
-        raise BadInput(f"data set {cfg.dataset_name()!r} was never staged: {store.where} has no {manifest}; "
-                       "run `trainflow stage` first")
+        raise BadInput(
+            f"data set {cfg.dataset_name()!r} was never staged: {store.where} has no {manifest}; "
+            "run `trainflow stage` first"
+        )

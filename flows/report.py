@@ -9,11 +9,14 @@ from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 from prefect.client.schemas.sorting import TaskRunSort
 from prefect.runtime import flow_run
 
-from infra.ledger import ledger_lines, record_ledger
-from infra.tracking import local_ui, run_page
+from infra.runs.ledger import ledger_lines, record_ledger
+from infra.runs.tracking import local_ui, run_page
 
-PLOT_SERIES = (("train_loss", "train loss", "#d62728"), ("val_top1", "val top-1", "#1f77b4"),
-               ("images_per_sec", "images/s", "#2ca02c"))
+PLOT_SERIES = (
+    ("train_loss", "train loss", "#d62728"),
+    ("val_top1", "val top-1", "#1f77b4"),
+    ("images_per_sec", "images/s", "#2ca02c"),
+)
 
 
 def step_durations(run_id: str) -> dict[str, float]:
@@ -21,8 +24,11 @@ def step_durations(run_id: str) -> dict[str, float]:
     if not flow_run.get_id():
         return {}
     with get_client(sync_client=True) as client:
-        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[UUID(run_id)])),
-                                     sort=TaskRunSort.EXPECTED_START_TIME_ASC, limit=200)
+        runs = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[UUID(run_id)])),
+            sort=TaskRunSort.EXPECTED_START_TIME_ASC,
+            limit=200,
+        )
     durations: dict[str, float] = {}
     for run in runs:
         name = run.name.rsplit("-", 1)[0]
@@ -34,15 +40,23 @@ def summary_markdown(summary: dict, durations: dict[str, float]) -> str:
     """The run in a few lines: data, model, workers, speed, accuracy, and the time of each step."""
     m = summary["metrics"]
     top1 = m.get("final_val_top1")
-    lines = [f"# Training run `{summary['run_id']}`", "",
-             f"- data set: `{summary['dataset']}`", f"- model: `{m['model']}`",
-             f"- world size: {m['world_size']} ({m['backend']}) on the {summary['pool']['backend']} pool",
-             f"- throughput: {m['images_per_sec']:.1f} images/s", *data_wait_lines(m.get("data_wait_share")),
-             *tracking_lines(summary.get("tracking")),
-             f"- final val top-1: {'n/a (no val/ split)' if top1 is None else f'{top1:.2%}'}",
-             f"- image: `{summary['image'] or 'none (process pool)'}`",
-             f"- results: `{summary['results']['share']}`", *bad_files_lines(m, summary['results']['share']),
-             "", "| step | seconds |", "|---|---|"]
+    lines = [
+        f"# Training run `{summary['run_id']}`",
+        "",
+        f"- data set: `{summary['dataset']}`",
+        f"- model: `{m['model']}`",
+        f"- world size: {m['world_size']} ({m['backend']}) on the {summary['pool']['backend']} pool",
+        f"- throughput: {m['images_per_sec']:.1f} images/s",
+        *data_wait_lines(m.get("data_wait_share")),
+        *tracking_lines(summary.get("tracking")),
+        f"- final val top-1: {'n/a (no val/ split)' if top1 is None else f'{top1:.2%}'}",
+        f"- image: `{summary['image'] or 'none (process pool)'}`",
+        f"- results: `{summary['results']['share']}`",
+        *bad_files_lines(m, summary["results"]["share"]),
+        "",
+        "| step | seconds |",
+        "|---|---|",
+    ]
     lines += [f"| {name} | {seconds:.1f} |" for name, seconds in durations.items()]
     return "\n".join(lines + attempt_lines(summary.get("attempts") or []) + ledger_lines(summary.get("ledger"))) + "\n"
 
@@ -80,15 +94,19 @@ def attempt_lines(attempts: list[dict]) -> list[str]:
     if not attempts:
         return []
     lines = ["", "| attempt | job | ended | why | GPU-hours | lost steps |", "|---|---|---|---|---|---|"]
-    return lines + [f"| {a['attempt']} | `{a['job']}` | {a['ended']} | {a['why']} | {a['gpu_hours']} | {a['lost_steps']} |"
-                    for a in attempts]
+    return lines + [
+        f"| {a['attempt']} | `{a['job']}` | {a['ended']} | {a['why']} | {a['gpu_hours']} | {a['lost_steps']} |"
+        for a in attempts
+    ]
 
 
 def epoch_rows(metrics: dict) -> list[dict]:
     """One row per epoch, rounded for reading."""
     keys = ("epoch", "train_loss", "val_top1", "val_top5", "images_per_sec", "lr", "epoch_seconds")
-    return [{k: round(e[k], 4) if isinstance(e.get(k), float) else e.get(k) for k in keys if k in e}
-            for e in metrics.get("epochs", [])]
+    return [
+        {k: round(e[k], 4) if isinstance(e.get(k), float) else e.get(k) for k in keys if k in e}
+        for e in metrics.get("epochs", [])
+    ]
 
 
 def svg_plot(rows: list[dict], width: int = 480, height: int = 160) -> str:
@@ -100,11 +118,14 @@ def svg_plot(rows: list[dict], width: int = 480, height: int = 160) -> str:
             continue
         low, span = min(values), (max(values) - min(values)) or 1.0
         step = (width - 20) / max(1, len(values) - 1)
-        points = " ".join(f"{10 + j * step:.1f},{10 + (height - 20) * (1 - (v - low) / span):.1f}"
-                          for j, v in enumerate(values))
+        points = " ".join(
+            f"{10 + j * step:.1f},{10 + (height - 20) * (1 - (v - low) / span):.1f}" for j, v in enumerate(values)
+        )
         parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="2" points="{points}"/>')
-        parts.append(f'<text x="{10 + i * 150}" y="{height + 15}" fill="{colour}" font-size="12">'
-                     f'{label} {min(values):.3g}-{max(values):.3g}</text>')
+        parts.append(
+            f'<text x="{10 + i * 150}" y="{height + 15}" fill="{colour}" font-size="12">'
+            f"{label} {min(values):.3g}-{max(values):.3g}</text>"
+        )
     return "\n".join(parts + ["</svg>"])
 
 
@@ -116,8 +137,16 @@ def publish_report_task(summary: dict) -> dict[str, float]:
     plot = svg_plot(rows)
     (Path(summary["out"]) / "plot.svg").write_text(plot)
     durations = step_durations(summary["run_id"])
-    summary = {**summary, "ledger": record_ledger(Path(summary["out"]), summary["cost_basis"], durations,
-                                                  summary["attempts"] + summary["sync_attempts"], summary["estimate_key"])}
+    summary = {
+        **summary,
+        "ledger": record_ledger(
+            Path(summary["out"]),
+            summary["cost_basis"],
+            durations,
+            summary["attempts"] + summary["sync_attempts"],
+            summary["estimate_key"],
+        ),
+    }
     create_markdown_artifact(key="run-summary", markdown=summary_markdown(summary, durations))
     create_table_artifact(key="epochs", table=rows, description="Per-epoch metrics")
     create_markdown_artifact(key="training-plot", markdown=f"# Loss, accuracy and throughput per epoch\n\n{plot}\n")

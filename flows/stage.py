@@ -1,19 +1,19 @@
 """The staging flow: scripts to the file share, the data set to Blob, Blob to the file server."""
 
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.runtime import flow_run
 
 from flows.config import STAGED, SYNTHETIC, FlowConfig
-from infra.azurite import running_azurite
-from infra.backends import backend_of
-from infra.build_context import wheel_cache
-from infra.transfers import Transfer
-from infra.workdir import workdir_lock
+from infra.compute import backend_of
+from infra.images.build_context import wheel_cache
+from infra.runs.workdir import workdir_lock
+from infra.services.azurite import running_azurite
+from infra.storage.transfers import Transfer
 from tasks.build_image import build_image_task
 from tasks.sync_file_server import sync_on_pool_task, sync_to_file_server_task
 from tasks.train_on_pool import plan_pool, run_paths
@@ -31,7 +31,9 @@ def blob_endpoint(cfg: FlowConfig) -> Iterator[int | None]:
         yield port
 
 
-def stage_steps(cfg: FlowConfig, port: int | None, run_id: str = "local", image: str | None = None) -> tuple[dict, dict, dict]:
+def stage_steps(
+    cfg: FlowConfig, port: int | None, run_id: str = "local", image: str | None = None
+) -> tuple[dict, dict, dict]:
     """The three staging tasks in order: scripts, data set upload, sync to the file server (a backend that syncs
     on its pool runs the sync job of run `run_id` in `image`)."""
     name = cfg.dataset_name()
@@ -68,8 +70,15 @@ def stage_data(cfg: FlowConfig) -> dict:
         with blob_endpoint(cfg) as port:
             scripts, dataset, synced = stage_steps(cfg, port, flow_run.get_id() or "local", image)
     steps = [scripts, dataset, synced]
-    create_table_artifact(key="staging-summary", table=[{k: v for k, v in s.items() if k not in ("path", "plan")} for s in steps],
-                          description=f"Staging of data set {name}")
-    create_markdown_artifact(key="staging-locations", markdown=(
-        f"# Data set `{name}` staged\n\n- scripts: `{scripts['path']}`\n- file server copy: `{synced['path']}`\n"))
+    create_table_artifact(
+        key="staging-summary",
+        table=[{k: v for k, v in s.items() if k not in ("path", "plan")} for s in steps],
+        description=f"Staging of data set {name}",
+    )
+    create_markdown_artifact(
+        key="staging-locations",
+        markdown=(
+            f"# Data set `{name}` staged\n\n- scripts: `{scripts['path']}`\n- file server copy: `{synced['path']}`\n"
+        ),
+    )
     return {"dataset": name, "scripts": scripts, "upload": dataset, "sync": synced}

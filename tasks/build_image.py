@@ -1,6 +1,6 @@
 """Step 4: build the training image, tag it by content, push it; later steps use the returned digest.
 
-The tag is a hash of the build context and build arguments (infra/build_context.py). If the registry
+The tag is a hash of the build context and build arguments (infra/images/build_context.py). If the registry
 already holds that tag, nothing is built or pushed; if the local engine holds it, it is only pushed.
 """
 
@@ -10,11 +10,20 @@ from pathlib import Path
 
 from prefect import get_run_logger, task
 
-from infra.build_context import assemble_context, context_tag
-from infra.images import (DockerEngine, ImageConfig, ImageError, ImageRef, Log, auth_config, parse_reference,
-                          push_totals, registry_password)
-from infra.local_docker import local_base_image, local_base_tag
-from infra.transfers import Transfer, step_plan, transfer_progress
+from infra.images.build_context import assemble_context, context_tag
+from infra.images.local_docker import local_base_image, local_base_tag
+from infra.images.registry import (
+    DockerEngine,
+    ImageConfig,
+    ImageError,
+    ImageRef,
+    Log,
+    auth_config,
+    parse_reference,
+    push_totals,
+    registry_password,
+)
+from infra.storage.transfers import Transfer, step_plan, transfer_progress
 from tasks.retry import unless_permanent
 
 
@@ -39,18 +48,26 @@ def decide_image(engine: DockerEngine, cfg: ImageConfig, ref: ImageRef, password
         return step_plan("build-image", "skip", f"{ref.tagged} is already in the registry", digest=digest, build=False)
     built = engine.has_image(ref.tagged)
     if built and not cfg.registry:
-        return step_plan("build-image", "skip", f"{ref.tagged} is already built (no registry)", digest=None, build=False)
+        return step_plan(
+            "build-image", "skip", f"{ref.tagged} is already built (no registry)", digest=None, build=False
+        )
     push = f", push to {cfg.registry}" if cfg.registry else ""
-    return step_plan("build-image", "run", f"{ref.tagged}: {'already built' if built else 'build'}{push}", digest=None,
-                     build=not built)
+    return step_plan(
+        "build-image",
+        "run",
+        f"{ref.tagged}: {'already built' if built else 'build'}{push}",
+        digest=None,
+        build=not built,
+    )
 
 
 def plan_image(cfg: ImageConfig, wheel_cache: Path) -> dict:
     """The dry run's row: the same decision, with the local base image's tag (it is not made here); its `image`
     is the reference the pool would run (name:tag; the run's has the digest the push returns)."""
     if cfg.use:
-        return step_plan("build-image", "skip", f"image.use: {cfg.use} (its registry is checked when the run starts)",
-                         image=cfg.use)
+        return step_plan(
+            "build-image", "skip", f"image.use: {cfg.use} (its registry is checked when the run starts)", image=cfg.use
+        )
     base = local_base_tag() if cfg.base_image == "local" else cfg.base_image
     with tempfile.TemporaryDirectory() as tmp:
         ref = image_ref(cfg, Path(tmp) / "ctx", wheel_cache, base)
@@ -60,8 +77,15 @@ def plan_image(cfg: ImageConfig, wheel_cache: Path) -> dict:
         return step_plan("build-image", "run", f"{ref.tagged}; {exc}", image=ref.tagged)
 
 
-def build_and_push(engine: DockerEngine, cfg: ImageConfig, context_dir: Path, wheel_cache: Path, password: str | None,
-                   log: Log, nocache: bool = False) -> dict:
+def build_and_push(
+    engine: DockerEngine,
+    cfg: ImageConfig,
+    context_dir: Path,
+    wheel_cache: Path,
+    password: str | None,
+    log: Log,
+    nocache: bool = False,
+) -> dict:
     """Build (unless built) and push (unless pushed) the configured image; returns what happened and the reference.
 
     `nocache` runs every Dockerfile step again (the engine's layer cache is not used)."""
@@ -76,24 +100,39 @@ def build_and_push(engine: DockerEngine, cfg: ImageConfig, context_dir: Path, wh
     if cfg.registry and not digest:
         digest, pushed = push(engine, ref, auth_config(cfg.username, password), log), True
     final = ImageRef(ref.name, ref.tag, digest)
-    return {"image": final.reference, "name": final.name, "tag": final.tag, "digest": digest, "built": plan["build"],
-            "pushed": pushed, "seconds": round(time.perf_counter() - started, 2), "plan": plan}
+    return {
+        "image": final.reference,
+        "name": final.name,
+        "tag": final.tag,
+        "digest": digest,
+        "built": plan["build"],
+        "pushed": pushed,
+        "seconds": round(time.perf_counter() - started, 2),
+        "plan": plan,
+    }
 
 
 def use_existing(engine: DockerEngine, cfg: ImageConfig, password: str | None, log: Log) -> dict:
-    """The ready-made image of cfg.use, by digest when it is in a registry; a permanent ImageError when it is missing."""
+    """The ready-made image of cfg.use, by digest when it is in a registry; a permanent ImageError when it is
+    missing."""
     host, name, tag, digest = parse_reference(cfg.use)
     if host is None:
         if not engine.has_image(cfg.use):
-            raise ImageError(f"image.use names {cfg.use}, which the local Docker engine does not hold; build it "
-                             "(`trainflow build`) or unset image.use to build the image in this run", permanent=True)
+            raise ImageError(
+                f"image.use names {cfg.use}, which the local Docker engine does not hold; build it "
+                "(`trainflow build`) or unset image.use to build the image in this run",
+                permanent=True,
+            )
         return {"image": cfg.use, "name": name, "tag": tag, "digest": digest, "built": False, "pushed": False}
     if cfg.username:
         engine.login(host, cfg.username, password)
     found = engine.registry_digest(cfg.use, auth_config(cfg.username, password))
     if found is None:
-        raise ImageError(f"image.use names {cfg.use}, which registry {host} does not hold; push it there (`trainflow "
-                         f"build --registry {host}`) or unset image.use to build the image in this run", permanent=True)
+        raise ImageError(
+            f"image.use names {cfg.use}, which registry {host} does not hold; push it there (`trainflow "
+            f"build --registry {host}`) or unset image.use to build the image in this run",
+            permanent=True,
+        )
     log(f"using {name}@{found} ({cfg.use}); nothing is built")
     return {"image": f"{name}@{found}", "name": name, "tag": tag, "digest": found, "built": False, "pushed": False}
 
@@ -115,5 +154,6 @@ def build_image_task(cfg: ImageConfig, workdir: Path, wheel_cache: Path) -> dict
     engine = DockerEngine(cfg.engine)
     if cfg.use:
         return use_existing(engine, cfg, registry_password(cfg), logger.info)
-    return build_and_push(engine, cfg, workdir / "build" / f"{cfg.flavour}-context", wheel_cache,
-                          registry_password(cfg), logger.info)
+    return build_and_push(
+        engine, cfg, workdir / "build" / f"{cfg.flavour}-context", wheel_cache, registry_password(cfg), logger.info
+    )

@@ -1,16 +1,16 @@
-"""Live progress of the training step in the Prefect UI, from the trainer's progress lines (infra/trainer.py's
+"""Live progress of the training step in the Prefect UI, from the trainer's progress lines (infra/engines/contract.py's
 PROGRESS_LINE, every training.log_every steps, on every backend: they are the lines the job streams): a progress
 artifact that moves as steps pass, described by a markdown line with the step, the images/s and the ETA."""
 
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator
 from uuid import UUID
 
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
-from infra.trainer import PROGRESS_LINE
+from infra.engines.contract import PROGRESS_LINE
 
 KEY = "training-progress"
 
@@ -59,8 +59,10 @@ def eta_text(seconds: float | None) -> str:
 
 def progress_markdown(seen: StepSeen, eta: float | None) -> str:
     """The line under the progress bar."""
-    return (f"**training**: epoch {seen.epoch}/{seen.epochs}, step {seen.step}/{seen.total}, "
-            f"{seen.images_per_sec:.1f} images/s, ETA {eta_text(eta)}")
+    return (
+        f"**training**: epoch {seen.epoch}/{seen.epochs}, step {seen.step}/{seen.total}, "
+        f"{seen.images_per_sec:.1f} images/s, ETA {eta_text(eta)}"
+    )
 
 
 class ProgressArtifact:
@@ -86,7 +88,11 @@ class ProgressArtifact:
 
     def finish(self) -> None:
         """The job completed: 100%."""
-        done = f"epoch {self.last.epochs}/{self.last.epochs}, step {self.last.total}/{self.last.total}" if self.last else ""
+        done = (
+            f"epoch {self.last.epochs}/{self.last.epochs}, step {self.last.total}/{self.last.total}"
+            if self.last
+            else ""
+        )
         update_progress_artifact(self.id, 100.0, description=f"**training**: complete {done}".strip())
 
 

@@ -1,6 +1,6 @@
-"""Prefect's retry condition for every step: the one retry rule of infra/errors.py."""
+"""Prefect's retry condition for every step: the one retry rule of infra/core/errors.py."""
 
-from infra.errors import is_permanent
+from infra.core.errors import is_permanent
 
 
 def unless_permanent(task, task_run, state) -> bool:

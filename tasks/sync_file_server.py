@@ -7,19 +7,19 @@ versions are trainer/datasets.py's, which the sync job on an Azure ML cluster ru
 """
 
 import tempfile
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from infra.backends import Pool, run_job
-from infra.blobstore import BlobStore, StorageConfig, StorageError, open_store
-from infra.errors import BadInput
-from infra.fileserver import FileServer
 from infra import manifest as mf
-from infra.transfers import Transfer, step_plan, transfer_progress
+from infra.compute import Pool, run_job
+from infra.core.errors import BadInput
+from infra.storage.blobstore import BlobStore, StorageConfig, StorageError, open_store
+from infra.storage.fileserver import FileServer
+from infra.storage.transfers import Transfer, step_plan, transfer_progress
 from tasks.retry import unless_permanent
 from trainer.datasets import Manifest, SyncPlan, decide_sync, fill_version
 
@@ -29,8 +29,10 @@ def staged_manifest(store: BlobStore, name: str, workdir: Path) -> Iterator[Mani
     """The data set's manifest, downloaded and indexed under the workdir's tmp/ for the block; BadInput when it was
     never (completely) staged."""
     if store.metadata(mf.manifest_blob(name)) is None:
-        raise BadInput(f"data set {name!r} was never staged: {store.where} has no {mf.manifest_blob(name)}; "
-                       "run `trainflow stage` first")
+        raise BadInput(
+            f"data set {name!r} was never staged: {store.where} has no {mf.manifest_blob(name)}; "
+            "run `trainflow stage` first"
+        )
     (workdir / "tmp").mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=workdir / "tmp") as tmp:
         store.download_to(mf.manifest_blob(name), Path(tmp) / "manifest.jsonl")
@@ -44,8 +46,13 @@ def sync_row(plan: SyncPlan, name: str) -> dict:
     if plan.complete:
         return step_plan("sync-to-file-server", "skip", f"{name}: the file server holds version {version}", files=0)
     files = sum(plan.needed.values())
-    return step_plan("sync-to-file-server", "run", f"{name}: fetch {files} files from {len(plan.needed)} shards, "
-                     f"link {plan.reused} unchanged, as version {version}", files=files)
+    return step_plan(
+        "sync-to-file-server",
+        "run",
+        f"{name}: fetch {files} files from {len(plan.needed)} shards, "
+        f"link {plan.reused} unchanged, as version {version}",
+        files=files,
+    )
 
 
 def sync_to_file_server(store: BlobStore, server: FileServer, name: str, workdir: Path) -> tuple[Transfer, Path]:
@@ -61,8 +68,11 @@ def sync_to_file_server(store: BlobStore, server: FileServer, name: str, workdir
             transfer.skipped_files, transfer.skipped_bytes = manifest.header["files"], manifest.header["bytes"]
             return transfer, server.current(name)
         transfer.skipped_files, transfer.skipped_bytes = plan.reused, plan.reused_bytes()
-        with transfer.timed("link + fetch + extract"), server.new_version(name, manifest) as dest, \
-                transfer_progress(transfer, plan.needed_bytes(), sum(plan.needed.values())) as advance:
+        with (
+            transfer.timed("link + fetch + extract"),
+            server.new_version(name, manifest) as dest,
+            transfer_progress(transfer, plan.needed_bytes(), sum(plan.needed.values())) as advance,
+        ):
             try:
                 fill_version(plan, dest, shard_fetcher(store, name, dest, workdir, advance), store.concurrency)
             except ValueError as exc:
@@ -85,14 +95,21 @@ def shard_fetcher(store: BlobStore, name: str, dest: Path, workdir: Path, advanc
 
 
 @task(name="sync-to-file-server", retries=3, retry_delay_seconds=[2, 10, 30], retry_condition_fn=unless_permanent)
-def sync_to_file_server_task(cfg: StorageConfig, azurite_port: int | None, export: Path, name: str, workdir: Path) -> dict:
+def sync_to_file_server_task(
+    cfg: StorageConfig, azurite_port: int | None, export: Path, name: str, workdir: Path
+) -> dict:
     """Prefect step: sync; returns the transfer summary and the folder training reads."""
     transfer, current = sync_to_file_server(open_store(cfg, azurite_port, "read"), FileServer(export), name, workdir)
     return {**transfer.row(), "path": str(current), "plan": transfer.plan}
 
 
-@task(name="sync-to-file-server", retries=1, retry_delay_seconds=10, retry_condition_fn=unless_permanent,
-      cache_policy=NO_CACHE)
+@task(
+    name="sync-to-file-server",
+    retries=1,
+    retry_delay_seconds=10,
+    retry_condition_fn=unless_permanent,
+    cache_policy=NO_CACHE,
+)
 def sync_on_pool_task(pool: Pool, name: str, timeout_s: float) -> dict:
     """Prefect step, where only the pool reaches the file server (an NFS share inside a VNet): the pool's own
     sync job (trainer/datasets.py on one node) brings it to the staged version while the flow waits."""
@@ -101,6 +118,8 @@ def sync_on_pool_task(pool: Pool, name: str, timeout_s: float) -> dict:
     job = pool.sync_job()
     logger = get_run_logger()
     run_job(job, pool.run.out / "logs" / "sync", logger.info, timeout_s)
-    transfer = Transfer(f"blob -> file server (the pool's sync job {job.name})",
-                        plan=step_plan("sync-to-file-server", "run", f"{name}: {job.describe()}"))
+    transfer = Transfer(
+        f"blob -> file server (the pool's sync job {job.name})",
+        plan=step_plan("sync-to-file-server", "run", f"{name}: {job.describe()}"),
+    )
     return {**transfer.row(), "path": pool.synced_folder(), "plan": transfer.plan, "attempts": job.attempts()}

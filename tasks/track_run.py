@@ -1,17 +1,17 @@
 """Experiment tracking steps: open the pipeline run's MLflow run before training, close it after the report.
 
 The engine logs into the run while it trains: `tracked_training` hands it the store and the run id as two
-trainer options (infra/tracking.py says where it can reach the store)."""
+trainer options (infra/runs/tracking.py says where it can reach the store)."""
 
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from infra.backends import backend_of
-from infra.tracking import end_unfinished, engine_uri, finish_run, start_run, store_uri
+from infra.compute import backend_of
+from infra.runs.tracking import end_unfinished, engine_uri, finish_run, start_run, store_uri
 
 
 @task(name="start-tracking", retries=2, retry_delay_seconds=5, cache_policy=NO_CACHE)
@@ -20,8 +20,13 @@ def start_tracking_task(cfg, run_id: str, data: Path, scripts: str, image: str |
     version, scripts version and image as tags."""
     if not cfg.tracking.enabled:
         return None
-    tags = {"trainflow.run_id": run_id, "data_version": str(data), "scripts_version": scripts,
-            "image": image or "none (process pool)", "dataset": cfg.dataset_name()}
+    tags = {
+        "trainflow.run_id": run_id,
+        "data_version": str(data),
+        "scripts_version": scripts,
+        "image": image or "none (process pool)",
+        "dataset": cfg.dataset_name(),
+    }
     tracked = start_run(cfg.tracking, cfg.workdir, run_id, cfg.model_dump(mode="json"), tags)
     return {**tracked, **engine_tracking(cfg, tracked["run_id"])}
 
@@ -31,8 +36,10 @@ def engine_tracking(cfg, mlflow_run_id: str) -> dict | None:
     cannot reach the store) and the MLflow run; the step and the dry run share it."""
     if not cfg.tracking.enabled:
         return None
-    return {"engine_uri": engine_uri(store_uri(cfg.tracking, cfg.workdir), backend_of(cfg.pool).needs_image),
-            "run_id": mlflow_run_id}
+    return {
+        "engine_uri": engine_uri(store_uri(cfg.tracking, cfg.workdir), backend_of(cfg.pool).needs_image),
+        "run_id": mlflow_run_id,
+    }
 
 
 def tracked_training(training, tracked: dict | None):

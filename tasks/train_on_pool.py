@@ -1,6 +1,6 @@
 """Steps 5-7: create the pool, run the training job on it, collect the results; the pool is always deleted.
 
-The pool and its job come from the configured compute backend (infra/backends/); these steps only drive
+The pool and its job come from the configured compute backend (infra/compute/); these steps only drive
 them. Results go to the file share under results/<run id>/ (metrics.json, model.pt, checkpoints, logs),
 and the model also to Blob storage.
 """
@@ -11,11 +11,11 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from infra.backends import Pool, RunPaths, backend_of, check_fits, run_job
-from infra.blobstore import StorageConfig, open_store
-from infra.fileshare import FileShareConfig, open_share
-from infra.runs import fingerprint
-from infra.trainer import SYNTHETIC, read_metrics
+from infra.compute import Pool, RunPaths, backend_of, check_fits, run_job
+from infra.engines.contract import SYNTHETIC, read_metrics
+from infra.runs.record import fingerprint
+from infra.storage.blobstore import StorageConfig, open_store
+from infra.storage.fileshare import FileShareConfig, open_share
 from tasks.progress import training_progress
 from tasks.retry import unless_permanent
 
@@ -29,15 +29,21 @@ def data_version(synced: str) -> Path:
 def run_paths(cfg, run_id: str, scripts: str, data: Path) -> RunPaths:
     """A run's paths: `scripts` is the version's folder on the share (scripts/<version>), as the backend's nodes
     find it; the results go to the workdir's runs/<run id>."""
-    return RunPaths(run_id, data, backend_of(cfg.pool).scripts_root(cfg) / scripts, cfg.workdir / "runs" / run_id,
-                    cfg.dataset_name())
+    return RunPaths(
+        run_id,
+        data,
+        backend_of(cfg.pool).scripts_root(cfg) / scripts,
+        cfg.workdir / "runs" / run_id,
+        cfg.dataset_name(),
+    )
 
 
 def run_inputs(cfg, scripts: str, data: Path) -> str:
     """The fingerprint of what a run trains: its settings, pool, data set version and scripts version (a re-run
     with the same fingerprint resumes an unfinished run)."""
-    return fingerprint(cfg.training.model_dump(), cfg.pool.model_dump(), cfg.job.model_dump(), cfg.dataset_name(),
-                       str(data), scripts)
+    return fingerprint(
+        cfg.training.model_dump(), cfg.pool.model_dump(), cfg.job.model_dump(), cfg.dataset_name(), str(data), scripts
+    )
 
 
 def plan_pool(cfg, run: RunPaths, image: str | None) -> Pool:
@@ -45,8 +51,13 @@ def plan_pool(cfg, run: RunPaths, image: str | None) -> Pool:
     return backend_of(cfg.pool).pool(cfg, run, image)
 
 
-@task(name="create-pool", retries=2, retry_delay_seconds=[5, 20], retry_condition_fn=unless_permanent,
-      cache_policy=NO_CACHE)
+@task(
+    name="create-pool",
+    retries=2,
+    retry_delay_seconds=[5, 20],
+    retry_condition_fn=unless_permanent,
+    cache_policy=NO_CACHE,
+)
 def create_pool_task(pool: Pool, pool_cfg, workers: int, keep_runs: set[str]) -> dict:
     """Prefect step: delete pools that crashed runs left behind, then create this run's pool and wait for it."""
     check_fits(pool_cfg, workers)
@@ -58,8 +69,7 @@ def create_pool_task(pool: Pool, pool_cfg, workers: int, keep_runs: set[str]) ->
     return pool.describe()
 
 
-@task(name="run-training", retries=1, retry_delay_seconds=5, retry_condition_fn=unless_permanent,
-      cache_policy=NO_CACHE)
+@task(name="run-training", retries=1, retry_delay_seconds=5, retry_condition_fn=unless_permanent, cache_policy=NO_CACHE)
 def run_training_task(pool: Pool, training, out: Path, timeout_s: float, resumed: bool = False) -> dict:
     """Prefect step: run the job on the pool, each rank's lines into the run's log; a retry (or a re-run that
     `resumed` an unfinished run) resumes from checkpoints. Returns the run's metrics, the job's command and the
@@ -78,8 +88,12 @@ def run_training_task(pool: Pool, training, out: Path, timeout_s: float, resumed
 def attempts_artifact(attempts: list[dict]) -> None:
     """The attempts a backend made itself (pre-empted, failed, completed) as a table in the Prefect UI."""
     if attempts:
-        create_table_artifact(key="attempts", table=attempts, description="Each attempt of the training job: how "
-                              "and why it ended, its GPU-hours, the steps it lost since its last checkpoint")
+        create_table_artifact(
+            key="attempts",
+            table=attempts,
+            description="Each attempt of the training job: how "
+            "and why it ended, its GPU-hours, the steps it lost since its last checkpoint",
+        )
 
 
 @task(name="delete-pool", retries=2, retry_delay_seconds=5, cache_policy=NO_CACHE)
@@ -89,8 +103,9 @@ def delete_pool_task(pool: Pool) -> None:
 
 
 @task(name="collect-results", retries=3, retry_delay_seconds=[2, 10, 30], retry_condition_fn=unless_permanent)
-def collect_results_task(out: Path, run_id: str, share_cfg: FileShareConfig, storage: StorageConfig,
-                         azurite_port: int | None, workdir: Path) -> dict:
+def collect_results_task(
+    out: Path, run_id: str, share_cfg: FileShareConfig, storage: StorageConfig, azurite_port: int | None, workdir: Path
+) -> dict:
     """Prefect step: results to the file share under results/<run id>/, the model to Blob."""
     share = open_share(share_cfg, workdir)
     files = sorted(p for p in out.rglob("*") if p.is_file())

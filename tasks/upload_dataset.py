@@ -5,23 +5,24 @@ that crashed resumes without re-sending the shards already stored (a blob exists
 """
 
 import tempfile
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from prefect import task
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from infra.blobstore import BlobStore, StorageConfig, open_store
-from infra.errors import BadInput
 from infra import manifest as mf
-from infra.transfers import Transfer, in_parallel, step_plan, transfer_progress
+from infra.core.errors import BadInput
+from infra.storage.blobstore import BlobStore, StorageConfig, open_store
+from infra.storage.transfers import Transfer, in_parallel, step_plan, transfer_progress
 from tasks.retry import unless_permanent
 from trainer.datasets import FORMAT, Manifest
 from trainer.errors import UsageError
 from trainer.layout import bad_image_lines, bad_images_error, find_bad_images, write_bad_list
+
 
 def cache_path(workdir: Path, name: str) -> Path:
     """The index of a data set's files kept between runs (hashes and image checks by size and mtime)."""
@@ -34,8 +35,13 @@ def scan_dataset(data_dir: Path, workdir: Path, name: str, keep: bool = True) ->
     new or changed files are hashed and decoded once, here, where they enter. With `keep` the index is kept for
     the next run as soon as the scan is done (a run that then fails on bad files does not decode them again)."""
     cache = cache_path(workdir, name)
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TextColumn("{task.completed} files"),
-                  TimeElapsedColumn(), transient=True) as progress:
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        TextColumn("{task.completed} files"),
+        TimeElapsedColumn(),
+        transient=True,
+    ) as progress:
         bar = progress.add_task(f"list, hash and check {data_dir}", total=None)
         with mf.scanned(data_dir, cache, find_bad_images, keep, lambda n: progress.advance(bar, n)) as (index, _):
             yield index
@@ -76,20 +82,35 @@ class UploadPlan:
         todo, total = self.todo(name), self.header["files"]
         files = sum(n for n, _ in todo.values())
         if not todo and self.unchanged():
-            return step_plan("upload-dataset", "skip", f"{name}: Blob holds all {total} files (version "
-                             f"{self.version[:12]})", files=0)
-        return step_plan("upload-dataset", "run", f"{name}: upload {files} of {total} files in {len(todo)} of "
-                         f"{len(self.index.shards)} shards", files=files)
+            return step_plan(
+                "upload-dataset", "skip", f"{name}: Blob holds all {total} files (version {self.version[:12]})", files=0
+            )
+        return step_plan(
+            "upload-dataset",
+            "run",
+            f"{name}: upload {files} of {total} files in {len(todo)} of {len(self.index.shards)} shards",
+            files=files,
+        )
 
 
-def decide_upload(cfg: StorageConfig, name: str, index: mf.Index, previous: dict | None, stored: set[str]) -> UploadPlan:
+def decide_upload(
+    cfg: StorageConfig, name: str, index: mf.Index, previous: dict | None, stored: set[str]
+) -> UploadPlan:
     """The shards of the index, given the stored manifest's metadata and shard blobs: the step and the dry run
     share it. The previous shard count is kept while sizes allow (files stay in their shards)."""
     files, total = index.total()
-    count = mf.shard_count(total, int(cfg.shard_mb * (1 << 20)), int(previous["shard_count"]) if previous else None,
-                           cfg.upload_concurrency)
-    header = {"format": FORMAT, "dataset": name, "version": index.plan_shards(count), "shard_count": count,
-              "files": files, "bytes": total, "verified": {"check": "decode", "bad": index.bad()}}
+    count = mf.shard_count(
+        total, int(cfg.shard_mb * (1 << 20)), int(previous["shard_count"]) if previous else None, cfg.upload_concurrency
+    )
+    header = {
+        "format": FORMAT,
+        "dataset": name,
+        "version": index.plan_shards(count),
+        "shard_count": count,
+        "files": files,
+        "bytes": total,
+        "verified": {"check": "decode", "bad": index.bad()},
+    }
     return UploadPlan(index, header, stored, previous)
 
 
@@ -115,8 +136,9 @@ def manifest_metadata(header: dict) -> dict[str, str]:
     return {"version": header["version"], "shard_count": str(header["shard_count"]), "files": str(header["files"])}
 
 
-def upload_dataset(store: BlobStore, cfg: StorageConfig, data_dir: Path, name: str, workdir: Path,
-                   bad_files: str = "fail") -> Transfer:
+def upload_dataset(
+    store: BlobStore, cfg: StorageConfig, data_dir: Path, name: str, workdir: Path, bad_files: str = "fail"
+) -> Transfer:
     """Index (hash and check new files), pack and upload the missing shards in parallel, write the manifest, drop
     shards no manifest uses. Bad images fail the step with one error listing them all (`bad_files: fail`), or are
     recorded in the manifest for training to leave out (`skip`)."""
@@ -131,7 +153,10 @@ def upload_dataset(store: BlobStore, cfg: StorageConfig, data_dir: Path, name: s
             plan = plan_upload(store, cfg, name, index)
             todo, transfer.plan = plan.todo(name), plan.row(name)
             counts = [sum(n for n, _ in todo.values()), sum(b for _, b in todo.values())]
-            transfer.skipped_files, transfer.skipped_bytes = plan.header["files"] - counts[0], plan.header["bytes"] - counts[1]
+            transfer.skipped_files, transfer.skipped_bytes = (
+                plan.header["files"] - counts[0],
+                plan.header["bytes"] - counts[1],
+            )
             with transfer_progress(transfer, counts[1], counts[0]) as advance:
                 send_shards(store, index, data_dir, name, todo, workdir, advance)
             doomed = unreferenced(store, plan, name, workdir)
@@ -142,8 +167,10 @@ def upload_dataset(store: BlobStore, cfg: StorageConfig, data_dir: Path, name: s
                 path.unlink()
     for blob in doomed:
         store.delete(blob)
-    transfer.notes.append(f"{len(index.shards)} shards, {len(todo)} uploaded, version {plan.version[:12]}"
-                          + (f", {len(bad)} bad images left out of training" if bad else ""))
+    transfer.notes.append(
+        f"{len(index.shards)} shards, {len(todo)} uploaded, version {plan.version[:12]}"
+        + (f", {len(bad)} bad images left out of training" if bad else "")
+    )
     return transfer
 
 
@@ -159,8 +186,9 @@ def unreferenced(store: BlobStore, plan: UploadPlan, name: str, workdir: Path) -
     return extra
 
 
-def send_shards(store: BlobStore, index: mf.Index, data_dir: Path, name: str, todo: dict, workdir: Path,
-                advance) -> None:
+def send_shards(
+    store: BlobStore, index: mf.Index, data_dir: Path, name: str, todo: dict, workdir: Path, advance
+) -> None:
     """Build each shard in a temporary file and upload it, store.concurrency at a time."""
 
     def send(sid: str, counts: tuple[int, int], tmp: Path) -> None:
@@ -172,9 +200,9 @@ def send_shards(store: BlobStore, index: mf.Index, data_dir: Path, name: str, to
 
 
 @task(name="upload-dataset", retries=3, retry_delay_seconds=[2, 10, 30], retry_condition_fn=unless_permanent)
-def upload_dataset_task(cfg: StorageConfig, azurite_port: int | None, data_dir: Path, name: str, workdir: Path,
-                        bad_files: str = "fail") -> dict:
+def upload_dataset_task(
+    cfg: StorageConfig, azurite_port: int | None, data_dir: Path, name: str, workdir: Path, bad_files: str = "fail"
+) -> dict:
     """Prefect step: upload the data set; returns the transfer summary."""
     transfer = upload_dataset(open_store(cfg, azurite_port), cfg, data_dir, name, workdir, bad_files)
     return {**transfer.row(), "plan": transfer.plan}
-

@@ -12,11 +12,11 @@ from pathlib import Path
 
 from prefect import task
 
-from infra.fileshare import FileShare, FileShareConfig, open_share
-from infra.errors import BadInput
-from infra.manifest import sha256_file
-from infra.trainer import trainer_script
-from infra.transfers import Transfer, step_plan, transfer_progress
+from infra.core.errors import BadInput
+from infra.data.manifest import sha256_file
+from infra.engines.contract import trainer_script
+from infra.storage.fileshare import FileShare, FileShareConfig, open_share
+from infra.storage.transfers import Transfer, step_plan, transfer_progress
 from tasks.retry import unless_permanent
 
 LATEST = "scripts/LATEST"
@@ -45,11 +45,19 @@ def plan_scripts(share: FileShare | None, files: dict[str, Path]) -> tuple[dict[
     hashes = {rel: sha256_file(path) for rel, path in files.items()}
     version = scripts_version(hashes)
     if share is None:
-        return hashes, step_plan("upload-scripts", "run", f"upload {len(files)} files as scripts/{version} unless the "
-                                 "share holds that version", version=version)
+        return hashes, step_plan(
+            "upload-scripts",
+            "run",
+            f"upload {len(files)} files as scripts/{version} unless the share holds that version",
+            version=version,
+        )
     if share.exists(f"scripts/{version}/.complete"):
-        return hashes, step_plan("upload-scripts", "skip", f"version {version} is already on the share", version=version)
-    return hashes, step_plan("upload-scripts", "run", f"upload {len(files)} files as version {version}", version=version)
+        return hashes, step_plan(
+            "upload-scripts", "skip", f"version {version} is already on the share", version=version
+        )
+    return hashes, step_plan(
+        "upload-scripts", "run", f"upload {len(files)} files as version {version}", version=version
+    )
 
 
 def upload_scripts(share: FileShare, files: dict[str, Path]) -> tuple[Transfer, str, dict]:

@@ -1,6 +1,6 @@
 """A tiny in-memory Azure Files REST endpoint for tests (Azure Files has no emulator).
 
-It speaks just the operations `infra.azure_files.AzureFileShare` sends through the real SDK
+It speaks just the operations `infra.storage.azure_files.AzureFileShare` sends through the real SDK
 (create directory, directory properties, create file, put range, file properties, download, copy),
 path-style like Azurite: http://127.0.0.1:PORT/<account>/<share>/<dir>/<file>. Request formats follow
 azure/storage/fileshare/_generated/operations/_operations.py. Every request is checked; what the
@@ -25,15 +25,24 @@ import os
 import threading
 import uuid
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime, formatdate, parsedate_to_datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote, urlsplit
 
 MAX_RANGE = 4 * 1024 * 1024
 _SIGNED_HEADERS = [
-    "content-encoding", "content-language", "content-length", "content-md5", "content-type", "date",
-    "if-modified-since", "if-match", "if-none-match", "if-unmodified-since", "range",
+    "content-encoding",
+    "content-language",
+    "content-length",
+    "content-md5",
+    "content-type",
+    "date",
+    "if-modified-since",
+    "if-match",
+    "if-none-match",
+    "if-unmodified-since",
+    "range",
 ]
 
 
@@ -120,7 +129,7 @@ class FakeAzureFiles:
             self.note(f"{req.describe()}: neither x-ms-date nor Date header")
             return
         try:
-            age = abs(datetime.now(timezone.utc) - parsedate_to_datetime(stamp))
+            age = abs(datetime.now(UTC) - parsedate_to_datetime(stamp))
         except (TypeError, ValueError):
             self.note(f"{req.describe()}: unparseable date {stamp!r}")
             return
@@ -154,7 +163,7 @@ class FakeAzureFiles:
         missing = [k for k in ("sv", "se", "sp") if not q.get(k)]
         if missing:
             raise AzureError(403, "AuthenticationFailed", f"SAS lacks {', '.join(missing)}.", True)
-        if datetime.fromisoformat(q["se"].replace("Z", "+00:00")) < datetime.now(timezone.utc):
+        if datetime.fromisoformat(q["se"].replace("Z", "+00:00")) < datetime.now(UTC):
             raise AzureError(403, "AuthenticationFailed", "Signed expiry time has passed.", True)
         if not any(p in q["sp"] for p in needs):
             raise AzureError(403, "AuthorizationPermissionMismatch", f"SAS sp={q['sp']} lacks {needs!r}.", True)
@@ -215,14 +224,20 @@ class FakeAzureFiles:
             raise AzureError(404, "CannotVerifyCopySource", "The specified resource does not exist.")
         if not self.parent_exists(key):
             raise AzureError(404, "ParentNotFound", "The specified parent path does not exist.", True)
-        copy = {"x-ms-copy-id": str(uuid.uuid4()), "x-ms-copy-status": self.copy_outcome,
-                "x-ms-copy-source": req.header("x-ms-copy-source")}
+        copy = {
+            "x-ms-copy-id": str(uuid.uuid4()),
+            "x-ms-copy-status": self.copy_outcome,
+            "x-ms-copy-source": req.header("x-ms-copy-source"),
+        }
         data = src.data if self.copy_outcome != "failed" else bytearray()
         self.files[key] = StoredFile(bytearray(data), copy=copy)
         if self.copy_outcome == "failed":
             copy["x-ms-copy-status-description"] = "500 InternalError Copy failed (fake)."
-        return {"ETag": self.files[key].etag, "x-ms-copy-id": copy["x-ms-copy-id"],
-                "x-ms-copy-status": copy["x-ms-copy-status"]}
+        return {
+            "ETag": self.files[key].etag,
+            "x-ms-copy-id": copy["x-ms-copy-id"],
+            "x-ms-copy-status": copy["x-ms-copy-status"],
+        }
 
     def file_headers(self, key: str) -> dict:
         stored = self.files.get(key)
@@ -234,8 +249,13 @@ class FakeAzureFiles:
                 self.pending_polls -= 1
             else:
                 copy["x-ms-copy-status"] = stored.copy["x-ms-copy-status"] = "success"
-        return {"ETag": stored.etag, "x-ms-type": "File", "Content-Type": "application/octet-stream",
-                "x-ms-file-attributes": "Archive", **copy}
+        return {
+            "ETag": stored.etag,
+            "x-ms-type": "File",
+            "Content-Type": "application/octet-stream",
+            "x-ms-file-attributes": "Archive",
+            **copy,
+        }
 
 
 @dataclass
@@ -272,7 +292,7 @@ class _Request:
 def _parse_range(value: str | None) -> tuple[int, int | None]:
     if not value or not value.startswith("bytes="):
         raise AzureError(400, "InvalidHeaderValue", f"Bad range {value!r}.", True)
-    start, _, end = value[len("bytes="):].partition("-")
+    start, _, end = value[len("bytes=") :].partition("-")
     return int(start), (int(end) if end else None)
 
 
@@ -315,8 +335,11 @@ def _handler_for(fake: FakeAzureFiles):
 
         def _reply(self, status: int, headers: dict, body: bytes) -> None:
             self.send_response(status)
-            base = {"x-ms-request-id": str(uuid.uuid4()), "x-ms-version": "2026-10-06",
-                    "Last-Modified": format_datetime(datetime.now(timezone.utc), usegmt=True)}
+            base = {
+                "x-ms-request-id": str(uuid.uuid4()),
+                "x-ms-version": "2026-10-06",
+                "Last-Modified": format_datetime(datetime.now(UTC), usegmt=True),
+            }
             for name, value in {**base, **headers}.items():
                 self.send_header(name, value)
             if "Content-Length" not in headers:

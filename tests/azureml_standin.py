@@ -33,8 +33,10 @@ URI = re.compile(r"^azureml://datastores/([^/]+)/paths/(.*)$")
 PLACEHOLDER = re.compile(r"\$\{\{(inputs|outputs)\.(\w+)\}\}")
 # The service's error when low-priority nodes are taken back (quoted in Azure/azure-sdk-for-python#22426 and
 # microsoft/MLOpsPython#346); the docs: "You have to restart a preempted job" (how-to-create-attach-compute-cluster).
-PREEMPTION = ("AzureMLCompute job failed. PreemptionError: Nodes of this job got pre-empted. Check if the run has "
-              "failed or restarted. Reason: Received pre-emption warning signal")
+PREEMPTION = (
+    "AzureMLCompute job failed. PreemptionError: Nodes of this job got pre-empted. Check if the run has "
+    "failed or restarted. Reason: Received pre-emption warning signal"
+)
 
 
 def refused(message: str, status: int = 400) -> HttpResponseError:
@@ -59,7 +61,7 @@ class Workspace:
     """One Azure ML workspace's state."""
 
     root: Path
-    private_endpoint: bool = True  # infra/azure/main.bicep makes one
+    private_endpoint: bool = True  # infra/compute/azure/main.bicep makes one
     computes: dict = field(default_factory=dict)  # name -> the REST body last PUT
     jobs: dict = field(default_factory=dict)
     connections: dict = field(default_factory=dict)
@@ -67,8 +69,11 @@ class Workspace:
     preempt: object = None  # (job name, log line) -> bool: take the nodes back now
 
     def __post_init__(self):
-        self.datastores = {"trainflow_files": "AzureFile", "trainflow_blob": "AzureBlob",
-                           "workspaceblobstore": "AzureBlob"}
+        self.datastores = {
+            "trainflow_files": "AzureFile",
+            "trainflow_blob": "AzureBlob",
+            "workspaceblobstore": "AzureBlob",
+        }
         for name in self.datastores:
             self.datastore(name).mkdir(parents=True, exist_ok=True)
 
@@ -85,8 +90,11 @@ class Workspace:
 
     def client(self) -> SimpleNamespace:
         """What trainflow uses of MLClient: compute, jobs and connections operations."""
-        return SimpleNamespace(compute=ComputeOperations(self), jobs=JobOperations(self),
-                               connections=SimpleNamespace(create_or_update=self.create_connection))
+        return SimpleNamespace(
+            compute=ComputeOperations(self),
+            jobs=JobOperations(self),
+            connections=SimpleNamespace(create_or_update=self.create_connection),
+        )
 
     def create_connection(self, connection):
         self.calls.append(("connections.create_or_update", connection.name))
@@ -135,7 +143,7 @@ def check_compute(ws: Workspace, name: str, body) -> None:
     props = body.properties.properties
     # ResourceId.id is required (azure-rest-api-specs, machineLearningServices.json, "ResourceId": required ["id"])
     if props.subnet is not None and not props.subnet.get("id"):
-        raise refused("BadRequest: subnet: the field id is required (a ResourceId without an id: \"subnet\": {})")
+        raise refused('BadRequest: subnet: the field id is required (a ResourceId without an id: "subnet": {})')
     # "You must use a workspace private endpoint for the compute resource to communicate with Azure Machine
     # Learning services from the VNet" (how-to-secure-training-vnet, compute cluster without public IP)
     if props.enable_node_public_ip is False and not ws.private_endpoint:
@@ -163,8 +171,10 @@ class JobOperations:
         self.ws.calls.append(("jobs.create_or_update", job.name))
         if job.name in self.ws.jobs:
             # "name: Must be unique across all jobs in the workspace" (reference-yaml-job-command); the service:
-            raise refused("(UserError) A job with this name already exists. If you are trying to create a new job, "
-                          "use a different name.")
+            raise refused(
+                "(UserError) A job with this name already exists. If you are trying to create a new job, "
+                "use a different name."
+            )
         compute = job.compute.removeprefix("azureml:")
         if compute not in self.ws.computes:
             raise refused(f"UserError: compute {compute} not found in workspace", 404)
@@ -183,8 +193,11 @@ class JobOperations:
         """Rank 0's log printed to stdout until the job ends; a failed job raises JobException with the service's
         error (azure/ai/ml/operations/_job_ops_helper.py, stream_logs_until_completion)."""
         run = self.ws.jobs[name]
-        print(f"RunId: {name}\nWeb View: https://ml.azure.com/runs/{name}\n\nStreaming user_logs/std_log.txt\n"
-              "===============================", flush=True)
+        print(
+            f"RunId: {name}\nWeb View: https://ml.azure.com/runs/{name}\n\nStreaming user_logs/std_log.txt\n"
+            "===============================",
+            flush=True,
+        )
         sent = 0
         while True:
             ended = run.status in FINAL
@@ -197,8 +210,10 @@ class JobOperations:
             time.sleep(0.05)
         print(f"\nExecution Summary\n=================\nRunId: {name}\n", flush=True)
         if run.status == "Failed":
-            raise JobException(message="Exception : \n {} ".format(json.dumps({"error": run.error}, indent=4)),
-                               no_personal_data_message="Exception raised on executing job")
+            raise JobException(
+                message="Exception : \n {} ".format(json.dumps({"error": run.error}, indent=4)),
+                no_personal_data_message="Exception raised on executing job",
+            )
 
     def begin_cancel(self, name: str) -> Poller:
         self.ws.calls.append(("jobs.begin_cancel", name))
@@ -209,13 +224,18 @@ class JobOperations:
         run = self.ws.jobs[name]
         # "Download is allowed only in states ..." (azure/ai/ml/operations/_job_operations.py, download)
         if run.status not in FINAL:
-            raise JobException(message=f"This job is in state {run.status}. Download is allowed only in states "
-                               f"{sorted(FINAL)}", no_personal_data_message="job not terminal")
+            raise JobException(
+                message=f"This job is in state {run.status}. Download is allowed only in states {sorted(FINAL)}",
+                no_personal_data_message="job not terminal",
+            )
         kind, folder = self.ws.local(run.job.outputs[output_name].path)
         # get_datastore_info (azure/ai/ml/_artifacts/_artifact_utilities.py) accepts only these two
         if kind not in ("AzureBlob", "AzureDataLakeGen2"):
-            raise MlException(message=f"Datastore type {kind} is not supported for uploads. Supported types are "
-                              "AzureBlob and AzureDataLakeGen2.", no_personal_data_message="datastore type")
+            raise MlException(
+                message=f"Datastore type {kind} is not supported for uploads. Supported types are "
+                "AzureBlob and AzureDataLakeGen2.",
+                no_personal_data_message="datastore type",
+            )
         shutil.copytree(folder, Path(download_path) / "named-outputs" / output_name, dirs_exist_ok=True)
 
 
@@ -242,8 +262,10 @@ class JobRun:
         for reader in readers:
             reader.join()
         failed = next((c for c in codes if c), 0)
-        self.stop("Completed" if not failed else "Failed",
-                  None if not failed else {"code": "UserError", "message": f"Execution failed: exit code {failed}"})
+        self.stop(
+            "Completed" if not failed else "Failed",
+            None if not failed else {"code": "UserError", "message": f"Execution failed: exit code {failed}"},
+        )
 
     def processes(self) -> list[dict]:
         """The environment of each process Azure ML starts (how-to-train-distributed-gpu)."""
@@ -252,8 +274,10 @@ class JobRun:
             return [{}]
         if dist.type == "pytorch":  # one command per node; MASTER_ADDR, MASTER_PORT, NODE_RANK, WORLD_SIZE set
             port = free_port()
-            return [{"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "NODE_RANK": str(n),
-                     "WORLD_SIZE": str(nodes)} for n in range(nodes)]
+            return [
+                {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "NODE_RANK": str(n), "WORLD_SIZE": str(nodes)}
+                for n in range(nodes)
+            ]
         ranks = nodes * dist.process_count_per_instance  # mpi: the command once per rank, under mpirun
         if ranks > 1:
             raise RuntimeError("the stand-in has no mpirun: MPI jobs of one rank only")
@@ -261,10 +285,21 @@ class JobRun:
 
     def start(self, env: dict) -> subprocess.Popen:
         command = PLACEHOLDER.sub(lambda m: str(self.resolve(m.group(1), m.group(2))), self.job.command)
-        environ = {**os.environ, **(self.job.environment_variables or {}), **env,
-                   "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "PYTHONUNBUFFERED": "1"}
-        return subprocess.Popen(["bash", "-c", command], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env=environ, start_new_session=True)
+        environ = {
+            **os.environ,
+            **(self.job.environment_variables or {}),
+            **env,
+            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+            "PYTHONUNBUFFERED": "1",
+        }
+        return subprocess.Popen(
+            ["bash", "-c", command],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=environ,
+            start_new_session=True,
+        )
 
     def resolve(self, kind: str, name: str) -> Path:
         """The folder a job input or output stands for (a datastore folder; `download` gets a copy)."""

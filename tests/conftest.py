@@ -4,27 +4,26 @@
 import fcntl
 import os
 import secrets
-import struct
 import shutil
+import struct
 import subprocess
 import tempfile
 import zlib
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
 
 import numpy as np
 import pytest
 from PIL import Image
 
-from infra.azurite import running_azurite
-from infra.build_context import wheel_cache
-from infra.backends.process import train_here
-from infra.images import DockerEngine, ImageConfig
-from infra.local_docker import collect_registry_garbage, running_engine, running_registry
-from infra.sample_data import write_digits
-
+from infra.compute.process import train_here
+from infra.data.sample_data import write_digits
+from infra.images.build_context import wheel_cache
+from infra.images.local_docker import collect_registry_garbage, running_engine, running_registry
+from infra.images.registry import DockerEngine, ImageConfig
+from infra.services.azurite import running_azurite
 
 DOCKER_FIXTURES = {"docker_engine", "registry", "cpu_image"}
 
@@ -64,8 +63,10 @@ def in_group(item: pytest.Item, group: str) -> None:
 def pytest_report_header(config) -> str:
     """Free disk where the tests write: a run out of space fails in confusing places, so say it up front."""
     folder = tempfile.gettempdir()
-    return (f"free disk: {shutil.disk_usage(folder).free / 2**30:.0f} GiB in {folder} (a full run writes about 5 GiB "
-            "there, removed when it passes, and Docker keeps about 7 GiB of images in its data root)")
+    return (
+        f"free disk: {shutil.disk_usage(folder).free / 2**30:.0f} GiB in {folder} (a full run writes about 5 GiB "
+        "there, removed when it passes, and Docker keeps about 7 GiB of images in its data root)"
+    )
 
 
 @pytest.fixture(scope="session")
@@ -90,12 +91,16 @@ def write_image(path: Path, mode: str = "RGB", size: int = 12, fmt: str | None =
 
 def write_png_header(path, width: int, height: int):
     """A PNG that declares width x height pixels and holds none: PIL's decompression-bomb check reads only this."""
+
     def chunk(kind: bytes, body: bytes) -> bytes:
         return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0))
-                     + chunk(b"IEND", b""))
+    path.write_bytes(
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0))
+        + chunk(b"IEND", b"")
+    )
     return path
 
 
@@ -189,8 +194,14 @@ def kept_storage(cache: Path, fallback: Path, collect: Callable[[], None]) -> It
 
 def image_config(service: Registry, **overrides) -> ImageConfig:
     """The CPU image on the local base, pushed to the session's registry."""
-    values = {"flavour": "cpu", "registry": service.host, "base_image": "local", "build_network": "host",
-              "username": service.username, **overrides}
+    values = {
+        "flavour": "cpu",
+        "registry": service.host,
+        "base_image": "local",
+        "build_network": "host",
+        "username": service.username,
+        **overrides,
+    }
     return ImageConfig(**values)
 
 

@@ -25,13 +25,19 @@ __all__ = ["FaultProxy"]
 
 _CHUNK = 1 << 20  # bytes per read/write while streaming bodies
 _HOP_BY_HOP = {
-    "connection", "keep-alive", "proxy-connection", "proxy-authenticate", "proxy-authorization",
-    "te", "trailer", "trailers", "transfer-encoding", "upgrade", "expect",
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "trailers",
+    "transfer-encoding",
+    "upgrade",
+    "expect",
 }
-_BUSY_BODY = (
-    b'<?xml version="1.0" encoding="utf-8"?>'
-    b"<Error><Code>ServerBusy</Code><Message>injected</Message></Error>"
-)
+_BUSY_BODY = b'<?xml version="1.0" encoding="utf-8"?><Error><Code>ServerBusy</Code><Message>injected</Message></Error>'
 _METHODS = ("GET", "HEAD", "PUT", "POST", "DELETE", "PATCH", "OPTIONS", "MERGE")
 
 # The fault drawn for one request.
@@ -41,7 +47,7 @@ _FORWARD, _FAIL, _RESET_BEFORE, _RESET_AFTER = "forward", "fail", "reset_before"
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
-    proxy: "FaultProxy"
+    proxy: FaultProxy
 
     def handle_error(self, request, client_address):  # quiet: clients drop connections on purpose
         pass
@@ -65,7 +71,7 @@ class _Handler(BaseHTTPRequestHandler):
         finally:
             self.server.proxy._track(self.connection, add=False)
 
-    def log_message(self, format, *args):  # noqa: A002 - stdlib signature
+    def log_message(self, format, *args):
         pass
 
     def _handle(self):
@@ -83,9 +89,17 @@ del _method
 class FaultProxy:
     """Reverse proxy on 127.0.0.1 (free port) to ``127.0.0.1:target_port`` with injected faults."""
 
-    def __init__(self, target_port: int, *, fail_ratio: float = 0.0, reset_ratio: float = 0.0,
-                 delay_ratio: float = 0.0, delay_seconds: float = 0.0, seed: int = 0,
-                 only_methods: set[str] | None = None):
+    def __init__(
+        self,
+        target_port: int,
+        *,
+        fail_ratio: float = 0.0,
+        reset_ratio: float = 0.0,
+        delay_ratio: float = 0.0,
+        delay_seconds: float = 0.0,
+        seed: int = 0,
+        only_methods: set[str] | None = None,
+    ):
         self.target_port = target_port
         self.fail_ratio = fail_ratio
         self.reset_ratio = reset_ratio
@@ -97,8 +111,14 @@ class FaultProxy:
         self._lock = threading.Lock()
         self._connections: set[socket.socket] = set()
         self.stats: dict = {
-            "requests": 0, "forwarded": 0, "failed_503": 0, "resets": 0,
-            "resets_before": 0, "resets_after": 0, "delayed": 0, "by_method": {},
+            "requests": 0,
+            "forwarded": 0,
+            "failed_503": 0,
+            "resets": 0,
+            "resets_before": 0,
+            "resets_after": 0,
+            "delayed": 0,
+            "by_method": {},
         }
         self._server = _Server(("127.0.0.1", 0), _Handler)
         self._server.proxy = self
@@ -107,10 +127,13 @@ class FaultProxy:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    def __enter__(self) -> "FaultProxy":
+    def __enter__(self) -> FaultProxy:
         self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
-            name=f"faultproxy-{self.port}", daemon=True)
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            name=f"faultproxy-{self.port}",
+            daemon=True,
+        )
         self._thread.start()
         return self
 
@@ -135,8 +158,13 @@ class FaultProxy:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def set_faults(self, fail_ratio: float | None = None, reset_ratio: float | None = None,
-                   delay_ratio: float | None = None, delay_seconds: float | None = None) -> None:
+    def set_faults(
+        self,
+        fail_ratio: float | None = None,
+        reset_ratio: float | None = None,
+        delay_ratio: float | None = None,
+        delay_seconds: float | None = None,
+    ) -> None:
         """Change fault ratios while running; arguments left as None keep their value."""
         with self._lock:
             if fail_ratio is not None:
@@ -288,8 +316,7 @@ class FaultProxy:
         for _ in self._body_chunks(h):
             pass
 
-    def _forward(self, h: _Handler, upstream: http.client.HTTPConnection,
-                 method: str) -> http.client.HTTPResponse:
+    def _forward(self, h: _Handler, upstream: http.client.HTTPConnection, method: str) -> http.client.HTTPResponse:
         chunked = "chunked" in h.headers.get("Transfer-Encoding", "").lower()
         body = b"".join(self._body_chunks(h)) if chunked else None  # rare: re-frame with a length
         upstream.putrequest(method, h.path, skip_host=True, skip_accept_encoding=True)

@@ -9,8 +9,8 @@ normalised on the device (data.normalise) as the fast loader's are.
 """
 
 import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import numpy as np
 import torch
@@ -29,9 +29,13 @@ class TrainSteps:
     hflip: bool
 
     def images(self, fn, types, files, decoder: str):
-        images = fn.decoders.image_random_crop(files, device=decoder, output_type=types.RGB,
-                                               random_area=[self.min_crop_scale, 1.0],
-                                               random_aspect_ratio=[3 / 4, 4 / 3])
+        images = fn.decoders.image_random_crop(
+            files,
+            device=decoder,
+            output_type=types.RGB,
+            random_area=[self.min_crop_scale, 1.0],
+            random_aspect_ratio=[3 / 4, 4 / 3],
+        )
         images = fn.resize(images, resize_x=self.size, resize_y=self.size)  # antialiased, as torchvision's
         return fn.flip(images, horizontal=fn.random.coin_flip()) if self.hflip else images
 
@@ -50,8 +54,16 @@ class ValSteps:
 class DaliBatches:
     """(uint8 NCHW images on `device`, targets) of `samples`, in the order of `sampler`, decoded by DALI."""
 
-    def __init__(self, samples: list, sampler, batch_size: int, steps: TrainSteps | ValSteps, device: torch.device,
-                 threads: int, drop_last: bool):
+    def __init__(
+        self,
+        samples: list,
+        sampler,
+        batch_size: int,
+        steps: TrainSteps | ValSteps,
+        device: torch.device,
+        threads: int,
+        drop_last: bool,
+    ):
         self.samples, self.sampler, self.batch_size, self.drop_last = samples, sampler, batch_size, drop_last
         self.device = device
         seed = (torch.initial_seed() + getattr(sampler, "rank", 0)) % 2**31  # the run's --seed, a stream per shard
@@ -62,8 +74,9 @@ class DaliBatches:
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         order = iter(self.sampler)
-        while (batch := list(itertools.islice(order, self.batch_size))) and \
-                not (self.drop_last and len(batch) < self.batch_size):
+        while (batch := list(itertools.islice(order, self.batch_size))) and not (
+            self.drop_last and len(batch) < self.batch_size
+        ):
             yield self.decode(batch)
 
     def decode(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -89,8 +102,14 @@ def build_pipeline(steps: TrainSteps | ValSteps, batch_size: int, threads: int, 
         raise UsageError(f"--loader dali needs NVIDIA DALI ({exc}); {INSTALL}, or pass --loader fast") from None
     gpu = device.type == "cuda"
 
-    @pipeline_def(batch_size=batch_size, num_threads=threads, device_id=(device.index or 0) if gpu else None, seed=seed,
-                  exec_pipelined=False, exec_async=False)  # fed one batch, run, read: no queue to keep filled
+    @pipeline_def(
+        batch_size=batch_size,
+        num_threads=threads,
+        device_id=(device.index or 0) if gpu else None,
+        seed=seed,
+        exec_pipelined=False,
+        exec_async=False,
+    )  # fed one batch, run, read: no queue to keep filled
     def pipeline():
         files = fn.external_source(name="files", dtype=types.UINT8)
         return fn.transpose(steps.images(fn, types, files, "mixed" if gpu else "cpu"), perm=[2, 0, 1])

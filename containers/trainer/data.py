@@ -17,8 +17,8 @@ pil is the original path (PIL images, normalised floats made in the loader); dal
 import itertools
 import math
 import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
@@ -30,19 +30,38 @@ from torchvision.transforms.functional import pil_to_tensor
 
 from trainer import dali, jpeg_crop
 from trainer.errors import UsageError
+from trainer.layout import (
+    SHOWN,
+    VERIFIED,
+    Split,
+    Verified,
+    find_bad_images,
+    index_folder,  # noqa: F401 - the
+    load_rgb,
+    opened,
+    read_record,
+    read_verified,
+    without,
+    write_record,
+)  # data API
 from trainer.options import LOADERS  # noqa: F401 - the loaders the data API builds
-from trainer.layout import (SHOWN, VERIFIED, Split, Verified, find_bad_images, index_folder,  # noqa: F401 - the
-                            load_rgb, read_record, read_verified, verify_images, without, write_record)  # data API
-from trainer.layout import opened
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 BAD_LIST = "bad-files.tsv"  # in OUT: every image that cannot be decoded, `path<TAB>reason`, paths relative to DATA
 CHECKED = "images-checked.json"  # in OUT: the preflight's decode of DATA, which the workers read instead of decoding
 DECODED = "decoded in this run"
+CPU = torch.device("cpu")  # the default device of the batch makers
 
 
-def known_bad_images(data_dir: Path, out: Path, paths: list[str], decode: bool, rank: int = 0, world_size: int = 1,
-                     gather: Callable[[list], list[list]] = lambda mine: [mine]) -> tuple[Verified | None, str]:
+def known_bad_images(
+    data_dir: Path,
+    out: Path,
+    paths: list[str],
+    decode: bool,
+    rank: int = 0,
+    world_size: int = 1,
+    gather: Callable[[list], list[list]] = lambda mine: [mine],
+) -> tuple[Verified | None, str]:
     """The images of DATA (`paths`) that cannot be decoded, checked at most once per run, and where that
     knowledge comes from: DATA/.verified.json, else this worker's share of a decode (decode=True; `gather`
     gives every worker's share, so all agree), else the preflight's decode in OUT; (None, why) when nothing
@@ -199,7 +218,7 @@ class CropFirst:
 
     def cut(self, image: torch.Tensor) -> torch.Tensor:
         top, left, h, w = crop_box(image.shape[-1], image.shape[-2], self.scale)
-        return image[..., top:top + h, left:left + w]
+        return image[..., top : top + h, left : left + w]
 
     def crop(self, path: str) -> torch.Tensor:
         """The crop of the image at `path`, decoded, not yet resized."""
@@ -224,8 +243,11 @@ class CropFirst:
 def without_restart_markers(split: Split, sample: int = 32) -> tuple[int, int]:
     """Of up to `sample` JPEGs spread over the split, how many lack the restart markers that let the fast loader
     decode only a crop's MCUs (jpeg_crop.cuttable), and how many JPEGs were sampled."""
-    jpegs = [content for path, _ in split.samples[::max(len(split.samples) // sample, 1)][:sample]
-             if jpeg_crop.info(content := read_jpeg(path))]
+    jpegs = [
+        content
+        for path, _ in split.samples[:: max(len(split.samples) // sample, 1)][:sample]
+        if jpeg_crop.info(content := read_jpeg(path))
+    ]
     return sum(not jpeg_crop.cuttable(content) for content in jpegs), len(jpegs)
 
 
@@ -300,15 +322,27 @@ class ShardSampler(Sampler):
         return len(self.indices)
 
 
-def make_loader(dataset, batch_size: int, sampler, workers: int, pin_memory: bool, drop_last: bool,
-                device: torch.device = torch.device("cpu")):
+def make_loader(
+    dataset,
+    batch_size: int,
+    sampler,
+    workers: int,
+    pin_memory: bool,
+    drop_last: bool,
+    device: torch.device = CPU,
+):
     """A DataLoader over one worker's shard; with --loader dali, DALI's batches in the sampler's order (`workers` its
     threads, on `device`)."""
     if isinstance(dataset.transform, (dali.TrainSteps, dali.ValSteps)):
         return dali.DaliBatches(dataset.samples, sampler, batch_size, dataset.transform, device, workers, drop_last)
     return DataLoader(
-        dataset, batch_size=batch_size, sampler=sampler, num_workers=workers,
-        pin_memory=pin_memory, drop_last=drop_last, persistent_workers=workers > 0,
+        dataset,
+        batch_size=batch_size,
+        sampler=sampler,
+        num_workers=workers,
+        pin_memory=pin_memory,
+        drop_last=drop_last,
+        persistent_workers=workers > 0,
     )
 
 
@@ -317,8 +351,16 @@ class SyntheticBatches:
     step: the batch is drawn on the CPU (the same numbers on any device) and kept on the training device in the
     model's memory format, so moving it there each step moves nothing."""
 
-    def __init__(self, batch_size: int, image_size: int, num_classes: int, steps: int, seed: int,
-                 device: torch.device = torch.device("cpu"), channels_last: bool = False):
+    def __init__(
+        self,
+        batch_size: int,
+        image_size: int,
+        num_classes: int,
+        steps: int,
+        seed: int,
+        device: torch.device = CPU,
+        channels_last: bool = False,
+    ):
         gen = torch.Generator().manual_seed(seed)
         fmt = torch.channels_last if channels_last else torch.contiguous_format
         self.images = torch.randn(batch_size, 3, image_size, image_size, generator=gen).to(device, memory_format=fmt)

@@ -10,7 +10,8 @@ written last. On a file server (the NFS share, or a node's local disk):
 The orchestrator's sync (tasks/sync_file_server.py) and the node-side fetch below share this module,
 so both write the same layout the same way. Run on a node, it needs only the standard library:
 
-    python trainer/datasets.py --source <datastore mount of datasets/imagenet/> --export /mnt/fileserver --dataset imagenet
+    python trainer/datasets.py --source <datastore mount of datasets/imagenet/> --export /mnt/fileserver \
+        --dataset imagenet
 
 brings `<export>/datasets/imagenet/current` to the staged version: unchanged files are hard-linked from
 the current version, the rest extracted from their shards and checked against the manifest; a lock in
@@ -30,11 +31,11 @@ import sys
 import tarfile
 import tempfile
 import threading
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
 
 if __package__ in (None, ""):  # run as a script on a node: make the `trainer` package importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -88,9 +89,11 @@ class Manifest:
 
     def __init__(self, db: Path | str, header: dict | None = None):
         self.db = sqlite3.connect(db, check_same_thread=False, isolation_level=None)
-        self.db.executescript("PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF; PRAGMA temp_store=FILE;"
-                              "CREATE TABLE IF NOT EXISTS files (path TEXT PRIMARY KEY, size INT, sha256 TEXT, "
-                              "shard TEXT) WITHOUT ROWID; CREATE INDEX IF NOT EXISTS by_shard ON files (shard);")
+        self.db.executescript(
+            "PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF; PRAGMA temp_store=FILE;"
+            "CREATE TABLE IF NOT EXISTS files (path TEXT PRIMARY KEY, size INT, sha256 TEXT, "
+            "shard TEXT) WITHOUT ROWID; CREATE INDEX IF NOT EXISTS by_shard ON files (shard);"
+        )
         self.header = header or {}
         self.lock = threading.Lock()  # one query at a time: the sync's threads ask for their shards
 
@@ -122,7 +125,9 @@ class Manifest:
         with self.lock:
             return self.db.execute(sql, args).fetchall()
 
-    def rows(self, sql: str = "SELECT path, size, sha256, shard FROM files ORDER BY path", args: tuple = ()) -> Iterator:
+    def rows(
+        self, sql: str = "SELECT path, size, sha256, shard FROM files ORDER BY path", args: tuple = ()
+    ) -> Iterator:
         """The rows of a query, a batch at a time (by default every file, sorted by path)."""
         with self.lock:
             cursor = self.db.execute(sql, args)
@@ -141,8 +146,10 @@ class Manifest:
 
     def shard_files(self, shard: str) -> dict[str, FileEntry]:
         """One shard's files, by path."""
-        return {p: FileEntry(p, s, h) for p, s, h in
-                self.query("SELECT path, size, sha256 FROM files WHERE shard = ? ORDER BY path", (shard,))}
+        return {
+            p: FileEntry(p, s, h)
+            for p, s, h in self.query("SELECT path, size, sha256 FROM files WHERE shard = ? ORDER BY path", (shard,))
+        }
 
     def write(self, path: Path) -> Path:
         """Write the manifest to a file, whole or not at all."""
@@ -292,8 +299,9 @@ class FileServer:
         A version is renamed out of sight before it is deleted, so a crash mid-delete never leaves a
         partial folder that still looks complete."""
         current = self.current(name).resolve()
-        versions = sorted((p for p in self.dataset_dir(name).glob("v-*") if p.is_dir()),
-                          key=lambda p: p.stat().st_mtime, reverse=True)
+        versions = sorted(
+            (p for p in self.dataset_dir(name).glob("v-*") if p.is_dir()), key=lambda p: p.stat().st_mtime, reverse=True
+        )
         for old in versions[keep:]:
             if old != current:
                 doomed = old.with_name(f".{old.name}.deleting")
@@ -311,8 +319,9 @@ def verify_version(folder: Path, header: dict) -> None:
     staging checked the images; the trainer then decodes none of them again."""
     verified = header.get("verified")
     if verified:
-        write_verified(folder, header["version"], header["files"], [tuple(b) for b in verified["bad"]],
-                       verified["check"])
+        write_verified(
+            folder, header["version"], header["files"], [tuple(b) for b in verified["bad"]], verified["check"]
+        )
 
 
 @dataclass
@@ -328,15 +337,22 @@ class SyncPlan:
 
     def wanted(self, shard: str) -> Iterator[FileEntry]:
         """The files to extract from one shard, sorted by path, a batch at a time."""
-        return (FileEntry(*row) for row in self.manifest.rows(
-            "SELECT path, size, sha256 FROM files WHERE shard = ? AND path NOT IN (SELECT path FROM reuse) "
-            "ORDER BY path", (shard,)))
+        return (
+            FileEntry(*row)
+            for row in self.manifest.rows(
+                "SELECT path, size, sha256 FROM files WHERE shard = ? AND path NOT IN (SELECT path FROM reuse) "
+                "ORDER BY path",
+                (shard,),
+            )
+        )
 
     def reused_paths(self) -> Iterator[str]:
         return (row[0] for row in self.manifest.rows("SELECT path FROM reuse"))
 
     def reused_bytes(self) -> int:
-        return self.manifest.query("SELECT coalesce(sum(size), 0) FROM files WHERE path IN (SELECT path FROM reuse)")[0][0]
+        return self.manifest.query("SELECT coalesce(sum(size), 0) FROM files WHERE path IN (SELECT path FROM reuse)")[
+            0
+        ][0]
 
     def needed_bytes(self) -> int:
         return self.manifest.header["bytes"] - self.reused_bytes()
@@ -350,9 +366,11 @@ def decide_sync(server: FileServer, name: str, manifest: Manifest) -> SyncPlan:
         return SyncPlan(manifest, True, 0, {})
     db = manifest.db
     with manifest.lock:
-        db.executescript("DROP TABLE IF EXISTS old; DROP TABLE IF EXISTS reuse;"
-                         "CREATE TABLE old (path TEXT PRIMARY KEY, sha256 TEXT) WITHOUT ROWID;"
-                         "CREATE TABLE reuse (path TEXT PRIMARY KEY) WITHOUT ROWID;")
+        db.executescript(
+            "DROP TABLE IF EXISTS old; DROP TABLE IF EXISTS reuse;"
+            "CREATE TABLE old (path TEXT PRIMARY KEY, sha256 TEXT) WITHOUT ROWID;"
+            "CREATE TABLE reuse (path TEXT PRIMARY KEY) WITHOUT ROWID;"
+        )
     current = server.current_manifest(name)
     if current:
         with open(current, "rb") as f:
@@ -360,11 +378,15 @@ def decide_sync(server: FileServer, name: str, manifest: Manifest) -> SyncPlan:
             rows = (json.loads(line) for line in f if line.strip())
             with manifest.lock:
                 insert_batches(db, "INSERT INTO old VALUES (?, ?)", ((r[0], r[2]) for r in rows))
-        manifest.query("INSERT INTO reuse SELECT f.path FROM files f JOIN old o ON o.path = f.path AND "
-                       "o.sha256 = f.sha256")
+        manifest.query(
+            "INSERT INTO reuse SELECT f.path FROM files f JOIN old o ON o.path = f.path AND o.sha256 = f.sha256"
+        )
     reused = manifest.query("SELECT count(*) FROM reuse")[0][0]
-    needed = dict(manifest.query("SELECT shard, count(*) FROM files WHERE path NOT IN (SELECT path FROM reuse) "
-                                 "GROUP BY shard ORDER BY shard"))
+    needed = dict(
+        manifest.query(
+            "SELECT shard, count(*) FROM files WHERE path NOT IN (SELECT path FROM reuse) GROUP BY shard ORDER BY shard"
+        )
+    )
     return SyncPlan(manifest, False, reused, needed, current.parent.resolve() if current else None)
 
 
@@ -382,8 +404,7 @@ def link_unchanged(plan: SyncPlan, dest: Path) -> None:
             shutil.copyfile(plan.current / rel, dest / rel)
 
 
-def fill_version(plan: SyncPlan, dest: Path, extract: Callable[[str, Iterator[FileEntry]], None],
-                 threads: int) -> None:
+def fill_version(plan: SyncPlan, dest: Path, extract: Callable[[str, Iterator[FileEntry]], None], threads: int) -> None:
     """Fill `dest` with the plan's version: reused files linked, each needed shard's files extracted by
     `extract(shard, wanted)`, `threads` shards at a time; then check that every file is there."""
     if plan.reused:
@@ -408,29 +429,40 @@ def fetch(source: Path, export: Path, name: str, threads: int = 8) -> Path:
     """Bring `export`'s current version of `name` to the data set staged in the folder `source` (its manifest and
     shards/); the folder to read."""
     server = FileServer(export)
-    with node_lock(export), tempfile.TemporaryDirectory(prefix=".trainflow-", dir=export) as tmp, \
-            Manifest.load(source / MANIFEST_FILE, Path(tmp) / "manifest.db") as manifest:
+    with (
+        node_lock(export),
+        tempfile.TemporaryDirectory(prefix=".trainflow-", dir=export) as tmp,
+        Manifest.load(source / MANIFEST_FILE, Path(tmp) / "manifest.db") as manifest,
+    ):
         plan = decide_sync(server, name, manifest)
         if plan.complete:
             server.activate(name, manifest.version)
             return server.current(name)
         with server.new_version(name, manifest) as dest:
-            fill_version(plan, dest, lambda shard, wanted: extract_members(source / shard_file(shard), wanted, dest),
-                         threads)
+            fill_version(
+                plan, dest, lambda shard, wanted: extract_members(source / shard_file(shard), wanted, dest), threads
+            )
     return server.current(name)
 
 
 def main(argv: list[str] | None = None) -> int:
     """The node-side fetch as a command; bad input exits 2 with one line."""
     p = argparse.ArgumentParser(description="Bring a file server (NFS or local disk) to a staged data set version.")
-    p.add_argument("--source", type=Path, required=True, help="the staged data set's folder: manifest.jsonl, shards/ "
-                   "(a datastore mount of datasets/<name>/)")
+    p.add_argument(
+        "--source",
+        type=Path,
+        required=True,
+        help="the staged data set's folder: manifest.jsonl, shards/ (a datastore mount of datasets/<name>/)",
+    )
     p.add_argument("--export", type=Path, required=True, help="the file server's root (NFS mount or local disk)")
     p.add_argument("--dataset", required=True, help="the data set's name")
     args = p.parse_args(argv)
     if not (args.source / MANIFEST_FILE).is_file():
-        print(f"{BAD_INPUT}{args.source} has no {MANIFEST_FILE}: data set {args.dataset} was never staged there "
-              "(run `trainflow stage` first)", file=sys.stderr)
+        print(
+            f"{BAD_INPUT}{args.source} has no {MANIFEST_FILE}: data set {args.dataset} was never staged there "
+            "(run `trainflow stage` first)",
+            file=sys.stderr,
+        )
         return 2
     try:
         print(f"fetched {args.dataset}: {fetch(args.source, args.export, args.dataset).resolve()}", flush=True)

@@ -29,8 +29,13 @@ class Backend:
     def setup(self, device: torch.device) -> None:
         """Join the process group."""
 
-    def wrap(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, backward_passes: int = 1,
-             compression: str = "none"):
+    def wrap(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        backward_passes: int = 1,
+        compression: str = "none",
+    ):
         """Make the model and optimizer average gradients across workers (once per `backward_passes` backward
         passes: gradient accumulation), sent as `compression` (none: float32; fp16; bf16) in the all-reduce."""
         return model, optimizer
@@ -76,6 +81,7 @@ class DDP(Backend):
         ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=True)
         if compression != "none":  # each bucket cast down for the all-reduce, averaged, cast back into the gradients
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
             ddp.register_comm_hook(None, getattr(default_hooks, f"{compression}_compress_hook"))
         return ddp, optimizer
 
@@ -120,11 +126,16 @@ class Horovod(Backend):
     def wrap(self, model, optimizer, backward_passes=1, compression="none"):
         # Horovod: average gradients across workers during backward, once per `backward_passes` passes.
         if compression == "bf16":
-            raise UsageError("--grad-compression bf16 needs DDP (torchrun): Horovod compresses gradients to fp16 "
-                             "only; pass --grad-compression fp16 or none")
+            raise UsageError(
+                "--grad-compression bf16 needs DDP (torchrun): Horovod compresses gradients to fp16 "
+                "only; pass --grad-compression fp16 or none"
+            )
         optimizer = self.hvd.DistributedOptimizer(
-            optimizer, named_parameters=model.named_parameters(), op=self.hvd.Average,
-            backward_passes_per_step=backward_passes, compression=getattr(self.hvd.Compression, compression),
+            optimizer,
+            named_parameters=model.named_parameters(),
+            op=self.hvd.Average,
+            backward_passes_per_step=backward_passes,
+            compression=getattr(self.hvd.Compression, compression),
         )
         optimizer.synchronize = self.waiting_quietly(optimizer)
         return model, optimizer
@@ -140,6 +151,7 @@ class Horovod(Backend):
                 while isinstance(handle, int) and not self.hvd.poll(handle):
                     time.sleep(POLL_S)
             spinning()
+
         return synchronize
 
     def broadcast_state(self, model, optimizer):

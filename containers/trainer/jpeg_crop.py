@@ -15,7 +15,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import torch
@@ -53,8 +53,9 @@ def build(dest_dir: Path) -> Path:
         raise OSError("no C compiler (cc) on PATH")
     dest_dir.mkdir(parents=True, exist_ok=True)
     partial = dest_dir / f".{target.name}.{os.getpid()}"
-    done = subprocess.run([compiler, "-O2", "-shared", "-fPIC", "-o", str(partial), str(SOURCE), "-ljpeg"],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [compiler, "-O2", "-shared", "-fPIC", "-o", str(partial), str(SOURCE), "-ljpeg"], capture_output=True, text=True
+    )
     if done.returncode:
         partial.unlink(missing_ok=True)
         said = done.stderr.strip().splitlines() or [f"exit status {done.returncode}"]
@@ -63,18 +64,28 @@ def build(dest_dir: Path) -> Path:
     return target
 
 
-@lru_cache(maxsize=None)
+@cache
 def _load() -> tuple[ctypes.CDLL | None, str]:
     try:
         lib = ctypes.CDLL(str(build(cache_dir())))
     except OSError as exc:
         return None, str(exc)
-    lib.jpeg_crop_decode.argtypes = [ctypes.c_char_p, ctypes.c_ulong, *[ctypes.c_int] * 4, ctypes.c_void_p,
-                                     ctypes.c_char_p]
+    lib.jpeg_crop_decode.argtypes = [
+        ctypes.c_char_p,
+        ctypes.c_ulong,
+        *[ctypes.c_int] * 4,
+        ctypes.c_void_p,
+        ctypes.c_char_p,
+    ]
     lib.jpeg_crop_info.argtypes = [ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
-    lib.jpeg_crop_add_restarts.argtypes = [ctypes.c_char_p, ctypes.c_ulong, ctypes.c_int,
-                                           ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_ulong),
-                                           ctypes.c_char_p]
+    lib.jpeg_crop_add_restarts.argtypes = [
+        ctypes.c_char_p,
+        ctypes.c_ulong,
+        ctypes.c_int,
+        ctypes.POINTER(ctypes.c_void_p),
+        ctypes.POINTER(ctypes.c_ulong),
+        ctypes.c_char_p,
+    ]
     lib.jpeg_crop_cuttable.argtypes = [ctypes.c_char_p, ctypes.c_ulong]
     lib.jpeg_crop_free.argtypes = [ctypes.c_void_p]
     return lib, ""

@@ -23,20 +23,18 @@ import re
 import stat
 import unicodedata
 import warnings
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from trainer.errors import UsageError
 
 # PIL and numpy are imported inside the functions that decode: listing a data set (what the staging
 # step asks of this program on every run) needs neither, and skipping them halves its start-up.
 
-IMAGE_SUFFIXES = frozenset(
-    {".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".pgm", ".pbm", ".gif", ".tif", ".tiff", ".webp"}
-)
+IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".pgm", ".pbm", ".gif", ".tif", ".tiff", ".webp"})
 VERIFIED = ".verified.json"  # in a data folder's root: the check of its data version (hidden from the index)
 SHOWN = 20  # bad files printed one per line; the list file holds them all
 CHUNK = 4096  # images handed to the thread pool at a time (a future per image of a million would cost gigabytes)
@@ -101,8 +99,10 @@ def split_folders(data_dir: Path) -> tuple[Path, Path | None]:
 def check_classes(data_dir: Path, classes: list[str]) -> None:
     """A classifier of one class learns nothing (its loss is 0 from the first step): refuse it."""
     if len(classes) == 1:
-        raise UsageError(f"data folder {data_dir} has 1 class ({classes[0]}) under train/; a classifier needs at "
-                         "least 2: add another train/<class>/ folder of images")
+        raise UsageError(
+            f"data folder {data_dir} has 1 class ({classes[0]}) under train/; a classifier needs at "
+            "least 2: add another train/<class>/ folder of images"
+        )
 
 
 def index_split(split_dir: Path, classes: list[str] | None) -> Split:
@@ -134,18 +134,22 @@ def split_images(split_dir: Path, classes: list[str]) -> Iterator[tuple[str, int
 
 
 def entry_kind(path: Path) -> str:
-    """"folder", "file" or "missing"; a symlink that loops or leads nowhere is an error that names it."""
+    """ "folder", "file" or "missing"; a symlink that loops or leads nowhere is an error that names it."""
     try:
         return "folder" if stat.S_ISDIR(os.stat(path).st_mode) else "file"
     except (FileNotFoundError, NotADirectoryError):
         if os.path.islink(path):
-            raise UsageError(f"{path} is a broken symlink (its target {_target(path)} does not exist); "
-                             "restore the target or remove the link") from None
+            raise UsageError(
+                f"{path} is a broken symlink (its target {_target(path)} does not exist); "
+                "restore the target or remove the link"
+            ) from None
         return "missing"
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise UsageError(f"{path} is a symlink loop (it points to {_target(path)}, which leads back to itself); "
-                             "remove the link or point it at a real folder or image") from None
+            raise UsageError(
+                f"{path} is a symlink loop (it points to {_target(path)}, which leads back to itself); "
+                "remove the link or point it at a real folder or image"
+            ) from None
         raise UsageError(f"cannot read {path} ({exc.strerror}); fix its permissions or remove it") from None
 
 
@@ -168,8 +172,9 @@ def check_name(name: str, folder: Path | str = "") -> None:
         raise UsageError(f"{os.fsencode(os.path.join(folder, name))!r} is not a valid UTF-8 name; rename it") from None
     bad = next((c for c in name if unicodedata.category(c) in ("Cc", "Zl", "Zp")), None)  # what splitlines splits
     if bad is not None:
-        raise UsageError(f"{os.path.join(folder, name)!r} has a control character ({bad!r}) in its name; "
-                         "rename it to printable text")
+        raise UsageError(
+            f"{os.path.join(folder, name)!r} has a control character ({bad!r}) in its name; rename it to printable text"
+        )
 
 
 def _visible(folder: Path) -> list[tuple[Path, str]]:
@@ -203,8 +208,9 @@ def _image_files(folder: Path, above: frozenset = frozenset()) -> list[Path]:
     files, subfolders = [], []
     for path, kind in _visible(folder):
         if kind == "folder" and _holds_any(path, above):
-            raise UsageError(f"{path} is a symlink loop (it points to {_target(path)}, a folder that holds it); "
-                             "remove the link")
+            raise UsageError(
+                f"{path} is a symlink loop (it points to {_target(path)}, a folder that holds it); remove the link"
+            )
         if kind == "folder":
             subfolders.append(path)
         elif path.suffix.lower() not in IMAGE_SUFFIXES:
@@ -234,13 +240,16 @@ def opened(path: str, action: str = "decode"):
             yield img
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
         pixels = re.search(r"\((\d+) pixels\)", str(exc))
-        why = (f"{int(pixels.group(1)) if pixels else 'too many'} pixels, more than the {Image.MAX_IMAGE_PIXELS} "
-               "that decoding allows (a guard against decompression bombs)")
+        why = (
+            f"{int(pixels.group(1)) if pixels else 'too many'} pixels, more than the {Image.MAX_IMAGE_PIXELS} "
+            "that decoding allows (a guard against decompression bombs)"
+        )
         raise BadImage(f"image {path} has {why}; shrink it or remove the file", path, why) from None
-    except Exception as exc:  # noqa: BLE001 - whatever the decoder raised, the file is what to name
+    except Exception as exc:
         why = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise BadImage(f"cannot {action} image {path} ({why}); replace or remove the file", path,
-                       why.replace(f" '{path}'", "")) from None  # PIL names the file: the list already does
+        raise BadImage(
+            f"cannot {action} image {path} ({why}); replace or remove the file", path, why.replace(f" '{path}'", "")
+        ) from None  # PIL names the file: the list already does
 
 
 def load_rgb(path: str):
@@ -299,7 +308,7 @@ def find_bad_images(paths: list[str], decode: bool = True) -> list[tuple[str, st
     bad = []
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         for start in range(0, len(paths), CHUNK):
-            chunk = paths[start:start + CHUNK]
+            chunk = paths[start : start + CHUNK]
             reasons = pool.map(lambda path: image_problem(path, decode), chunk)
             bad += [(path, why) for path, why in zip(chunk, reasons) if why is not None]
     return bad
@@ -330,8 +339,13 @@ def bad_image_lines(bad: list[tuple[str, str]], shown: int = SHOWN) -> list[str]
     return lines + ([f"... and {len(bad) - shown} more"] if len(bad) > shown else [])
 
 
-def bad_images_error(bad: list[tuple[str, str]], checked: int, listing: Path | None = None,
-                     folder: Path | str = "", verb: str = "decoded") -> UsageError:
+def bad_images_error(
+    bad: list[tuple[str, str]],
+    checked: int,
+    listing: Path | None = None,
+    folder: Path | str = "",
+    verb: str = "decoded",
+) -> UsageError:
     """The one-line error for a non-empty list of bad images: how many of how many checked (in `folder`), the
     first, the list file (None: the one file is named here and listed nowhere else) and the two fixes."""
     n, (path, why) = len(bad), bad[0]
@@ -339,8 +353,10 @@ def bad_images_error(bad: list[tuple[str, str]], checked: int, listing: Path | N
     head = f"{n} of {checked} images{where} cannot be {verb} ({'' if n == 1 else 'first: '}{path}: {_one_line(why)})"
     listed = "" if listing is None else f"; {'it is' if n == 1 else f'all {n} are'} listed in {listing}"
     them = "it" if n == 1 else "them"
-    return UsageError(f"{head}{listed}; replace or remove {them}, or pass --bad-files skip (training.bad_files: "
-                      f"skip) to train without {them}")
+    return UsageError(
+        f"{head}{listed}; replace or remove {them}, or pass --bad-files skip (training.bad_files: "
+        f"skip) to train without {them}"
+    )
 
 
 @dataclass(frozen=True)
@@ -354,8 +370,7 @@ class Verified:
     bad: list[tuple[str, str]]
 
 
-def write_verified(data_dir: Path, version: str, files: int, bad: list[tuple[str, str]],
-                   check: str = "decode") -> Path:
+def write_verified(data_dir: Path, version: str, files: int, bad: list[tuple[str, str]], check: str = "decode") -> Path:
     """Write DATA/.verified.json (atomically: a reader never sees half of it); its path. `bad` holds paths
     relative to DATA; `files` counts every image checked, the bad ones included."""
     return write_record(Path(data_dir) / VERIFIED, Verified(version, files, check, bad))
@@ -363,8 +378,13 @@ def write_verified(data_dir: Path, version: str, files: int, bad: list[tuple[str
 
 def write_record(path: Path, record: Verified) -> Path:
     """A verification record as JSON at `path`, written to a temporary name and renamed."""
-    body = {"format": 1, "version": record.version, "files": record.files, "check": record.check,
-            "bad": [[p, _one_line(why)] for p, why in record.bad]}
+    body = {
+        "format": 1,
+        "version": record.version,
+        "files": record.files,
+        "check": record.check,
+        "bad": [[p, _one_line(why)] for p, why in record.bad],
+    }
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
     partial.write_text(json.dumps(body, ensure_ascii=False, indent=1), encoding="utf-8")
@@ -415,8 +435,10 @@ def _is_bad_entry(entry: object) -> bool:
 
 def _invalid(path: Path, why: str) -> UsageError:
     """The error for a record that cannot be trusted, naming it and the two ways out."""
-    return UsageError(f"{path} is not a valid verification record ({why}); delete it to decode the images again, "
-                      "or sync the data version again")
+    return UsageError(
+        f"{path} is not a valid verification record ({why}); delete it to decode the images again, "
+        "or sync the data version again"
+    )
 
 
 def without(split: Split | None, bad: set[str]) -> Split | None:

@@ -4,8 +4,8 @@ import hashlib
 import importlib.metadata
 import platform
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator
 
 import torch
 import torchvision
@@ -38,7 +38,7 @@ def held(model: torch.nn.Module) -> tuple[int, int]:
 
 def digest_chunks(digest: str, n: int = 4) -> list[float]:
     """The first n*20 bits of a hex digest as n floats, small enough to sum exactly in float64."""
-    return [float(int(digest[i * 5:(i + 1) * 5], 16)) for i in range(n)]
+    return [float(int(digest[i * 5 : (i + 1) * 5], 16)) for i in range(n)]
 
 
 def installed_versions(*packages: str) -> dict[str, str]:
@@ -54,8 +54,13 @@ def installed_versions(*packages: str) -> dict[str, str]:
 
 def library_versions() -> dict[str, str]:
     """Versions of what the run depends on."""
-    return {"python": platform.python_version(), "torch": torch.__version__, "torchvision": torchvision.__version__,
-            "cuda": torch.version.cuda or "none", **installed_versions("horovod")}
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torchvision": torchvision.__version__,
+        "cuda": torch.version.cuda or "none",
+        **installed_versions("horovod"),
+    }
 
 
 @dataclass

@@ -22,9 +22,7 @@ def check_model_name(name: str) -> None:
     names = model_names()
     if name not in names:
         close = [n for n in names if n.startswith(name[:4])][:8] or names[:8]
-        raise UsageError(
-            f"unknown model {name!r}; pick a torchvision classifier such as {', '.join(close)}"
-        )
+        raise UsageError(f"unknown model {name!r}; pick a torchvision classifier such as {', '.join(close)}")
 
 
 def build_on_meta(name: str, num_classes: int) -> tuple[torch.nn.Module, dict[str, list]]:
@@ -49,7 +47,10 @@ class InitRecorder(torch.overrides.TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        name, target = getattr(func, "__name__", ""), args[0] if args else kwargs.get("tensor")  # torch.nn.init: tensor=
+        name, target = (
+            getattr(func, "__name__", ""),
+            args[0] if args else kwargs.get("tensor"),
+        )  # torch.nn.init: tensor=
         if name.endswith("_") and not name.endswith("__") and isinstance(target, torch.Tensor) and target.is_meta:
             self.calls.append((target, func, args, kwargs, torch.get_rng_state()))
             call(func, args, kwargs, target, self.scratch_like(target))
@@ -61,7 +62,7 @@ class InitRecorder(torch.overrides.TorchFunctionMode):
         buffer = self.scratch.get(target.dtype)
         if buffer is None or buffer.numel() < target.numel():
             buffer = self.scratch[target.dtype] = torch.empty(2 * target.numel(), dtype=target.dtype, device="cpu")
-        return buffer[:target.numel()].view(target.shape)
+        return buffer[: target.numel()].view(target.shape)
 
     def by_name(self, model: torch.nn.Module) -> dict[str, list]:
         """The recorded calls of each of the model's parameters and buffers, by state-dict name, in order."""
@@ -96,7 +97,9 @@ def initialised(meta: torch.Tensor, calls: list) -> torch.Tensor:
 
 def call(func, args: tuple, kwargs: dict, target: torch.Tensor, instead: torch.Tensor):
     """func(*args, **kwargs) with the tensor `target` replaced by `instead`, where it appears."""
-    return func(*(instead if a is target else a for a in args), **{k: instead if v is target else v for k, v in kwargs.items()})
+    return func(
+        *(instead if a is target else a for a in args), **{k: instead if v is target else v for k, v in kwargs.items()}
+    )
 
 
 def forget(model: torch.nn.Module, names) -> None:

@@ -14,80 +14,191 @@ GRAD_COMPRESSIONS = ("none", "fp16", "bf16")  # --grad-compression: see distribu
 
 def build_parser() -> argparse.ArgumentParser:
     """The training engine's arguments; defaults are the ResNet-50-on-ImageNet reference case."""
-    p = argparse.ArgumentParser(prog="train.py", description="Training of a torchvision classifier: data-parallel, or pipeline-parallel over stages.")
-    p.add_argument("--data", required=True, help="ImageNet-layout folder (train/<class>/..., val/<class>/...) or 'synthetic'")
-    p.add_argument("--out", required=True, type=Path, help="results folder: checkpoints, metrics.json, model.pt; resumed if it holds a checkpoint")
+    p = argparse.ArgumentParser(
+        prog="train.py",
+        description="Training of a torchvision classifier: data-parallel, or pipeline-parallel over stages.",
+    )
+    p.add_argument(
+        "--data", required=True, help="ImageNet-layout folder (train/<class>/..., val/<class>/...) or 'synthetic'"
+    )
+    p.add_argument(
+        "--out",
+        required=True,
+        type=Path,
+        help="results folder: checkpoints, metrics.json, model.pt; resumed if it holds a checkpoint",
+    )
     p.add_argument("--model", default="resnet50", help="torchvision model name")
     p.add_argument("--epochs", type=int, default=90, help="passes over the training split")
     p.add_argument("--batch-size", type=int, default=32, help="images per worker per step")
     p.add_argument("--lr", type=float, default=0.0125, help="one-worker learning rate; scaled by the number of workers")
     p.add_argument("--momentum", type=float, default=0.9, help="SGD momentum")
     p.add_argument("--weight-decay", type=float, default=1e-4, help="L2 penalty")
-    p.add_argument("--warmup-epochs", type=float, default=5.0, help="linear ramp from the one-worker rate to the scaled rate")
-    p.add_argument("--schedule", choices=["cosine", "step"], default="cosine",
-                   help="decay after warmup: cosine to zero, or /10 at --lr-decay-epochs")
-    p.add_argument("--lr-decay-epochs", default="30,60,80", help="epochs at which the step schedule divides the rate by 10")
+    p.add_argument(
+        "--warmup-epochs", type=float, default=5.0, help="linear ramp from the one-worker rate to the scaled rate"
+    )
+    p.add_argument(
+        "--schedule",
+        choices=["cosine", "step"],
+        default="cosine",
+        help="decay after warmup: cosine to zero, or /10 at --lr-decay-epochs",
+    )
+    p.add_argument(
+        "--lr-decay-epochs", default="30,60,80", help="epochs at which the step schedule divides the rate by 10"
+    )
     p.add_argument("--image-size", type=int, default=224, help="side of the square crops the model sees")
-    p.add_argument("--min-crop-scale", type=float, default=0.08, help="smallest area fraction of the random-resized crop")
+    p.add_argument(
+        "--min-crop-scale", type=float, default=0.08, help="smallest area fraction of the random-resized crop"
+    )
     p.add_argument("--hflip", action=argparse.BooleanOptionalAction, default=True, help="random horizontal flips")
-    p.add_argument("--loader", choices=LOADERS, default="fast",
-                   help="fast: only the training crop of a JPEG decoded (libjpeg-turbo), straight to uint8 tensors, "
-                        "normalised on the device; "
-                        "pil: PIL images, normalised floats made by the loader (the original path); dali: NVIDIA "
-                        "DALI (GPU decoding on a GPU, its CPU mode otherwise; pip install 'trainflow[dali]')")
+    p.add_argument(
+        "--loader",
+        choices=LOADERS,
+        default="fast",
+        help="fast: only the training crop of a JPEG decoded (libjpeg-turbo), straight to uint8 tensors, "
+        "normalised on the device; "
+        "pil: PIL images, normalised floats made by the loader (the original path); dali: NVIDIA "
+        "DALI (GPU decoding on a GPU, its CPU mode otherwise; pip install 'trainflow[dali]')",
+    )
     p.add_argument("--loader-workers", type=int, default=4, help="DataLoader worker processes per training process")
-    p.add_argument("--pin-memory", choices=["auto", "on", "off"], default="auto", help="auto: on when training on a GPU")
+    p.add_argument(
+        "--pin-memory", choices=["auto", "on", "off"], default="auto", help="auto: on when training on a GPU"
+    )
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="auto: a GPU when there is one")
-    p.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto", help="auto: bf16 autocast on GPU, fp32 on CPU")
-    p.add_argument("--compile", choices=["auto", "off", "on"], default="auto",
-                   help="torch.compile the model (TorchDynamo + Inductor); auto: on for a GPU (1.26x ResNet-50's "
-                        "images/s on one H100, README: Benchmark), off on the CPU (its first steps pay minutes of "
-                        "compiling); never in pipeline mode")
+    p.add_argument(
+        "--precision", choices=["auto", "bf16", "fp32"], default="auto", help="auto: bf16 autocast on GPU, fp32 on CPU"
+    )
+    p.add_argument(
+        "--compile",
+        choices=["auto", "off", "on"],
+        default="auto",
+        help="torch.compile the model (TorchDynamo + Inductor); auto: on for a GPU (1.26x ResNet-50's "
+        "images/s on one H100, README: Benchmark), off on the CPU (its first steps pay minutes of "
+        "compiling); never in pipeline mode",
+    )
     p.add_argument("--channels-last", choices=["auto", "on", "off"], default="auto", help="auto: on for GPU")
-    p.add_argument("--backend", choices=["auto", "single", "ddp", "horovod"], default="auto", help="auto: from the launcher's environment")
-    p.add_argument("--grad-compression", choices=GRAD_COMPRESSIONS, default="none",
-                   help="the gradients' type in the all-reduce: none (float32); fp16 (DDP and Horovod) or bf16 (DDP "
-                        "only) halve the bytes sent, for slow links between nodes (no faster on one CPU machine)")
-    p.add_argument("--threads", type=int, default=0, help="CPU threads per worker; 0 shares the cores among the local workers")
-    p.add_argument("--checkpoint-every", type=int, default=500, help="steps between checkpoints (also one at each epoch end); 0: epoch ends only")
+    p.add_argument(
+        "--backend",
+        choices=["auto", "single", "ddp", "horovod"],
+        default="auto",
+        help="auto: from the launcher's environment",
+    )
+    p.add_argument(
+        "--grad-compression",
+        choices=GRAD_COMPRESSIONS,
+        default="none",
+        help="the gradients' type in the all-reduce: none (float32); fp16 (DDP and Horovod) or bf16 (DDP "
+        "only) halve the bytes sent, for slow links between nodes (no faster on one CPU machine)",
+    )
+    p.add_argument(
+        "--threads", type=int, default=0, help="CPU threads per worker; 0 shares the cores among the local workers"
+    )
+    p.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=500,
+        help="steps between checkpoints (also one at each epoch end); 0: epoch ends only",
+    )
     p.add_argument("--keep-checkpoints", type=int, default=3, help="newest checkpoints kept")
     p.add_argument("--log-every", type=int, default=20, help="steps between progress lines")
-    p.add_argument("--tracking-uri", default="", help="MLflow tracking URI that the rank reporting the loss logs "
-                   "metrics to while training (needs mlflow-skinny); empty: no tracking")
-    p.add_argument("--tracking-run-id", default="", help="MLflow run to log into (the flow makes one per "
-                   "pipeline run); empty: a new run in the experiment trainflow")
-    p.add_argument("--tensorboard", default="", help="folder of TensorBoard event files (needs tensorboard): the "
-                   "run's go to a subfolder named after --out, beside other runs'; empty: none")
-    p.add_argument("--steps-per-epoch", type=int, default=0, help="cap on steps per epoch; synthetic data needs it (default 100 there)")
-    p.add_argument("--num-classes", type=int, default=1000, help="classes of synthetic data (real data: the class folders)")
+    p.add_argument(
+        "--tracking-uri",
+        default="",
+        help="MLflow tracking URI that the rank reporting the loss logs "
+        "metrics to while training (needs mlflow-skinny); empty: no tracking",
+    )
+    p.add_argument(
+        "--tracking-run-id",
+        default="",
+        help="MLflow run to log into (the flow makes one per "
+        "pipeline run); empty: a new run in the experiment trainflow",
+    )
+    p.add_argument(
+        "--tensorboard",
+        default="",
+        help="folder of TensorBoard event files (needs tensorboard): the "
+        "run's go to a subfolder named after --out, beside other runs'; empty: none",
+    )
+    p.add_argument(
+        "--steps-per-epoch",
+        type=int,
+        default=0,
+        help="cap on steps per epoch; synthetic data needs it (default 100 there)",
+    )
+    p.add_argument(
+        "--num-classes", type=int, default=1000, help="classes of synthetic data (real data: the class folders)"
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of initialisation, shuffling and augmentation")
-    p.add_argument("--verify-images", action=argparse.BooleanOptionalAction, default=False,
-                   help="decode every image once before training (with --check: all of them; in training: each worker "
-                        "its share); not needed where DATA/.verified.json vouches for the data version")
-    p.add_argument("--bad-files", choices=["fail", "skip"], default="fail",
-                   help="images that cannot be decoded: fail refuses them all in one line (two or more listed in "
-                        "OUT/bad-files.tsv); skip trains without them, listed in OUT/bad-files.tsv and metrics.json")
-    p.add_argument("--parallel", choices=["data", "pipeline"], default="data",
-                   help="data: every worker holds the model; pipeline: the model split into --stages (torchrun only)")
-    p.add_argument("--stages", type=int, default=1, help="pipeline: stages the model is split into; the world is stages x replicas")
-    p.add_argument("--microbatches", type=int, default=1,
-                   help="micro-batches per step (must divide --batch-size): pipelined, or gradient accumulation in data mode")
-    p.add_argument("--pipeline-schedule", choices=["gpipe", "1f1b"], default="gpipe", help="pipeline: the micro-batch schedule")
-    p.add_argument("--balance", choices=["params", "time"], default="params",
-                   help="pipeline: balance the stages by parameter count or by measured forward+backward time")
-    p.add_argument("--check", action="store_true", help="check the arguments, output folder, data and model in one process, then exit")
+    p.add_argument(
+        "--verify-images",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="decode every image once before training (with --check: all of them; in training: each worker "
+        "its share); not needed where DATA/.verified.json vouches for the data version",
+    )
+    p.add_argument(
+        "--bad-files",
+        choices=["fail", "skip"],
+        default="fail",
+        help="images that cannot be decoded: fail refuses them all in one line (two or more listed in "
+        "OUT/bad-files.tsv); skip trains without them, listed in OUT/bad-files.tsv and metrics.json",
+    )
+    p.add_argument(
+        "--parallel",
+        choices=["data", "pipeline"],
+        default="data",
+        help="data: every worker holds the model; pipeline: the model split into --stages (torchrun only)",
+    )
+    p.add_argument(
+        "--stages", type=int, default=1, help="pipeline: stages the model is split into; the world is stages x replicas"
+    )
+    p.add_argument(
+        "--microbatches",
+        type=int,
+        default=1,
+        help="micro-batches per step (must divide --batch-size): pipelined, or gradient accumulation in data mode",
+    )
+    p.add_argument(
+        "--pipeline-schedule", choices=["gpipe", "1f1b"], default="gpipe", help="pipeline: the micro-batch schedule"
+    )
+    p.add_argument(
+        "--balance",
+        choices=["params", "time"],
+        default="params",
+        help="pipeline: balance the stages by parameter count or by measured forward+backward time",
+    )
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="check the arguments, output folder, data and model in one process, then exit",
+    )
     p.add_argument("--check-workers", type=int, default=1, help="with --check: the number of workers the run will have")
     return p
 
 
 def check_args(args: argparse.Namespace) -> None:
     """Reject values that cannot train, naming the option and a valid range."""
-    positive = ["epochs", "batch_size", "image_size", "keep_checkpoints", "log_every", "num_classes", "stages",
-                "microbatches"]
+    positive = [
+        "epochs",
+        "batch_size",
+        "image_size",
+        "keep_checkpoints",
+        "log_every",
+        "num_classes",
+        "stages",
+        "microbatches",
+    ]
     for name in positive:
         if getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(args, name)})")
-    for name in ["loader_workers", "threads", "checkpoint_every", "steps_per_epoch", "warmup_epochs", "weight_decay", "momentum"]:
+    for name in [
+        "loader_workers",
+        "threads",
+        "checkpoint_every",
+        "steps_per_epoch",
+        "warmup_epochs",
+        "weight_decay",
+        "momentum",
+    ]:
         if getattr(args, name) < 0:
             raise UsageError(f"--{name.replace('_', '-')} must not be negative (got {getattr(args, name)})")
     if args.lr <= 0:
@@ -106,16 +217,19 @@ def check_args(args: argparse.Namespace) -> None:
 def check_layout(world: int, stages: int, batch: int, microbatches: int) -> None:
     """Refuse a world that the stages do not divide, or a batch that the micro-batches do not divide."""
     if world % stages:
-        raise UsageError(f"the world size {world} is not a multiple of --stages {stages}; start stages x replicas "
-                         "processes")
+        raise UsageError(
+            f"the world size {world} is not a multiple of --stages {stages}; start stages x replicas processes"
+        )
     check_microbatches(batch, microbatches)
 
 
 def check_microbatches(batch: int, microbatches: int) -> None:
     """Refuse a batch that the micro-batches do not divide."""
     if batch % microbatches:
-        raise UsageError(f"--batch-size {batch} is not divisible by --microbatches {microbatches}; "
-                         "pick a batch size that is a multiple of the micro-batches")
+        raise UsageError(
+            f"--batch-size {batch} is not divisible by --microbatches {microbatches}; "
+            "pick a batch size that is a multiple of the micro-batches"
+        )
 
 
 def decay_epochs(text: str) -> tuple[float, ...]:
@@ -131,8 +245,9 @@ def check_output_folder(out: Path) -> None:
     Results create it as they are written."""
     existing = nearest_existing(out)
     if os.path.exists(existing) and not existing.is_dir():
-        raise UsageError(f"output folder {out} is not writable ({existing} is a file, not a folder); "
-                         "pass a writable --out")
+        raise UsageError(
+            f"output folder {out} is not writable ({existing} is a file, not a folder); pass a writable --out"
+        )
     if why := cannot_write_in(existing):
         raise UsageError(f"output folder {out} is not writable ({why}); pass a writable --out")
 

@@ -32,8 +32,13 @@ from trainer.options import check_layout  # noqa: F401 - part of the split API (
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 # Models whose forward is features -> avgpool -> flatten -> classifier.
-FEATURE_MODELS = (torchvision.models.VGG, torchvision.models.AlexNet, torchvision.models.MobileNetV2,
-                  torchvision.models.MobileNetV3, torchvision.models.EfficientNet)
+FEATURE_MODELS = (
+    torchvision.models.VGG,
+    torchvision.models.AlexNet,
+    torchvision.models.MobileNetV2,
+    torchvision.models.MobileNetV3,
+    torchvision.models.EfficientNet,
+)
 
 
 def blocks_of(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
@@ -47,8 +52,10 @@ def blocks_of(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
         features = [(f"features.{i}", m) for i, m in enumerate(model.features)]
         pool = getattr(model, "avgpool", torch.nn.Identity())
         return [*features, ("head", torch.nn.Sequential(pool, torch.nn.Flatten(1), model.classifier))]
-    raise UsageError(f"pipeline mode splits ResNet-style models and features/classifier models (VGG, AlexNet, "
-                     f"MobileNet, EfficientNet), not {type(model).__name__}; pick one of those with --model")
+    raise UsageError(
+        f"pipeline mode splits ResNet-style models and features/classifier models (VGG, AlexNet, "
+        f"MobileNet, EfficientNet), not {type(model).__name__}; pick one of those with --model"
+    )
 
 
 def partition(costs: list[float], stages: int, model: str = "the model") -> list[int]:
@@ -115,18 +122,22 @@ class Split:
 
     def describe(self, balance: str) -> str:
         unit = "s" if balance == "time" else "params"
-        return "; ".join(f"stage {s}: {v[0]}..{v[-1]} ({len(v)} blocks, {self.params[s]:,} params, "
-                         f"{self.costs[s]:.4g} {unit})" for s, v in enumerate(self.names))
+        return "; ".join(
+            f"stage {s}: {v[0]}..{v[-1]} ({len(v)} blocks, {self.params[s]:,} params, {self.costs[s]:.4g} {unit})"
+            for s, v in enumerate(self.names)
+        )
 
 
 def split_model(model, stages: int, costs: list[float]) -> tuple[Split, list[torch.nn.Module]]:
     """Split `model` into `stages` with the most even `costs` per stage; the split and the stage modules."""
     blocks = blocks_of(model)
     starts = partition(costs, stages) + [len(blocks)]
-    parts = [blocks[starts[s]:starts[s + 1]] for s in range(stages)]
-    split = Split([[n for n, _ in part] for part in parts],
-                  [sum(costs[starts[s]:starts[s + 1]]) for s in range(stages)],
-                  [int(sum(parameter_costs(part))) for part in parts])
+    parts = [blocks[starts[s] : starts[s + 1]] for s in range(stages)]
+    split = Split(
+        [[n for n, _ in part] for part in parts],
+        [sum(costs[starts[s] : starts[s + 1]]) for s in range(stages)],
+        [int(sum(parameter_costs(part))) for part in parts],
+    )
     return split, [torch.nn.Sequential(*(m for _, m in part)) for part in parts]
 
 
@@ -155,8 +166,16 @@ class Pipeline:
     """This rank's stage of one pipeline replica: its module (the only part of the model this rank materialises),
     its schedule, and the groups it talks to."""
 
-    def __init__(self, model: torch.nn.Module, recipe: dict, args, rank: int, world: int, device: torch.device,
-                 memory_format: torch.memory_format = torch.contiguous_format):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        recipe: dict,
+        args,
+        rank: int,
+        world: int,
+        device: torch.device,
+        memory_format: torch.memory_format = torch.contiguous_format,
+    ):
         self.stages, self.microbatches, self.rank, self.device = args.stages, args.microbatches, rank, device
         self.stage, self.replicas = rank % self.stages, world // self.stages
         self.pipeline_group, self.replica_group = make_groups(world, self.stages, rank)
@@ -230,8 +249,10 @@ class Pipeline:
         model = {k: v for k, v in self.whole.state_dict().items() if k in self.names}
         state, index = optimizer.state_dict(), self.full_index
         groups = [{**g, "params": [index[i] for i in g["params"]]} for g in state["param_groups"]]
-        return {"model": model, "optimizer": {"state": {index[i]: v for i, v in state["state"].items()},
-                                              "param_groups": groups}}
+        return {
+            "model": model,
+            "optimizer": {"state": {index[i]: v for i, v in state["state"].items()}, "param_groups": groups},
+        }
 
     def load_stage(self, model_state: dict, optimizer_state: dict | None, optimizer: torch.optim.Optimizer) -> None:
         """Load this stage's tensors (and optimizer state) from the single-device model's checkpoint state."""
@@ -239,9 +260,12 @@ class Pipeline:
         if optimizer_state is None:
             return
         local = {full: i for i, full in enumerate(self.full_index)}
-        groups = [{**g, "params": [local[k] for k in g["params"] if k in local]} for g in optimizer_state["param_groups"]]
-        optimizer.load_state_dict({"state": {local[k]: v for k, v in optimizer_state["state"].items() if k in local},
-                                   "param_groups": groups})
+        groups = [
+            {**g, "params": [local[k] for k in g["params"] if k in local]} for g in optimizer_state["param_groups"]
+        ]
+        optimizer.load_state_dict(
+            {"state": {local[k]: v for k, v in optimizer_state["state"].items() if k in local}, "param_groups": groups}
+        )
 
     def whole_state(self) -> dict | None:
         """Rank 0: the single-device model's state dict, put together on the CPU from replica 0's stages (None on

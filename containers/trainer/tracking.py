@@ -23,11 +23,15 @@ def check_trackers(uri: str, tensorboard: str) -> None:
     """Refuse a tracking URI where MLflow cannot be imported, or event files without TensorBoard, before any worker
     starts."""
     if uri and importlib.util.find_spec("mlflow") is None:
-        raise UsageError(f"--tracking-uri {uri} needs MLflow in the engine's Python, which lacks it: pip install "
-                         f"{MLFLOW_PIN}, or leave --tracking-uri out to train without tracking")
+        raise UsageError(
+            f"--tracking-uri {uri} needs MLflow in the engine's Python, which lacks it: pip install "
+            f"{MLFLOW_PIN}, or leave --tracking-uri out to train without tracking"
+        )
     if tensorboard and importlib.util.find_spec("tensorboard") is None:
-        raise UsageError(f"--tensorboard {tensorboard} needs TensorBoard in the engine's Python, which lacks it: pip "
-                         f"install {TENSORBOARD_PIN}, or leave --tensorboard out")
+        raise UsageError(
+            f"--tensorboard {tensorboard} needs TensorBoard in the engine's Python, which lacks it: pip "
+            f"install {TENSORBOARD_PIN}, or leave --tensorboard out"
+        )
 
 
 class Tracker:
@@ -101,6 +105,13 @@ def epoch_metrics(row: dict) -> dict:
     highest, the rank that waits most: every step waits for the slowest)."""
     shares = row.get("data_wait_share") or []
     per_rank = {f"data_wait_share/rank{rank}": share for rank, share in enumerate(shares)}
-    return {"epoch": row["epoch"], "epoch_train_loss": row["train_loss"], "val_loss": row.get("val_loss"),
-            "val_top1": row.get("val_top1"), "val_top5": row.get("val_top5"),
-            "epoch_images_per_sec": row["images_per_sec"], "data_wait_share": max(shares, default=None), **per_rank}
+    return {
+        "epoch": row["epoch"],
+        "epoch_train_loss": row["train_loss"],
+        "val_loss": row.get("val_loss"),
+        "val_top1": row.get("val_top1"),
+        "val_top5": row.get("val_top5"),
+        "epoch_images_per_sec": row["images_per_sec"],
+        "data_wait_share": max(shares, default=None),
+        **per_rank,
+    }

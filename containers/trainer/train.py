@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         log.error("error: %s", one_line(exc))
         leave_process_group()  # every rank that refuses exits 2, none aborts on the way out
         return 2
-    except Exception as exc:  # noqa: BLE001 - a worker's crash must reach the launcher's summary
+    except Exception as exc:
         log.exception("error: unexpected %s: %s", type(exc).__name__, exc)
         return 1
 
@@ -193,8 +193,14 @@ def set_up(args) -> Run:
     backend.setup(torch.device("cuda" if wants_cuda else "cpu"))
     setup_logging(backend.rank)
     device = pick_device(args.device, backend.local_rank)
-    log.info("worker %d of %d (%s) on host %s, %s", backend.rank, backend.world_size, backend.name,
-             socket.gethostname(), device)
+    log.info(
+        "worker %d of %d (%s) on host %s, %s",
+        backend.rank,
+        backend.world_size,
+        backend.name,
+        socket.gethostname(),
+        device,
+    )
     torch.set_num_threads(args.threads or max(1, len(os.sched_getaffinity(0)) // backend.local_world_size))
     torch.manual_seed(args.seed)
     if backend.rank == 0:
@@ -205,11 +211,30 @@ def set_up(args) -> Run:
     before_model = resident_mb()
     model, pipeline = build_for_rank(args, backend, len(classes), device, channels_last)
     # fused: one kernel updates every parameter (CPU and CUDA), instead of a loop of small ones per parameter
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay,
-                                fused=device.type in ("cpu", "cuda"))
-    run = Run(args, backend, device, model, model, optimizer, None, train_batches, val_batches, classes,
-              amp=resolve_precision(args.precision, device) == "bf16", channels_last=channels_last, pipeline=pipeline,
-              data_facts=facts, resident_before_model_mb=before_model)
+    optimizer = torch.optim.SGD(
+        model.parameters(),
+        lr=args.lr,
+        momentum=args.momentum,
+        weight_decay=args.weight_decay,
+        fused=device.type in ("cpu", "cuda"),
+    )
+    run = Run(
+        args,
+        backend,
+        device,
+        model,
+        model,
+        optimizer,
+        None,
+        train_batches,
+        val_batches,
+        classes,
+        amp=resolve_precision(args.precision, device) == "bf16",
+        channels_last=channels_last,
+        pipeline=pipeline,
+        data_facts=facts,
+        resident_before_model_mb=before_model,
+    )
     state = load_latest_checkpoint(run)
     wrap_for_backend(run, state)
     run.scheduler = make_scheduler(run)
@@ -224,8 +249,10 @@ def data_shard(args, backend: Backend) -> tuple[int, int]:
     if args.parallel != "pipeline":
         return backend.rank, backend.world_size
     if backend.name != "ddp":
-        raise UsageError("--parallel pipeline runs on torch.distributed: start it with torchrun (Horovod has no "
-                         "pipeline parallelism)")
+        raise UsageError(
+            "--parallel pipeline runs on torch.distributed: start it with torchrun (Horovod has no "
+            "pipeline parallelism)"
+        )
     check_layout(backend.world_size, args.stages, args.batch_size, args.microbatches)
     return backend.rank // args.stages, backend.world_size // args.stages
 
@@ -240,15 +267,22 @@ def build_for_rank(args, backend: Backend, num_classes: int, device: torch.devic
     return build_model(args.model, num_classes).to(device).to(memory_format=memory_format), None
 
 
-def split_for_pipeline(args, backend: Backend, num_classes: int, device: torch.device,
-                       memory_format: torch.memory_format) -> Pipeline:
+def split_for_pipeline(
+    args, backend: Backend, num_classes: int, device: torch.device, memory_format: torch.memory_format
+) -> Pipeline:
     """This rank's stage of the model built on the meta device and split, with the split printed once."""
     model, recipe = build_on_meta(args.model, num_classes)
     pipeline = Pipeline(model, recipe, args, backend.rank, backend.world_size, device, memory_format)
     if backend.rank == 0:
-        log.info("pipeline: %d stages x %d replicas, %d micro-batches (%s), balanced by %s: %s", pipeline.stages,
-                 pipeline.replicas, pipeline.microbatches, args.pipeline_schedule, args.balance,
-                 pipeline.split.describe(args.balance))
+        log.info(
+            "pipeline: %d stages x %d replicas, %d micro-batches (%s), balanced by %s: %s",
+            pipeline.stages,
+            pipeline.replicas,
+            pipeline.microbatches,
+            args.pipeline_schedule,
+            args.balance,
+            pipeline.split.describe(args.balance),
+        )
     return pipeline
 
 
@@ -257,22 +291,29 @@ def make_batches(args, backend: Backend, device: torch.device, channels_last: bo
     and the facts metrics.json records about the data (images used, images left out)."""
     if args.data == SYNTHETIC:
         steps = args.steps_per_epoch or 100
-        batches = data.SyntheticBatches(args.batch_size, args.image_size, args.num_classes, steps, args.seed + shard,
-                                        device, channels_last)
+        batches = data.SyntheticBatches(
+            args.batch_size, args.image_size, args.num_classes, steps, args.seed + shard, device, channels_last
+        )
         return batches, None, [str(i) for i in range(args.num_classes)], {}
     train_split, val_split, record, _ = usable_splits(args, backend, data.index_folder(Path(args.data)))
     facts = data_facts(args, train_split, val_split, record)
     data.check_batch_fits(args.batch_size, shards, len(train_split.samples))
     pin = resolve(args.pin_memory, device)
-    train_set = data.image_files(train_split, data.train_transform(args.image_size, args.min_crop_scale, args.hflip,
-                                                                   args.loader), args.loader)
+    train_set = data.image_files(
+        train_split, data.train_transform(args.image_size, args.min_crop_scale, args.hflip, args.loader), args.loader
+    )
     if args.loader == "fast" and not data.jpeg_crop.library():
-        log.warning("partial JPEG decoding is unavailable (%s): the fast loader decodes whole images",
-                    data.jpeg_crop.unavailable())
+        log.warning(
+            "partial JPEG decoding is unavailable (%s): the fast loader decodes whole images",
+            data.jpeg_crop.unavailable(),
+        )
     elif args.loader == "fast" and backend.rank == 0 and (lacking := data.without_restart_markers(train_split))[0]:
-        log.info("%d of %d training JPEGs sampled have no restart markers: `trainflow data add-restart-markers "
-                 "--data DIR` rewrites them losslessly, once, so that the fast loader decodes only each crop's MCUs "
-                 "(about 1.2x its images/s per core, README: Benchmark)", *lacking)
+        log.info(
+            "%d of %d training JPEGs sampled have no restart markers: `trainflow data add-restart-markers "
+            "--data DIR` rewrites them losslessly, once, so that the fast loader decodes only each crop's MCUs "
+            "(about 1.2x its images/s per core, README: Benchmark)",
+            *lacking,
+        )
     sampler = data.ResumableSampler(train_set, shards, shard, shuffle=True, seed=args.seed)
     train_batches = data.make_loader(train_set, args.batch_size, sampler, args.loader_workers, pin, True, device)
     if val_split is None:
@@ -289,11 +330,19 @@ def usable_splits(args, backend: Backend, splits: tuple[data.Split, data.Split |
     decoded (--bad-files skip), with the record that lists those and where it came from. --bad-files fail
     refuses them in one line. Every rank takes part (a decode is shared out) and gets the same answer."""
     paths = [path for split in splits if split for path, _ in split.samples]
-    record, source = data.known_bad_images(Path(args.data), Path(args.out), paths, args.verify_images, backend.rank,
-                                           backend.world_size, lambda mine: all_gather_json(backend, mine))
+    record, source = data.known_bad_images(
+        Path(args.data),
+        Path(args.out),
+        paths,
+        args.verify_images,
+        backend.rank,
+        backend.world_size,
+        lambda mine: all_gather_json(backend, mine),
+    )
     if record is not None and record.files != len(paths):
-        log.warning("%s counts %d images, the data folder holds %d: it may be out of date", source, record.files,
-                    len(paths))
+        log.warning(
+            "%s counts %d images, the data folder holds %d: it may be out of date", source, record.files, len(paths)
+        )
     if record is None or not record.bad:
         log.info("images: %s", f"{record.files} checked, none bad ({source})" if record else source)
         return *splits, record, source
@@ -303,8 +352,13 @@ def usable_splits(args, backend: Backend, splits: tuple[data.Split, data.Split |
     backend.all_reduce_sum(torch.zeros(1))  # rank 0 has written the list before any rank names it
     if args.bad_files == "fail":
         raise layout.bad_images_error(record.bad, record.files, listing, args.data)
-    log.info("images: leaving out the %d of %d that cannot be decoded (--bad-files skip; listed in %s; known from %s)",
-             len(record.bad), record.files, listing, source)
+    log.info(
+        "images: leaving out the %d of %d that cannot be decoded (--bad-files skip; listed in %s; known from %s)",
+        len(record.bad),
+        record.files,
+        listing,
+        source,
+    )
     return *data.skip_bad_images(splits, Path(args.data), record.bad), record, source
 
 
@@ -334,11 +388,11 @@ def all_gather_json(backend: Backend, value) -> list:
         return [value]
     mine = json.dumps(value).encode()
     sizes = [int(n) for n in rank_values(backend, len(mine))]
-    start = sum(sizes[:backend.rank])
+    start = sum(sizes[: backend.rank])
     buffer = torch.zeros(sum(sizes), dtype=torch.int32)  # Horovod reduces no uint8 tensors
-    buffer[start:start + len(mine)] = torch.frombuffer(bytearray(mine), dtype=torch.uint8)
+    buffer[start : start + len(mine)] = torch.frombuffer(bytearray(mine), dtype=torch.uint8)
     total = backend.all_reduce_sum(buffer).to(torch.uint8).numpy().tobytes()
-    return [json.loads(total[at:at + n]) for at, n in zip(itertools.accumulate([0] + sizes), sizes)]
+    return [json.loads(total[at : at + n]) for at, n in zip(itertools.accumulate([0] + sizes), sizes)]
 
 
 def load_latest_checkpoint(run: Run) -> dict | None:
@@ -360,8 +414,9 @@ def wrap_for_backend(run: Run, state: dict | None) -> None:
     """Wrap model and optimizer for the backend, restore the optimizer, and sync rank 0's state (in pipeline
     mode the stages average their gradients themselves, and every rank starts from the same seed)."""
     if run.pipeline is None:
-        run.model, run.optimizer = run.backend.wrap(run.raw_model, run.optimizer, run.args.microbatches,
-                                                    run.args.grad_compression)
+        run.model, run.optimizer = run.backend.wrap(
+            run.raw_model, run.optimizer, run.args.microbatches, run.args.grad_compression
+        )
     if state is not None and run.pipeline is None:  # after wrapping: Horovod's optimizer starts with empty state
         run.optimizer.load_state_dict(state["optimizer"])
     run.backend.broadcast_state(run.raw_model, run.optimizer)
@@ -378,15 +433,23 @@ def compile_model(model: torch.nn.Module, choice: str, device: torch.device) -> 
     if not resolve(choice, device):
         return model
     torch._dynamo.config.suppress_errors = choice == "auto"
-    log.info("compiling the model (--compile %s)%s", choice, ": eager where compiling fails" if choice == "auto" else "")
+    log.info(
+        "compiling the model (--compile %s)%s", choice, ": eager where compiling fails" if choice == "auto" else ""
+    )
     return torch.compile(model)
 
 
 def make_scheduler(run: Run) -> torch.optim.lr_scheduler.LambdaLR:
     """Warmup plus decay, per optimizer step, as a factor on the one-worker rate."""
     args = run.args
-    sched = Schedule(steps_per_epoch(run), args.epochs, run.replicas, args.warmup_epochs,
-                     args.schedule, decay_epochs(args.lr_decay_epochs))
+    sched = Schedule(
+        steps_per_epoch(run),
+        args.epochs,
+        run.replicas,
+        args.warmup_epochs,
+        args.schedule,
+        decay_epochs(args.lr_decay_epochs),
+    )
     return torch.optim.lr_scheduler.LambdaLR(run.optimizer, lambda s: lr_factor(s, sched))
 
 
@@ -443,23 +506,40 @@ def train_epoch(run: Run) -> dict:
         if run.reports_loss and run.step % args.log_every == 0:
             log_step(run, done, loss.item(), counted)
     seconds, rate, steady = counted.rates()
-    totals = run.backend.all_reduce_sum(torch.tensor([float(loss_sum), counted.seen, rate, steady,
-                                                      *counted.cpu_ms_per_step()], dtype=torch.float64))
+    totals = run.backend.all_reduce_sum(
+        torch.tensor([float(loss_sum), counted.seen, rate, steady, *counted.cpu_ms_per_step()], dtype=torch.float64)
+    )
     waits = rank_values(run.backend, counted.data_wait_share())
     workers = run.backend.world_size
-    return {"epoch": run.epoch + 1, "step": run.step, "train_loss": totals[0].item() / max(totals[1].item(), 1),
-            "images_per_sec": totals[2].item(), "images_per_sec_per_worker": totals[2].item() / workers,
-            "steady_images_per_sec": totals[3].item(), "epoch_seconds": seconds, "lr": run.scheduler.get_last_lr()[0],
-            "data_wait_share": [round(w, 4) for w in waits], "training_thread_cpu_ms_per_step": totals[4].item() / workers,
-            "other_threads_cpu_ms_per_step": totals[5].item() / workers}
+    return {
+        "epoch": run.epoch + 1,
+        "step": run.step,
+        "train_loss": totals[0].item() / max(totals[1].item(), 1),
+        "images_per_sec": totals[2].item(),
+        "images_per_sec_per_worker": totals[2].item() / workers,
+        "steady_images_per_sec": totals[3].item(),
+        "epoch_seconds": seconds,
+        "lr": run.scheduler.get_last_lr()[0],
+        "data_wait_share": [round(w, 4) for w in waits],
+        "training_thread_cpu_ms_per_step": totals[4].item() / workers,
+        "other_threads_cpu_ms_per_step": totals[5].item() / workers,
+    }
 
 
 def log_step(run: Run, done: int, loss: float, counted: metrics.Throughput) -> None:
-    """The progress line (infra/trainer.py's PROGRESS_LINE reads it) and the step's metrics to the tracker. images/s
+    """The progress line (the orchestrator's PROGRESS_LINE reads it) and the step's metrics to the tracker. images/s
     is this rank's rate so far this epoch times the replicas: all of them, as the epoch's row counts."""
     lr, images_per_sec = run.scheduler.get_last_lr()[0], counted.rates()[1] * run.replicas
-    log.info("epoch %d step %d (%d/%d) loss %.4f lr %.5f, %.1f images/s", run.epoch + 1, run.step, done,
-             steps_per_epoch(run), loss, lr, images_per_sec)
+    log.info(
+        "epoch %d step %d (%d/%d) loss %.4f lr %.5f, %.1f images/s",
+        run.epoch + 1,
+        run.step,
+        done,
+        steps_per_epoch(run),
+        loss,
+        lr,
+        images_per_sec,
+    )
     run.tracker.log(tracking.step_metrics(loss, lr, images_per_sec), run.step)
 
 
@@ -503,7 +583,7 @@ def average_buffers(run: Run) -> None:
     flat = sum_over_replicas(run, torch.cat([b.reshape(-1) for b in buffers])) / run.replicas
     offset = 0
     for b in buffers:
-        b.copy_(flat[offset:offset + b.numel()].view_as(b))
+        b.copy_(flat[offset : offset + b.numel()].view_as(b))
         offset += b.numel()
 
 
@@ -544,16 +624,25 @@ def save_checkpoint(run: Run, step_in_epoch: int) -> None:
     if run.pipeline:
         parts = run.pipeline.stage_state(run.optimizer)
         if 0 < run.backend.rank < run.pipeline.stages:
-            checkpoint.save_torch(checkpoint.stage_path(checkpoint.checkpoint_path(folder, run.step),
-                                                        run.pipeline.stage), parts)
+            checkpoint.save_torch(
+                checkpoint.stage_path(checkpoint.checkpoint_path(folder, run.step), run.pipeline.stage), parts
+            )
         run.backend.all_reduce_sum(torch.zeros(1))  # every stage's part is on disk before rank 0 commits the step
     if not run.master:
         return
-    state = {**parts, "stages": run.pipeline.stages if run.pipeline else 1, "arch": run.args.model,
-             "classes": run.classes, "scheduler": run.scheduler.state_dict(),
-             "epoch": run.epoch, "step": run.step, "history": run.history, "resumed_from": run.resumed_from,
-             "samples_in_epoch": step_in_epoch * run.args.batch_size * run.replicas,
-             "wall_seconds": run.wall_seconds()}
+    state = {
+        **parts,
+        "stages": run.pipeline.stages if run.pipeline else 1,
+        "arch": run.args.model,
+        "classes": run.classes,
+        "scheduler": run.scheduler.state_dict(),
+        "epoch": run.epoch,
+        "step": run.step,
+        "history": run.history,
+        "resumed_from": run.resumed_from,
+        "samples_in_epoch": step_in_epoch * run.args.batch_size * run.replicas,
+        "wall_seconds": run.wall_seconds(),
+    }
     checkpoint.save_checkpoint(folder, state, run.step, run.args.keep_checkpoints)
     log.info("checkpoint step %d saved", run.step)  # what a resubmitting backend counts lost work from
 
@@ -573,8 +662,10 @@ def finish(run: Run) -> None:
     if run.master:
         if run.pipeline:  # the whole model's digest, as the single-device model's
             digest = metrics.parameter_digest((n, whole[n]) for n, _ in run.pipeline.whole.named_parameters())
-        checkpoint.save_torch(Path(run.args.out) / "model.pt", {"arch": run.args.model, "classes": run.classes,
-                              "image_size": run.args.image_size, "state_dict": whole})
+        checkpoint.save_torch(
+            Path(run.args.out) / "model.pt",
+            {"arch": run.args.model, "classes": run.classes, "image_size": run.args.image_size, "state_dict": whole},
+        )
         write_metrics(run, status="complete", parameters_in_sync=in_sync, parameter_digest=digest, **extra)
         log.info("results in %s", Path(run.args.out).resolve())
     run.tracker.close()
@@ -599,11 +690,12 @@ def memory_report(run: Run) -> dict:
     """Per rank: the parameters it holds, the bytes of its parameters and buffers, its peak memory and the part of
     that peak its training added (its model, gradients, optimizer state and activations)."""
     held = metrics.held(run.pipeline.whole if run.pipeline else run.raw_model)  # the whole model, mostly meta
-    return {"parameters_per_rank": [int(v) for v in rank_values(run.backend, held[0])],
-            "parameter_bytes_per_rank": [int(v) for v in rank_values(run.backend, held[1])],
-            "peak_memory_mb": rank_values(run.backend, peak_memory_mb(run.device)),
-            "training_memory_mb": rank_values(run.backend, training_memory_mb(run.device,
-                                                                               run.resident_before_model_mb))}
+    return {
+        "parameters_per_rank": [int(v) for v in rank_values(run.backend, held[0])],
+        "parameter_bytes_per_rank": [int(v) for v in rank_values(run.backend, held[1])],
+        "peak_memory_mb": rank_values(run.backend, peak_memory_mb(run.device)),
+        "training_memory_mb": rank_values(run.backend, training_memory_mb(run.device, run.resident_before_model_mb)),
+    }
 
 
 def rank_values(backend: Backend, value: float) -> list[float]:
@@ -635,28 +727,58 @@ def pipeline_report(run: Run) -> dict:
         return {"parallel": "data"}
     p, args = run.pipeline, run.args
     idle, steps = rank_values(run.backend, p.idle_fraction()), p.steady_steps()
-    return {"parallel": "pipeline", "pipeline": {
-        "stages": p.stages, "replicas": p.replicas, "microbatches": p.microbatches, "schedule": args.pipeline_schedule,
-        "balance": args.balance, "split": p.split.names, "stage_params": p.split.params,
-        "step_seconds_mean": sum(steps) / len(steps), "idle_fraction_per_rank": idle,
-        "idle_fraction_measured": sum(idle) / len(idle), "idle_fraction_theoretical": theoretical_bubble(p.stages, p.microbatches)}}
+    return {
+        "parallel": "pipeline",
+        "pipeline": {
+            "stages": p.stages,
+            "replicas": p.replicas,
+            "microbatches": p.microbatches,
+            "schedule": args.pipeline_schedule,
+            "balance": args.balance,
+            "split": p.split.names,
+            "stage_params": p.split.params,
+            "step_seconds_mean": sum(steps) / len(steps),
+            "idle_fraction_per_rank": idle,
+            "idle_fraction_measured": sum(idle) / len(idle),
+            "idle_fraction_theoretical": theoretical_bubble(p.stages, p.microbatches),
+        },
+    }
 
 
 def write_metrics(run: Run, status: str, **extra) -> None:
     """Rank 0: metrics.json, rewritten after every epoch; status says whether the run is complete."""
     args, last = run.args, (run.history[-1] if run.history else {})
-    summary = {"status": status, "model": args.model, "data": str(args.data), "num_classes": len(run.classes),
-               "world_size": run.backend.world_size, "backend": run.backend.name, "device": str(run.device),
-               "precision": "bf16" if run.amp else "fp32", "batch_size_per_worker": args.batch_size,
-               "global_batch_size": args.batch_size * run.replicas, "base_lr": args.lr,
-               "peak_lr": args.lr * run.replicas, "global_step": run.step, "resumed_from_steps": run.resumed_from,
-               "wall_seconds": run.wall_seconds(), "final_val_top1": last.get("val_top1"), "final_val_top5": last.get("val_top5"),
-               "images_per_sec": last.get("images_per_sec"), "data_wait_share": last.get("data_wait_share"),
-               "steady_images_per_sec": last.get("steady_images_per_sec"), "versions": metrics.library_versions(),
-               "cpu_ms_per_step": {"training_thread": last.get("training_thread_cpu_ms_per_step"),
-                                   "other_threads": last.get("other_threads_cpu_ms_per_step")},
-               "trainer": str(Path(__file__).resolve().parent),  # which scripts version trained the model
-               **run.data_facts, "epochs": run.history, **extra}
+    summary = {
+        "status": status,
+        "model": args.model,
+        "data": str(args.data),
+        "num_classes": len(run.classes),
+        "world_size": run.backend.world_size,
+        "backend": run.backend.name,
+        "device": str(run.device),
+        "precision": "bf16" if run.amp else "fp32",
+        "batch_size_per_worker": args.batch_size,
+        "global_batch_size": args.batch_size * run.replicas,
+        "base_lr": args.lr,
+        "peak_lr": args.lr * run.replicas,
+        "global_step": run.step,
+        "resumed_from_steps": run.resumed_from,
+        "wall_seconds": run.wall_seconds(),
+        "final_val_top1": last.get("val_top1"),
+        "final_val_top5": last.get("val_top5"),
+        "images_per_sec": last.get("images_per_sec"),
+        "data_wait_share": last.get("data_wait_share"),
+        "steady_images_per_sec": last.get("steady_images_per_sec"),
+        "versions": metrics.library_versions(),
+        "cpu_ms_per_step": {
+            "training_thread": last.get("training_thread_cpu_ms_per_step"),
+            "other_threads": last.get("other_threads_cpu_ms_per_step"),
+        },
+        "trainer": str(Path(__file__).resolve().parent),  # which scripts version trained the model
+        **run.data_facts,
+        "epochs": run.history,
+        **extra,
+    }
     checkpoint.save_json(Path(args.out) / "metrics.json", summary)
 
 
@@ -665,9 +787,15 @@ def log_epoch(run: Run, row: dict) -> None:
     run.tracker.log(tracking.epoch_metrics(row), run.step)
     if run.master:
         top1 = "n/a" if row["val_top1"] is None else f"{row['val_top1']:.4f}"
-        log.info("epoch %d/%d done: train loss %.4f, val top-1 %s, %.1f images/s (%.1f per worker)",
-                 row["epoch"], run.args.epochs, row["train_loss"], top1, row["images_per_sec"],
-                 row["images_per_sec_per_worker"])
+        log.info(
+            "epoch %d/%d done: train loss %.4f, val top-1 %s, %.1f images/s (%.1f per worker)",
+            row["epoch"],
+            run.args.epochs,
+            row["train_loss"],
+            top1,
+            row["images_per_sec"],
+            row["images_per_sec_per_worker"],
+        )
 
 
 def resolve(choice: str, device: torch.device) -> bool:
@@ -690,8 +818,13 @@ def rank_from_env() -> int:
 
 def setup_logging(rank: int) -> None:
     """Every line starts with the worker's rank."""
-    logging.basicConfig(level=logging.INFO, force=True, stream=sys.stdout,
-                        format=f"[rank {rank}] %(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
+    logging.basicConfig(
+        level=logging.INFO,
+        force=True,
+        stream=sys.stdout,
+        format=f"[rank {rank}] %(asctime)s %(levelname)s %(message)s",
+        datefmt="%H:%M:%S",
+    )
 
 
 if __name__ == "__main__":

@@ -2,15 +2,15 @@
 
 import base64
 import os
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
 from azure.storage.fileshare import ShareClient, ShareSasPermissions, generate_share_sas
 
-from infra.azure_files import AzureCopyError, AzureFileShare
-from infra.blobstore import StorageError
-from infra.fileshare import LocalFolderShare
+from infra.storage.azure_files import AzureCopyError, AzureFileShare
+from infra.storage.blobstore import StorageError
+from infra.storage.fileshare import LocalFolderShare
 from tests.azure_files_fake import FakeAzureFiles
 
 pytestmark = pytest.mark.integration
@@ -26,7 +26,7 @@ def fake():
 
 def sas_for(fake: FakeAzureFiles) -> str:
     permission = ShareSasPermissions(read=True, create=True, write=True)
-    expiry = datetime.now(timezone.utc) + timedelta(hours=1)
+    expiry = datetime.now(UTC) + timedelta(hours=1)
     return generate_share_sas(fake.account, SHARE, fake.key, permission=permission, expiry=expiry)
 
 
@@ -83,8 +83,13 @@ def test_upload_nested_large_file_round_trips_byte_for_byte(azure, fake, tmp_pat
 
 
 def test_chunked_download_uses_ranges(fake, tmp_path):
-    client = ShareClient(fake.account_url, SHARE, credential=fake.named_key(),
-                         max_single_get_size=1024 * 1024, max_chunk_get_size=1024 * 1024)
+    client = ShareClient(
+        fake.account_url,
+        SHARE,
+        credential=fake.named_key(),
+        max_single_get_size=1024 * 1024,
+        max_chunk_get_size=1024 * 1024,
+    )
     share = AzureFileShare(client)
     text = "x" * (3 * 1024 * 1024 + 5)
     share.write_text("big.txt", text)
@@ -138,8 +143,9 @@ def test_unauthenticated_client_is_refused(fake):
 
 
 def test_expired_sas_is_refused(fake):
-    expired = generate_share_sas(fake.account, SHARE, fake.key, permission="r",
-                                 expiry=datetime.now(timezone.utc) - timedelta(minutes=1))
+    expired = generate_share_sas(
+        fake.account, SHARE, fake.key, permission="r", expiry=datetime.now(UTC) - timedelta(minutes=1)
+    )
     share = AzureFileShare.from_settings(fake.account_url, SHARE, expired)
     with pytest.raises(StorageError, match="refused the credentials"):
         share.exists("a.txt")
@@ -162,7 +168,8 @@ def test_plain_http_to_non_loopback_is_refused(url):
 
 
 @pytest.mark.parametrize(
-    "url", ["http://localhost:1/acct", "http://127.9.0.1:1/acct", "http://[::1]:1/acct", "https://a.file.core.windows.net"]
+    "url",
+    ["http://localhost:1/acct", "http://127.9.0.1:1/acct", "http://[::1]:1/acct", "https://a.file.core.windows.net"],
 )
 def test_https_and_loopback_http_are_accepted(url):
     AzureFileShare.from_settings(url, SHARE, "sv=2026-10-06&sig=abc")  # builds a client; sends nothing

@@ -16,31 +16,53 @@ from azure.core.exceptions import HttpResponseError
 
 from flows.config import load_config
 from infra import manifest as mf
-from trainer.layout import find_bad_images
-from infra.backends import PoolError, RunPaths, run_job
-from infra.backends.azureml import AzureMLPool, attempt_name, compute_spec, nfs_mount
-from infra.launchers import LaunchError
-from infra.trainer import REPO, SYNTHETIC
+from infra.compute import PoolError, RunPaths, run_job
+from infra.compute.azureml import AzureMLPool, compute_spec, nfs_mount
+from infra.engines.contract import REPO, SYNTHETIC
+from infra.engines.launchers import LaunchError
 from tests.azureml_standin import Workspace
+from trainer.layout import find_bad_images
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 AZURE = REPO / "flows" / "configs" / "azure.yaml"
-TINY = dict(launcher="torchrun", workers=2, model="resnet18", epochs=1, batch_size=8, image_size=16, num_classes=4,
-            steps_per_epoch=6, hflip=False, loader_workers=0, threads=1, warmup_epochs=0, log_every=1,
-            checkpoint_every=2, device="cpu")
+TINY = dict(
+    launcher="torchrun",
+    workers=2,
+    model="resnet18",
+    epochs=1,
+    batch_size=8,
+    image_size=16,
+    num_classes=4,
+    steps_per_epoch=6,
+    hflip=False,
+    loader_workers=0,
+    threads=1,
+    warmup_epochs=0,
+    log_every=1,
+    checkpoint_every=2,
+    device="cpu",
+)
 
 
 def azure_run(tmp_path: Path, data: str = SYNTHETIC, **azureml) -> tuple[Workspace, AzureMLPool, object]:
     """A workspace stand-in, the scripts version in its file datastore, and the run's pool bound to it."""
     ws = Workspace(tmp_path / "azure")
     shutil.copytree(REPO / "containers" / "trainer", ws.datastore("trainflow_files") / "scripts/v1/trainer")
-    cfg = load_config(AZURE, {"workdir": tmp_path / "work", "data": data, "training": TINY,
-                              "pool": {"nodes": 2, "slots_per_node": 1},
-                              "azureml": {"vm_size": "Standard_NC24ads_A100_v4", "max_nodes": 2, **azureml}},
-                      environ={})
+    cfg = load_config(
+        AZURE,
+        {
+            "workdir": tmp_path / "work",
+            "data": data,
+            "training": TINY,
+            "pool": {"nodes": 2, "slots_per_node": 1},
+            "azureml": {"vm_size": "Standard_NC24ads_A100_v4", "max_nodes": 2, **azureml},
+        },
+        environ={},
+    )
     run = RunPaths("run1", Path(data), Path("scripts/v1"), tmp_path / "out", "digits" if data != SYNTHETIC else "")
-    pool = AzureMLPool(cfg.pool, run, cfg.azureml, "registry.example/trainflow-gpu@sha256:" + "0" * 64, cfg.image,
-                       _client=ws.client())
+    pool = AzureMLPool(
+        cfg.pool, run, cfg.azureml, "registry.example/trainflow-gpu@sha256:" + "0" * 64, cfg.image, _client=ws.client()
+    )
     return ws, pool, cfg
 
 
@@ -60,10 +82,16 @@ def test_a_run_creates_the_cluster_streams_completes_and_downloads_the_results(t
     metrics = (pool.run.out / "metrics.json").read_text()
     assert '"world_size": 2' in metrics and (pool.run.out / "model.pt").is_file()  # downloaded from Blob
     assert any(line.startswith("[rank 0]") for line in seen)  # streamed (rank 0's log, as jobs.stream shows it)
-    assert [a["ended"] for a in job.attempts()] == ["Completed"] and job.attempts()[0]["job"] == "trainflow-run1-train-1"
+    assert [a["ended"] for a in job.attempts()] == ["Completed"] and job.attempts()[0][
+        "job"
+    ] == "trainflow-run1-train-1"
     found = ws.client().compute.get(cfg.azureml.compute)  # the cluster as configured, identity kept
     assert (found.size, found.tier, found.min_instances, found.max_instances) == (
-        "Standard_NC24ads_A100_v4", "dedicated", 0, 2)
+        "Standard_NC24ads_A100_v4",
+        "dedicated",
+        0,
+        2,
+    )
     assert found.identity.type == "system_assigned" and found.network_settings.subnet.endswith("/subnets/compute")
     assert ("compute.begin_update", cfg.azureml.compute) not in ws.calls  # min nodes 0: nothing sent at the end
 
@@ -76,7 +104,11 @@ def test_a_preempted_attempt_is_followed_by_one_that_resumes_and_the_lost_work_i
     run_job(job, pool.run.out / "logs", lambda line: None, 0)
     first, second = job.attempts()
     assert (first["job"], first["ended"], second["job"], second["ended"]) == (
-        "trainflow-run1-train-1", "Failed", "trainflow-run1-train-2", "Completed")
+        "trainflow-run1-train-1",
+        "Failed",
+        "trainflow-run1-train-2",
+        "Completed",
+    )
     assert first["why"].startswith("pre-empted") and first["last_checkpoint"] >= 2
     assert first["lost_steps"] == first["last_step"] - first["last_checkpoint"] >= 1
     metrics = json.loads((pool.run.out / "metrics.json").read_text())  # attempt 2 went on from the newest checkpoint
@@ -139,8 +171,14 @@ def test_at_the_end_the_cluster_is_scaled_to_zero_by_its_whole_spec_or_deleted(t
     pool.delete()  # scale_to_zero with min nodes 1: the whole spec again, min nodes 0, identity and subnet kept
     found = ws.client().compute.get(cfg.azureml.compute)
     assert found.min_instances == 0 and found.identity.type == "system_assigned" and found.network_settings.subnet
-    gone = AzureMLPool(pool.pool, pool.run, pool.azure.model_copy(update={"at_end": "delete"}), pool.image,
-                       pool.image_cfg, _client=ws.client())
+    gone = AzureMLPool(
+        pool.pool,
+        pool.run,
+        pool.azure.model_copy(update={"at_end": "delete"}),
+        pool.image,
+        pool.image_cfg,
+        _client=ws.client(),
+    )
     gone.delete()
     assert cfg.azureml.compute not in ws.computes
 
@@ -159,8 +197,15 @@ def stage_to(root: Path, data: Path, name: str) -> None:
     """The data set as the upload step stages it (manifest and shards), into a datastore folder."""
     (root / mf.dataset_prefix(name) / "shards").mkdir(parents=True)
     with mf.scanned(data, root / "index.sqlite", find_bad_images, keep=False) as (index, _):
-        header = {"format": mf.FORMAT, "dataset": name, "version": index.plan_shards(2), "shard_count": 2,
-                  "files": index.total()[0], "bytes": index.total()[1], "verified": {"check": "decode", "bad": []}}
+        header = {
+            "format": mf.FORMAT,
+            "dataset": name,
+            "version": index.plan_shards(2),
+            "shard_count": 2,
+            "files": index.total()[0],
+            "bytes": index.total()[1],
+            "verified": {"check": "decode", "bad": []},
+        }
         for sid in index.shards.values():
             mf.write_shard(data, index.shard_files(sid), root / mf.shard_blob(name, sid))
         mf.write_manifest(index, header, root / mf.manifest_blob(name))
@@ -182,8 +227,16 @@ def test_the_nodes_fetch_the_staged_shards_from_blob_to_their_local_disk(tmp_pat
 def test_the_node_side_fetch_runs_once_per_node_and_the_others_wait(tmp_path, digits):
     source, export = tmp_path / "blob", tmp_path / "disk"
     stage_to(source, digits, "digits")
-    command = [sys.executable, str(REPO / "containers/trainer/datasets.py"), "--source",
-               str(source / mf.dataset_prefix("digits")), "--export", str(export), "--dataset", "digits"]
+    command = [
+        sys.executable,
+        str(REPO / "containers/trainer/datasets.py"),
+        "--source",
+        str(source / mf.dataset_prefix("digits")),
+        "--export",
+        str(export),
+        "--dataset",
+        "digits",
+    ]
     ranks = [subprocess.Popen(command, stdout=subprocess.PIPE, text=True) for _ in range(3)]
     outs = [r.communicate()[0] for r in ranks]
     assert [r.returncode for r in ranks] == [0, 0, 0] and len({o.split()[-1] for o in outs}) == 1
@@ -199,7 +252,7 @@ def test_the_nfs_mount_happens_once_per_node_while_the_other_ranks_wait(tmp_path
     """NFS cannot run here: `mount`/`mountpoint` are stand-ins that record; the lock and the check are real."""
     bin_dir, mounted = tmp_path / "bin", tmp_path / "mounted"
     bin_dir.mkdir()
-    (bin_dir / "mount").write_text(f"#!/bin/sh\nsleep 0.5; echo \"$@\" >> {tmp_path}/mounts; touch {mounted}\n")
+    (bin_dir / "mount").write_text(f'#!/bin/sh\nsleep 0.5; echo "$@" >> {tmp_path}/mounts; touch {mounted}\n')
     (bin_dir / "mountpoint").write_text(f"#!/bin/sh\ntest -e {mounted}\n")
     for tool in ("mount", "mountpoint"):
         (bin_dir / tool).chmod(0o755)

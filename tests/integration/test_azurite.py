@@ -5,7 +5,7 @@ import time
 import pytest
 from azure.storage.blob import BlobServiceClient
 
-from infra.azurite import connection_string, running_azurite
+from infra.services.azurite import connection_string, running_azurite
 
 pytestmark = pytest.mark.integration
 

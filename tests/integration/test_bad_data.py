@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from infra.errors import BadInput
-from infra.launchers import local_command
-from infra.sample_data import write_imagenet_shaped
-from infra.trainer import TrainingConfig, trainer_script
+from infra.core.errors import BadInput
+from infra.data.sample_data import write_imagenet_shaped
+from infra.engines.contract import TrainingConfig, trainer_script
+from infra.engines.launchers import local_command
 from tests.bad_inputs import images
 from tests.conftest import train_locally, write_image, write_png_header
 from trainer.layout import write_verified
@@ -34,15 +34,46 @@ def test_a_bomb_found_by_a_worker_names_the_rank_and_the_file(tmp_path):
     data = with_bombs(tmp_path / "data")
     config = tmp_path / "c.yaml"
     config.write_text("training: {preflight_images: false, image_size: 16, loader_workers: 1}\n")
-    result = subprocess.run([TRAINFLOW, "train", "--config", str(config), *QUICK[:-1], "2", "--data", str(data),
-                             "--workdir", str(tmp_path / "w")], capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [
+            TRAINFLOW,
+            "train",
+            "--config",
+            str(config),
+            *QUICK[:-1],
+            "2",
+            "--data",
+            str(data),
+            "--workdir",
+            str(tmp_path / "w"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert re.search(r"rank \d failed: image .*/train/a/huge\d?.png has 400000000 pixels", result.stderr), result.stderr
 
 
 # Images that cannot be decoded, found before training: all at once, refused in one line or left out.
-TINY = ["--model", "resnet18", "--image-size", "16", "--epochs", "1", "--batch-size", "2", "--steps-per-epoch", "3",
-        "--loader-workers", "0", "--threads", "1", "--checkpoint-every", "0"]
+TINY = [
+    "--model",
+    "resnet18",
+    "--image-size",
+    "16",
+    "--epochs",
+    "1",
+    "--batch-size",
+    "2",
+    "--steps-per-epoch",
+    "3",
+    "--loader-workers",
+    "0",
+    "--threads",
+    "1",
+    "--checkpoint-every",
+    "0",
+]
 ERROR = re.compile(r"\[rank (\d)\].* ERROR error: (.*)")
 
 
@@ -68,8 +99,10 @@ def torchrun(data: Path, out: Path, *options: str) -> tuple[subprocess.Completed
     """train.py under torchrun with 2 processes; the run and each rank's lines."""
     argv = [str(trainer_script()), "--data", str(data), "--out", str(out), *TINY, *options]
     done = subprocess.run(local_command("torchrun", 2, argv), capture_output=True, text=True, timeout=300)
-    ranks = {rank: "\n".join(line for line in done.stdout.splitlines() if line.startswith(f"[rank {rank}]"))
-             for rank in (0, 1)}
+    ranks = {
+        rank: "\n".join(line for line in done.stdout.splitlines() if line.startswith(f"[rank {rank}]"))
+        for rank in (0, 1)
+    }
     return done, ranks
 
 
@@ -87,9 +120,11 @@ def listed(path: Path) -> set[str]:
 
 
 def one_line_error(data: Path, out: Path, count: int) -> re.Pattern:
-    return re.compile(rf"^{count} of {20 + 2 + count} images in {re.escape(str(data))} cannot be decoded \(first: "
-                      rf"train/a/bad00.png: cannot identify image file\); all {count} are listed in "
-                      rf"{re.escape(str(out / 'bad-files.tsv'))}; replace or remove them, or pass --bad-files skip")
+    return re.compile(
+        rf"^{count} of {20 + 2 + count} images in {re.escape(str(data))} cannot be decoded \(first: "
+        rf"train/a/bad00.png: cannot identify image file\); all {count} are listed in "
+        rf"{re.escape(str(out / 'bad-files.tsv'))}; replace or remove them, or pass --bad-files skip"
+    )
 
 
 def test_thirty_bad_images_are_refused_in_one_line_that_names_a_list_of_all_of_them(tmp_path):
@@ -126,8 +161,16 @@ def test_with_skip_both_ranks_train_without_the_same_thirty(tmp_path):
 
 def test_the_preflight_decodes_once_and_the_workers_skip_what_it_found(tmp_path):
     data, bad = good_and_bad(tmp_path / "data")
-    settings = dict(workers=2, model="resnet18", image_size=16, epochs=1, batch_size=2, steps_per_epoch=3,
-                    loader_workers=0, checkpoint_every=0)
+    settings = dict(
+        workers=2,
+        model="resnet18",
+        image_size=16,
+        epochs=1,
+        batch_size=2,
+        steps_per_epoch=3,
+        loader_workers=0,
+        checkpoint_every=0,
+    )
     with pytest.raises(BadInput) as refused:  # the orchestrator's run: its preflight, then its workers
         train_locally(TrainingConfig(**settings), str(data), tmp_path / "refused", lambda line: None)
     assert one_line_error(data, tmp_path / "refused", 30).match(str(refused.value)), str(refused.value)
@@ -157,7 +200,9 @@ def test_a_verified_data_version_is_trusted_and_an_unverified_folder_is_checked(
     (data / ".verified.json").write_text('{"format": 1, "version": "v-42"}')
     broken = check(data, tmp_path / "o3", "--verify-images")
     assert broken.returncode == 2
-    assert ERROR.search(broken.stdout).group(2).startswith(f"{data / '.verified.json'} is not a valid verification record")
+    assert (
+        ERROR.search(broken.stdout).group(2).startswith(f"{data / '.verified.json'} is not a valid verification record")
+    )
 
     (data / "train" / "b" / "sneaky.png").unlink()
     write_verified(data, "v-43", 23, [("train/a/listed.png", "cannot identify image file")])
@@ -178,13 +223,17 @@ def test_five_hundred_bad_files_are_refused_by_one_stage_run_that_lists_them_all
         path.chmod(0o644)
         path.write_bytes(path.read_bytes()[:200] if i % 2 else b"not a JPEG at all")
     work = tmp_path / "work"
-    done = subprocess.run([TRAINFLOW, "stage", "--data", str(data), "--workdir", str(work)], capture_output=True,
-                          text=True, timeout=300)
+    done = subprocess.run(
+        [TRAINFLOW, "stage", "--data", str(data), "--workdir", str(work)], capture_output=True, text=True, timeout=300
+    )
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert done.returncode == 2 and len(errors) == 1, done.stderr[-3000:]
     listing = next((work / "cache").glob("bad-files-*.tsv"))
-    assert re.match(rf"error: 500 of 820 images in {re.escape(str(data))} cannot be decoded \(first: .*\); all 500 "
-                    rf"are listed in {re.escape(str(listing))}", errors[0]), errors[0]
+    assert re.match(
+        rf"error: 500 of 820 images in {re.escape(str(data))} cannot be decoded \(first: .*\); all 500 "
+        rf"are listed in {re.escape(str(listing))}",
+        errors[0],
+    ), errors[0]
     assert done.stderr.count("cannot decode ") == 20 and "... and 480 more" in done.stderr
     assert listed(listing) == {p.relative_to(data).as_posix() for p in paths}
     assert not list(work.rglob("*.JPEG"))  # nothing reached the file server

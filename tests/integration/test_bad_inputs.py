@@ -31,5 +31,6 @@ def test_a_bad_input_ends_in_one_line_and_its_exit_status(outcomes, index):
 
 
 def test_the_readme_table_is_what_trainflow_says(outcomes):
-    assert readme_table(README.read_text()) == table(outcomes), \
+    assert readme_table(README.read_text()) == table(outcomes), (
         "the README's table of bad inputs is out of date: regenerate it with `.venv/bin/python -m tests.bad_inputs`"
+    )

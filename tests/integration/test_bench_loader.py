@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from flows.bench.common import RESTARTS
-from flows.bench.loader import installed_loaders
-from infra.sample_data import write_photo_like
+from benchmarks.common import RESTARTS
+from benchmarks.loader import installed_loaders
+from infra.data.sample_data import write_photo_like
 
 pytestmark = pytest.mark.integration
 TRAINFLOW = str(Path(sys.executable).with_name("trainflow"))
@@ -22,8 +22,12 @@ def bench_loader(tmp_path, *args) -> subprocess.CompletedProcess:
     """The command with a small batch and crop, so that 16 JPEGs make batches to time."""
     config = tmp_path / "small.yaml"
     config.write_text("training: {batch_size: 4, image_size: 64}\n")
-    return subprocess.run([TRAINFLOW, "bench", "loader", "--config", str(config), "--workdir", str(tmp_path / "w"),
-                           *args], capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [TRAINFLOW, "bench", "loader", "--config", str(config), "--workdir", str(tmp_path / "w"), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def test_bench_loader_measures_both_loaders_on_one_core_and_all_and_writes_the_json(tmp_path):
@@ -36,10 +40,13 @@ def test_bench_loader_measures_both_loaders_on_one_core_and_all_and_writes_the_j
     assert set(loaders) >= {"fast", "pil"}
     assert set(result["runs"]) == {f"{loader}/{n}" for loader in loaders for n in {1, cores}}
     for figures in result["runs"].values():
-        assert all(set(f) == FIGURE and len(f["all"]) == 2 and 0 < f["min"] <= f["median"] <= f["max"]
-                   for f in figures.values())
+        assert all(
+            set(f) == FIGURE and len(f["all"]) == 2 and 0 < f["min"] <= f["median"] <= f["max"]
+            for f in figures.values()
+        )
     assert result["runs"][f"pil/{cores}"]["per_core"]["all"] == pytest.approx(
-        [rate / cores for rate in result["runs"][f"pil/{cores}"]["images_per_sec"]["all"]])
+        [rate / cores for rate in result["runs"][f"pil/{cores}"]["images_per_sec"]["all"]]
+    )
     assert set(result["speedup_per_core"]) == set(loaders) - {"pil"}
     assert all(set(ratios) == {str(n) for n in {1, cores}} for ratios in result["speedup_per_core"].values())
     for loader in loaders:  # DALI's one pipeline decodes, crops and batches: all of it counted as decode
@@ -60,8 +67,10 @@ def test_bench_loader_measures_both_loaders_on_one_core_and_all_and_writes_the_j
 def test_bench_loader_refuses_too_few_images_in_one_line(tmp_path):
     out = bench_loader(tmp_path, "--files", "5")
     assert out.returncode == 2
-    assert out.stderr.strip().endswith("has 5 training images: timing needs two batches of 4 or more (the first "
-                                       "starts the workers); pass --files 8 or more, or lower training.batch_size")
+    assert out.stderr.strip().endswith(
+        "has 5 training images: timing needs two batches of 4 or more (the first "
+        "starts the workers); pass --files 8 or more, or lower training.batch_size"
+    )
 
 
 def test_the_generated_jpegs_are_shaped_and_weighted_like_imagenet_s(tmp_path):
@@ -77,5 +86,7 @@ def test_the_generated_jpegs_are_shaped_and_weighted_like_imagenet_s(tmp_path):
 def test_bench_loader_refuses_a_data_folder_the_trainer_cannot_read_in_one_line(tmp_path):
     out = bench_loader(tmp_path, "--data", str(tmp_path / "nowhere"))
     assert out.returncode == 2 and "Traceback" not in out.stderr
-    assert out.stderr.strip() == (f"error: data folder {tmp_path / 'nowhere'} does not exist; point --data at a "
-                                  "folder holding train/<class>/ images")
+    assert out.stderr.strip() == (
+        f"error: data folder {tmp_path / 'nowhere'} does not exist; point --data at a "
+        "folder holding train/<class>/ images"
+    )

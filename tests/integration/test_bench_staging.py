@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from azure.storage.blob import BlobServiceClient
 
-from flows.bench.staging import PATHS, per_file
-from infra.azurite import connection_string, running_azurite
-from infra.sample_data import write_imagenet_like
+from benchmarks.staging import PATHS, per_file
+from infra.data.sample_data import write_imagenet_like
+from infra.services.azurite import connection_string, running_azurite
 
 pytestmark = pytest.mark.integration
 TRAINFLOW = str(Path(sys.executable).with_name("trainflow"))
@@ -20,15 +20,32 @@ FIGURE = {"median", "min", "max", "all"}
 
 
 def test_bench_staging_repeats_every_path_and_writes_the_json(tmp_path):
-    out = subprocess.run([TRAINFLOW, "bench", "staging", "--files", "40", "--classes", "4", "--workdir",
-                          str(tmp_path / "w"), "--json", str(tmp_path / "staging.json")],
-                         capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "200"})
+    out = subprocess.run(
+        [
+            TRAINFLOW,
+            "bench",
+            "staging",
+            "--files",
+            "40",
+            "--classes",
+            "4",
+            "--workdir",
+            str(tmp_path / "w"),
+            "--json",
+            str(tmp_path / "staging.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "COLUMNS": "200"},
+    )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     result = json.loads((tmp_path / "staging.json").read_text())
     assert result["files"] == 40 and result["repeats"] == 3 and list(result["paths"]) == list(PATHS)
     for figures in result["paths"].values():
-        assert all(set(f) == FIGURE and len(f["all"]) == 3 and f["min"] <= f["median"] <= f["max"]
-                   for f in figures.values())
+        assert all(
+            set(f) == FIGURE and len(f["all"]) == 3 and f["min"] <= f["median"] <= f["max"] for f in figures.values()
+        )
     for ratio in ("speedup_vs_one_at_a_time", "speedup_vs_thread_pool", "rerun_fraction"):
         assert set(result[ratio]) == FIGURE and result[ratio]["median"] > 0
     assert result["rerun_fraction"]["median"] < 1  # nothing to send the second time
@@ -41,18 +58,41 @@ def test_bench_staging_repeats_every_path_and_writes_the_json(tmp_path):
 def test_the_per_file_baselines_move_every_file(tmp_path, workers):
     data = write_imagenet_like(tmp_path / "data", files=12, classes=3)
     with running_azurite(tmp_path / "azurite") as port:
-        per_file(BlobServiceClient.from_connection_string(connection_string(port)), "naive", data,
-                 tmp_path / "export", workers)
+        per_file(
+            BlobServiceClient.from_connection_string(connection_string(port)),
+            "naive",
+            data,
+            tmp_path / "export",
+            workers,
+        )
     sent = {p.relative_to(data): p.read_bytes() for p in data.rglob("*") if p.is_file()}
-    assert {p.relative_to(tmp_path / "export"): p.read_bytes() for p in (tmp_path / "export").rglob("*")
-            if p.is_file()} == sent and len(sent) == 12
+    assert {
+        p.relative_to(tmp_path / "export"): p.read_bytes() for p in (tmp_path / "export").rglob("*") if p.is_file()
+    } == sent and len(sent) == 12
 
 
 def test_bench_all_writes_the_report_and_a_plot_per_benchmark(tmp_path):
     """`bench all --size tiny` with the two benchmarks that train nothing: one JSON, the report and its plots."""
-    out = subprocess.run([TRAINFLOW, "bench", "all", "--size", "tiny", "--only", "scale", "--only", "staging",
-                          "--workdir", str(tmp_path / "w"), "--json", str(tmp_path / "all.json")],
-                         capture_output=True, text=True, timeout=900)
+    out = subprocess.run(
+        [
+            TRAINFLOW,
+            "bench",
+            "all",
+            "--size",
+            "tiny",
+            "--only",
+            "scale",
+            "--only",
+            "staging",
+            "--workdir",
+            str(tmp_path / "w"),
+            "--json",
+            str(tmp_path / "all.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     result = json.loads((tmp_path / "all.json").read_text())
     assert list(result["benches"]) == ["staging", "scale"] and result["size"] == "tiny"  # in bench all's order

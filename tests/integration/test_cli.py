@@ -19,8 +19,10 @@ QUICK = ["--model", "resnet18", "--epochs", "1", "--workers", "2", "--batch-size
 LEAVES = [["train"], ["stage"], ["data", "digits"], ["bench", "train"], ["bench", "staging"]]
 
 
-@pytest.mark.parametrize("command", [[], ["data"], ["bench"], ["build"], ["bench", "images"], ["run"], ["smoke"],
-                                     ["bench", "parallel"], *LEAVES])
+@pytest.mark.parametrize(
+    "command",
+    [[], ["data"], ["bench"], ["build"], ["bench", "images"], ["run"], ["smoke"], ["bench", "parallel"], *LEAVES],
+)
 def test_every_command_has_help(command):
     result = CliRunner().invoke(app, [*command, "--help"])
     assert result.exit_code == 0 and "Usage" in result.output
@@ -38,7 +40,9 @@ def test_a_corrupt_image_found_during_training_names_rank_and_file(tmp_path):
     data = tmp_path / "data"
     config = tmp_path / "c.yaml"
     config.write_text("training: {preflight_images: false, image_size: 16, loader_workers: 1}\n")
-    result = run_cli("train", "--config", str(config), *QUICK[:-1], "2", "--data", str(data), "--workdir", str(tmp_path / "w"))
+    result = run_cli(
+        "train", "--config", str(config), *QUICK[:-1], "2", "--data", str(data), "--workdir", str(tmp_path / "w")
+    )
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
     assert "failed: cannot decode image" in result.stderr and "bad.png" in result.stderr
@@ -71,8 +75,10 @@ def test_dry_run_on_a_fresh_workdir_writes_nothing(tmp_path):
 
 @pytest.mark.slow  # a whole train-flow run: Prefect's server, Azurite, a training job
 def test_smoke_runs_one_worker_on_synthetic_data_through_the_whole_pipeline(tmp_path):
-    (tmp_path / "tiny.yaml").write_text("training: {model: resnet18, image_size: 32, batch_size: 8, num_classes: 4, "
-                                        "loader_workers: 0, threads: 1, warmup_epochs: 0}\n")
+    (tmp_path / "tiny.yaml").write_text(
+        "training: {model: resnet18, image_size: 32, batch_size: 8, num_classes: 4, "
+        "loader_workers: 0, threads: 1, warmup_epochs: 0}\n"
+    )
     done = run_cli("smoke", "--config", str(tmp_path / "tiny.yaml"), "--workdir", str(tmp_path / "work"))
     assert done.returncode == 0, done.stderr[-3000:]
     assert "on 1 workers" in done.stdout and "results on the file share" in done.stdout

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.launchers import local_command
+from infra.engines.launchers import local_command
 
 pytestmark = pytest.mark.integration
 CONTAINERS = Path(__file__).resolve().parents[2] / "containers"
@@ -40,8 +40,13 @@ backend.shutdown()
 def test_ddp_gradients_are_views_into_its_buckets_and_averaged(tmp_path):
     script = tmp_path / "ranks.py"
     script.write_text(TWO_STEPS)
-    done = subprocess.run(local_command("torchrun", 2, [str(script), str(tmp_path)], python=sys.executable),
-                          capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    done = subprocess.run(
+        local_command("torchrun", 2, [str(script), str(tmp_path)], python=sys.executable),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     ranks = [(tmp_path / f"rank{rank}.txt").read_text().splitlines() for rank in (0, 1)]
     assert len(ranks[0]) == 2 and ranks[0] == ranks[1], ranks  # the ranks' inputs differ, their averages do not

@@ -14,7 +14,7 @@ import pytest
 import requests
 from prefect.states import Cancelling
 
-from infra.services import free_port
+from infra.services.supervise import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
 TRAINFLOW = str(Path(sys.executable).parent / "trainflow")
@@ -32,8 +32,9 @@ TINY = """training:
 
 
 def start(args: list[str], env: dict, log: Path) -> subprocess.Popen:
-    return subprocess.Popen([TRAINFLOW, *args], env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    return subprocess.Popen(
+        [TRAINFLOW, *args], env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True
+    )
 
 
 def wait_for(check, seconds: float, what: str):
@@ -60,9 +61,13 @@ async def finished_runs(api: str, name: str) -> list:
 
     async with PrefectClient(api=api) as client:
         return await client.read_flow_runs(  # TaskRunFilter(): runs that started tasks, not those the scheduler plans ahead
-            flow_run_filter=FlowRunFilter(), task_run_filter=TaskRunFilter(),
+            flow_run_filter=FlowRunFilter(),
+            task_run_filter=TaskRunFilter(),
             deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=[name])),
-            sort=FlowRunSort.EXPECTED_START_TIME_DESC, limit=20, offset=0)
+            sort=FlowRunSort.EXPECTED_START_TIME_DESC,
+            limit=20,
+            offset=0,
+        )
 
 
 async def deployment_and_manual_run(api: str, name: str):
@@ -85,8 +90,24 @@ def test_ui_deploy_schedule_client_runs_and_a_cancelled_run(tmp_path, digits):
     try:
         wait_for(lambda: healthy(api), 120, "the Prefect server")
         assert "<html" in requests.get(f"http://127.0.0.1:{port}/", timeout=10).text.lower()
-        served = start(["deploy", "--config", str(tmp_path / "tiny.yaml"), "--data", str(digits), "--workdir", str(work),
-                        "--name", "every-minute", "--cron", "* * * * *", "--serve"], env, tmp_path / "serve.log")
+        served = start(
+            [
+                "deploy",
+                "--config",
+                str(tmp_path / "tiny.yaml"),
+                "--data",
+                str(digits),
+                "--workdir",
+                str(work),
+                "--name",
+                "every-minute",
+                "--cron",
+                "* * * * *",
+                "--serve",
+            ],
+            env,
+            tmp_path / "serve.log",
+        )
         deployment, manual = wait_for(lambda: try_run(api), 120, "the deployment")
         assert deployment.schedules and deployment.schedules[0].schedule.cron == "* * * * *"
         runs = wait_for(lambda: completed(api, manual.id), 420, "a scheduled and a manual run to complete")

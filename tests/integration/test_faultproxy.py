@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from azure.storage.blob import BlobServiceClient, ExponentialRetry
 
-from infra.azurite import ACCOUNT, DEV_KEY
+from infra.services.azurite import ACCOUNT, DEV_KEY
 from tests.faultproxy import FaultProxy
 
 pytestmark = pytest.mark.integration
@@ -16,8 +16,9 @@ MIB = 1 << 20
 
 
 def _client(port: int, **kwargs) -> BlobServiceClient:
-    return BlobServiceClient(f"http://127.0.0.1:{port}/{ACCOUNT}",
-                             credential={"account_name": ACCOUNT, "account_key": DEV_KEY}, **kwargs)
+    return BlobServiceClient(
+        f"http://127.0.0.1:{port}/{ACCOUNT}", credential={"account_name": ACCOUNT, "account_key": DEV_KEY}, **kwargs
+    )
 
 
 class _QuickExponentialRetry(ExponentialRetry):
@@ -59,10 +60,14 @@ def test_retries_keep_bytes_intact_under_faults(azurite_port):
         service = _client(
             proxy.port,
             # retry_total alone still caps 503s, connect and read errors at 3 retries each.
-            retry_policy=_QuickExponentialRetry(initial_backoff=0.2, increment_base=2, retry_total=10,
-                                                retry_status=10, retry_connect=10, retry_read=10),
-            max_single_put_size=4 * MIB, max_block_size=4 * MIB,
-            max_single_get_size=4 * MIB, max_chunk_get_size=4 * MIB)
+            retry_policy=_QuickExponentialRetry(
+                initial_backoff=0.2, increment_base=2, retry_total=10, retry_status=10, retry_connect=10, retry_read=10
+            ),
+            max_single_put_size=4 * MIB,
+            max_block_size=4 * MIB,
+            max_single_get_size=4 * MIB,
+            max_chunk_get_size=4 * MIB,
+        )
         cont = service.get_container_client(container)
 
         def upload(name: str) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.launchers import local_command
+from infra.engines.launchers import local_command
 
 pytestmark = pytest.mark.integration
 CONTAINERS = Path(__file__).resolve().parents[2] / "containers"
@@ -37,8 +37,13 @@ def run_two_ranks(tmp_path, source: str, env: dict[str, str] | None = None) -> s
     """`source` run by 2 ranks through horovodrun (with `env` added to this environment); it must succeed."""
     script = tmp_path / "ranks.py"
     script.write_text(source)
-    done = subprocess.run(local_command("horovodrun", 2, [str(script)], python=sys.executable), capture_output=True,
-                          text=True, timeout=300, env={**os.environ, **(env or {})})
+    done = subprocess.run(
+        local_command("horovodrun", 2, [str(script)], python=sys.executable),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **(env or {})},
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return done
 
@@ -51,8 +56,14 @@ def seconds_in(line: str) -> float:
 def test_a_rank_waiting_for_a_late_peer_leaves_the_cpu_free(tmp_path):
     """Measured on 2026-11-23: Horovod's own wait (hvd.synchronize) used 0.7 CPU s per s; this one under 0.1."""
     done = run_two_ranks(tmp_path, LATE_PEER)
-    waited, used = map(float, next(line.split("waited ")[1].replace(" s using", "").split()[:2]
-                                   for line in done.stdout.splitlines() if "rank 0 waited" in line))
+    waited, used = map(
+        float,
+        next(
+            line.split("waited ")[1].replace(" s using", "").split()[:2]
+            for line in done.stdout.splitlines()
+            if "rank 0 waited" in line
+        ),
+    )
     assert waited > 2, done.stdout  # it did wait for the late peer
     assert used < 0.2 * waited, done.stdout
 
@@ -76,8 +87,11 @@ def run_idle_ranks(tmp_path, idle_s: float, env: dict[str, str]) -> tuple[int, f
     """Negotiation cycles that rank 0's Horovod timeline marked over the run, and the all-reduce's seconds after the
     idle time."""
     timeline = tmp_path / "timeline.json"
-    done = run_two_ranks(tmp_path, IDLE_THEN_ALLREDUCE.format(idle_s=idle_s),
-                         {"HOROVOD_TIMELINE": str(timeline), "HOROVOD_TIMELINE_MARK_CYCLES": "1", **env})
+    done = run_two_ranks(
+        tmp_path,
+        IDLE_THEN_ALLREDUCE.format(idle_s=idle_s),
+        {"HOROVOD_TIMELINE": str(timeline), "HOROVOD_TIMELINE_MARK_CYCLES": "1", **env},
+    )
     seconds = next(seconds_in(line) for line in done.stdout.splitlines() if "rank 0 all-reduced" in line)
     return timeline.read_text().count('"CYCLE_START"'), seconds
 
@@ -111,6 +125,8 @@ def test_adding_a_process_set_wakes_an_idle_rank(tmp_path):
     """Adding or removing a process set is agreed in a negotiation cycle, and asking for one wakes the background
     thread: with a 20 s idle cycle time both take well under a second (before the patch woke it: 5 s each at a 5 s
     idle cycle time)."""
-    done = run_two_ranks(tmp_path, PROCESS_SET, {"HOROVOD_DYNAMIC_PROCESS_SETS": "1", "HOROVOD_IDLE_CYCLE_TIME": "20000"})
+    done = run_two_ranks(
+        tmp_path, PROCESS_SET, {"HOROVOD_DYNAMIC_PROCESS_SETS": "1", "HOROVOD_IDLE_CYCLE_TIME": "20000"}
+    )
     seconds = [seconds_in(line) for line in done.stdout.splitlines() if "added and removed" in line]
     assert len(seconds) == 2 and max(seconds) < 5, done.stdout

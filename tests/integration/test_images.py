@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from infra.build_context import wheel_cache
-from infra.backends import PoolConfig, RunPaths, train_on_pool
-from infra.backends.docker import DockerPool
-from infra.backends.docker_nodes import Mount, remove_nodes, running_nodes
-from infra.images import DockerEngine, ImageError
-from infra.local_docker import collect_registry_garbage, running_registry
-from infra.trainer import REPO, TrainingConfig
-from infra.services import free_port
+from infra.compute import PoolConfig, RunPaths, train_on_pool
+from infra.compute.docker import DockerPool
+from infra.compute.docker_nodes import Mount, remove_nodes, running_nodes
+from infra.engines.contract import REPO, TrainingConfig
+from infra.images.build_context import wheel_cache
+from infra.images.local_docker import collect_registry_garbage, running_registry
+from infra.images.registry import DockerEngine, ImageError
+from infra.services.supervise import free_port
 from tasks.build_image import build_and_push, use_existing
 from tests.conftest import Registry, image_config, kept_storage
 
@@ -38,26 +38,46 @@ def test_image_is_pushed_with_a_digest_and_pulls_back_by_it(docker_engine, regis
 
 
 def test_unchanged_context_is_neither_rebuilt_nor_pushed(docker_engine, registry, cpu_image, tmp_path):
-    again = build_and_push(docker_engine, image_config(registry), tmp_path / "ctx", wheel_cache(), registry.password, print)
+    again = build_and_push(
+        docker_engine, image_config(registry), tmp_path / "ctx", wheel_cache(), registry.password, print
+    )
     assert (again["built"], again["pushed"]) == (False, False)
     assert again["image"] == cpu_image["image"]
 
 
 def test_image_has_the_pinned_stack(docker_engine, cpu_image):
     # the last: Horovod's library reads HOROVOD_IDLE_CYCLE_TIME, i.e. it is built with horovod-idle-cycle.patch
-    probe = ("import torch, torchvision, horovod, horovod.torch as hvd, horovod.torch.mpi_lib_v2 as lib; "
-             "print(torch.__version__.split('+')[0], torchvision.__version__.split('+')[0], horovod.__version__, "
-             "hvd.gloo_built(), b'HOROVOD_IDLE_CYCLE_TIME' in open(lib.__file__, 'rb').read())")
-    output = docker_engine.client.containers.run(cpu_image["image"], ["python", "-c", probe], remove=True, network_mode="none")
+    probe = (
+        "import torch, torchvision, horovod, horovod.torch as hvd, horovod.torch.mpi_lib_v2 as lib; "
+        "print(torch.__version__.split('+')[0], torchvision.__version__.split('+')[0], horovod.__version__, "
+        "hvd.gloo_built(), b'HOROVOD_IDLE_CYCLE_TIME' in open(lib.__file__, 'rb').read())"
+    )
+    output = docker_engine.client.containers.run(
+        cpu_image["image"], ["python", "-c", probe], remove=True, network_mode="none"
+    )
     assert output.decode().split() == ["2.14.1", "0.29.1", "0.28.1", "True", "True"]
 
 
 def test_horovod_trains_across_two_containers_on_mounted_data(docker_engine, cpu_image, digits, tmp_path):
-    cfg = TrainingConfig(launcher="horovodrun", workers=2, model="resnet18", epochs=1, batch_size=16,
-                         image_size=32, hflip=False, loader_workers=1, threads=1, warmup_epochs=0, lr=0.05)
+    cfg = TrainingConfig(
+        launcher="horovodrun",
+        workers=2,
+        model="resnet18",
+        epochs=1,
+        batch_size=16,
+        image_size=32,
+        hflip=False,
+        loader_workers=1,
+        threads=1,
+        warmup_epochs=0,
+        lr=0.05,
+    )
     out, lines = tmp_path / "results", []
-    pool = DockerPool(PoolConfig(backend="docker", nodes=2, slots_per_node=1),
-                      RunPaths("test-hvd", digits, REPO / "containers", out), cpu_image["image"])
+    pool = DockerPool(
+        PoolConfig(backend="docker", nodes=2, slots_per_node=1),
+        RunPaths("test-hvd", digits, REPO / "containers", out),
+        cpu_image["image"],
+    )
     metrics = train_on_pool(pool, cfg, out, lines.append).model_dump()
     assert metrics["status"] == "complete" and metrics["world_size"] == 2 and metrics["backend"] == "horovod"
     assert metrics["parameters_in_sync"] is True
@@ -91,7 +111,9 @@ def test_unreachable_registry_is_a_clear_transient_error(docker_engine, registry
 def test_failing_dockerfile_step_shows_the_step_and_its_output(docker_engine, registry, tmp_path):
     # A base without torch and an index that refuses connections: the torch step fails, as it would offline.
     debian = next(t for i in docker_engine.client.images.list("trainflow-local/debian-python") for t in i.tags)
-    cfg = image_config(registry, base_image=debian, build_args={"TORCH_INDEX_URL": f"http://127.0.0.1:{free_port()}/simple"})
+    cfg = image_config(
+        registry, base_image=debian, build_args={"TORCH_INDEX_URL": f"http://127.0.0.1:{free_port()}/simple"}
+    )
     with pytest.raises(ImageError) as failure:
         build_and_push(docker_engine, cfg, tmp_path / "ctx", wheel_cache(), registry.password, print)
     message = str(failure.value)
@@ -102,13 +124,23 @@ def test_failing_dockerfile_step_shows_the_step_and_its_output(docker_engine, re
 def run_build(workdir: Path, config: str, password: str) -> subprocess.CompletedProcess:
     (workdir / "config.yaml").write_text(config)
     env = {**os.environ, "REGISTRY_PASSWORD": password}
-    return subprocess.run([TRAINFLOW, "build", "--config", str(workdir / "config.yaml"), "--workdir", str(workdir)],
-                          capture_output=True, text=True, timeout=600, env=env)
+    return subprocess.run(
+        [TRAINFLOW, "build", "--config", str(workdir / "config.yaml"), "--workdir", str(workdir)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
 
 
 def image_yaml(registry, **fields) -> str:
-    values = {"registry": registry.host, "base_image": "local", "build_network": "host", "username": registry.username,
-              **fields}
+    values = {
+        "registry": registry.host,
+        "base_image": "local",
+        "build_network": "host",
+        "username": registry.username,
+        **fields,
+    }
     return "image:\n" + "".join(f"  {key}: {json.dumps(value)}\n" for key, value in values.items())
 
 
@@ -118,12 +150,15 @@ def test_cli_build_prints_the_pushed_reference(registry, cpu_image, tmp_path):
     assert done.stdout.strip().splitlines()[-1] == cpu_image["image"]
 
 
-@pytest.mark.parametrize("fields, password, code, message", [
-    # the build makes the local base image (Debian, Python, torch) before it logs in to the registry
-    pytest.param({}, "wrong-password", 1, "refused user 'trainflow-ci'", marks=pytest.mark.slow),
-    ({"repository": "Trainflow/CPU"}, "x", 2, "invalid setting image.repository"),
-    ({"engine": "unix:///nonexistent/docker.sock"}, "x", 1, "no Docker engine reachable"),
-])
+@pytest.mark.parametrize(
+    "fields, password, code, message",
+    [
+        # the build makes the local base image (Debian, Python, torch) before it logs in to the registry
+        pytest.param({}, "wrong-password", 1, "refused user 'trainflow-ci'", marks=pytest.mark.slow),
+        ({"repository": "Trainflow/CPU"}, "x", 2, "invalid setting image.repository"),
+        ({"engine": "unix:///nonexistent/docker.sock"}, "x", 1, "no Docker engine reachable"),
+    ],
+)
 def test_cli_build_bad_input(registry, docker_engine, tmp_path, fields, password, code, message):
     done = run_build(tmp_path, image_yaml(registry, **fields), password)
     assert done.returncode == code, done.stderr
@@ -135,7 +170,7 @@ def test_password_from_a_prefect_secret_block(monkeypatch):
     from prefect.blocks.system import Secret
     from prefect.testing.utilities import prefect_test_harness
 
-    from infra.images import registry_password
+    from infra.images.registry import registry_password
 
     monkeypatch.delenv("REGISTRY_PASSWORD", raising=False)
     cfg = image_config(Registry("localhost:5000", "bob", ""), password_secret="registry-password")
@@ -158,10 +193,25 @@ def test_bench_images_compares_an_unchanged_rebuild_with_docker_build_and_push(r
     and push then finds it there, and both ways of the unchanged rebuild run for real (docker's command line against
     the same engine, logged in with a config folder of its own)."""
     (tmp_path / "config.yaml").write_text(image_yaml(registry))
-    out = subprocess.run([TRAINFLOW, "bench", "images", "--config", str(tmp_path / "config.yaml"), "--rounds", "2",
-                          "--workdir", str(tmp_path / "w"), "--json", str(tmp_path / "images.json")],
-                         capture_output=True, text=True, timeout=1800, env={**os.environ, "COLUMNS": "200",
-                                                                            "REGISTRY_PASSWORD": registry.password})
+    out = subprocess.run(
+        [
+            TRAINFLOW,
+            "bench",
+            "images",
+            "--config",
+            str(tmp_path / "config.yaml"),
+            "--rounds",
+            "2",
+            "--workdir",
+            str(tmp_path / "w"),
+            "--json",
+            str(tmp_path / "images.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env={**os.environ, "COLUMNS": "200", "REGISTRY_PASSWORD": registry.password},
+    )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     result = json.loads((tmp_path / "images.json").read_text())
     assert result["image"] == cpu_image["image"] and not result["first_built"] and not result["first_pushed"]
@@ -169,8 +219,12 @@ def test_bench_images_compares_an_unchanged_rebuild_with_docker_build_and_push(r
     for side in ("trainflow_unchanged_seconds", "docker_build_push_seconds", "speedup"):
         figure = result[side]
         assert len(figure["all"]) == 2 and 0 < figure["min"] <= figure["median"] <= figure["max"]
-    assert result["speedup"]["all"] == pytest.approx([d / t for t, d in zip(
-        result["trainflow_unchanged_seconds"]["all"], result["docker_build_push_seconds"]["all"])])
+    assert result["speedup"]["all"] == pytest.approx(
+        [
+            d / t
+            for t, d in zip(result["trainflow_unchanged_seconds"]["all"], result["docker_build_push_seconds"]["all"])
+        ]
+    )
     assert "x faster than docker build + push" in out.stdout.splitlines()[-1]
 
 
@@ -193,7 +247,8 @@ def push_statuses(engine: DockerEngine, host: str, name: str, auth: dict) -> set
 
 
 def test_the_kept_registry_storage_sends_only_new_layers_and_keeps_only_what_the_last_session_pushed(
-        docker_engine, tmp_path):
+    docker_engine, tmp_path
+):
     """The test sessions' registry storage (conftest.kept_storage, collect_registry_garbage): a later session starts
     with no tag, finds the layers an earlier one pushed, and what it did not push is deleted after it."""
     cache, auth = tmp_path / "cache", {"username": "u", "password": "p"}

@@ -19,8 +19,10 @@ import pytest
 
 TRAINFLOW = str(Path(sys.executable).parent / "trainflow")
 # Synthetic data (nothing to stage) and a small model, long enough to be interrupted mid-training.
-LONG = ("training: {model: resnet18, image_size: 32, batch_size: 8, num_classes: 4, loader_workers: 0, threads: 1,\n"
-        "           warmup_epochs: 0, epochs: %d, steps_per_epoch: 20, checkpoint_every: 10, log_every: 5, workers: 2}\n")
+LONG = (
+    "training: {model: resnet18, image_size: 32, batch_size: 8, num_classes: 4, loader_workers: 0, threads: 1,\n"
+    "           warmup_epochs: 0, epochs: %d, steps_per_epoch: 20, checkpoint_every: 10, log_every: 5, workers: 2}\n"
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -29,8 +31,9 @@ class Command:
     """A trainflow command in its own process group, its output read line by line."""
 
     def __init__(self, *args: str):
-        self.proc = subprocess.Popen([TRAINFLOW, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            [TRAINFLOW, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        )
         self.lines: list[str] = []
 
     def wait_for(self, text: str, seconds: float = 240) -> None:
@@ -121,17 +124,23 @@ def test_a_second_ctrl_c_exits_at_once_and_still_leaves_nothing_running(tmp_path
 
 def test_ctrl_c_on_train_names_the_results_folder_to_resume(tmp_path):
     (tmp_path / "long.yaml").write_text(LONG % 200)
-    train = Command("train", "--config", str(tmp_path / "long.yaml"), "--data", "synthetic", "--workdir",
-                    str(tmp_path / "w"))
+    train = Command(
+        "train", "--config", str(tmp_path / "long.yaml"), "--data", "synthetic", "--workdir", str(tmp_path / "w")
+    )
     train.wait_for("checkpoint step 10 saved")
     started = train.family()
     train.signal(signal.SIGINT)
     output = train.finish()
     assert train.proc.returncode == 130, output[-3000:]
     out = next((tmp_path / "w" / "results").glob("train-*"))
-    assert output.strip().splitlines()[-1].startswith(
-        f"interrupted: everything it started is stopped; to resume, run `trainflow train --config "
-        f"{tmp_path / 'long.yaml'} --data synthetic --workdir {tmp_path / 'w'}` with --out {out}")
+    assert (
+        output.strip()
+        .splitlines()[-1]
+        .startswith(
+            f"interrupted: everything it started is stopped; to resume, run `trainflow train --config "
+            f"{tmp_path / 'long.yaml'} --data synthetic --workdir {tmp_path / 'w'}` with --out {out}"
+        )
+    )
     assert gone(started, 2) == []
 
 
@@ -151,7 +160,11 @@ def test_a_run_killed_outright_takes_its_services_along_and_the_rerun_resumes_it
     records = run_records(tmp_path / "w")
     assert [r["status"] for r in records] == ["complete"] and records[0]["run_id"] == record["run_id"]
     metrics = json.loads((tmp_path / "w" / "runs" / record["run_id"] / "metrics.json").read_text())
-    assert metrics["status"] == "complete" and len(metrics["resumed_from_steps"]) == 1 and metrics["resumed_from_steps"][0] >= 30
+    assert (
+        metrics["status"] == "complete"
+        and len(metrics["resumed_from_steps"]) == 1
+        and metrics["resumed_from_steps"][0] >= 30
+    )
     receipt = json.loads((tmp_path / "w" / "runs" / record["run_id"] / "receipt.json").read_text())
     assert receipt["inputs"] == record["fingerprint"] and receipt["run_id"] == record["run_id"]  # keyed by its inputs
     assert receipt["parameter_digest"] == metrics["parameter_digest"] and receipt["data_manifest"] is None  # synthetic
@@ -164,11 +177,16 @@ def test_a_second_command_on_a_busy_workdir_is_refused_naming_the_first(tmp_path
     while not (workdir / "trainflow.lock").exists() or not (workdir / "trainflow.lock").read_text():
         assert time.monotonic() < deadline and first.proc.poll() is None
         time.sleep(0.1)
-    second = subprocess.run([TRAINFLOW, "stage", "--data", str(digits), "--workdir", str(workdir)],
-                            capture_output=True, text=True, timeout=60)
+    second = subprocess.run(
+        [TRAINFLOW, "stage", "--data", str(digits), "--workdir", str(workdir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert second.returncode == 2
-    assert f"is in use by `trainflow stage --data {digits} --workdir {workdir}` (pid {first.proc.pid}" \
-           in second.stderr, second.stderr
+    assert (
+        f"is in use by `trainflow stage --data {digits} --workdir {workdir}` (pid {first.proc.pid}" in second.stderr
+    ), second.stderr
     output = first.finish(300)
     assert first.proc.returncode == 0, output[-3000:]
     assert "staged" in output or "file server copy" in output

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.sample_data import DIGITS_TRAINING
+from infra.data.sample_data import DIGITS_TRAINING
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("loaders")]  # top1 trains once
 # Of val top-1, a fraction: 5.4 of the 359 val images. One loader's own seeds spread its top-1 over 1.39 points
@@ -23,8 +23,14 @@ TRAIN_PY = Path(__file__).resolve().parents[2] / "containers" / "trainer" / "tra
 def digits_command(digits: Path, out: Path, loader: str) -> list[str]:
     """The engine on the digits set's own settings, in one process on one thread (no DataLoader workers)."""
     settings = {**DIGITS_TRAINING, "loader_workers": 0, "checkpoint_every": 0, "log_every": 100, "threads": 1}
-    flags = [f"--{k.replace('_', '-')}" if v is True else f"--no-{k.replace('_', '-')}" if v is False else
-             f"--{k.replace('_', '-')}={v}" for k, v in settings.items()]
+    flags = [
+        f"--{k.replace('_', '-')}"
+        if v is True
+        else f"--no-{k.replace('_', '-')}"
+        if v is False
+        else f"--{k.replace('_', '-')}={v}"
+        for k, v in settings.items()
+    ]
     return [sys.executable, str(TRAIN_PY), "--data", str(digits), "--out", str(out), "--loader", loader, *flags]
 
 
@@ -33,8 +39,12 @@ def top1(digits, tmp_path_factory) -> dict[str, float]:
     """Each loader's final val top-1, the three trained at once (one thread each, so that the 2 cores run them
     side by side: the same results as one after the other, in half the time)."""
     outs = {loader: tmp_path_factory.mktemp(loader) for loader in LOADERS}
-    runs = {loader: subprocess.Popen(digits_command(digits, out, loader), stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE, text=True) for loader, out in outs.items()}
+    runs = {
+        loader: subprocess.Popen(
+            digits_command(digits, out, loader), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
+        for loader, out in outs.items()
+    }
     try:
         for loader, run in runs.items():
             _, err = run.communicate(timeout=1800)

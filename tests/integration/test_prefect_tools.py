@@ -1,5 +1,5 @@
 """Prefect's own tools against the servers trainflow starts: Prefect's CLI against the API a trainflow command starts
-(infra/prefect_server.py), and every page a user opens in the UI of `trainflow ui` on a port other than 4200, in
+(infra/services/prefect_server.py), and every page a user opens in the UI of `trainflow ui` on a port other than 4200, in
 headless Chromium, with every API response recorded: any 4xx or 5xx, or a call to another port, fails.
 
 Both servers hold real data: a flow run with two tasks, their logs, an artifact and a Secret block (a small flow run
@@ -16,14 +16,21 @@ from urllib.parse import urlsplit
 import pytest
 import requests
 
-from infra.prefect_server import api_answers, running_prefect_server
-from infra.services import free_port, running_service
+from infra.services.prefect_server import api_answers, running_prefect_server
+from infra.services.supervise import free_port, running_service
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 BIN = Path(sys.executable).parent
 CHROMIUM = "/usr/bin/chromium"  # Debian's (make setup installs it); playwright's own browsers are never downloaded
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 RUN, ARTIFACT, LOG_LINE = "tools-check-run", "tools-check-report", "counted 42 images"
 FLOW = f"""
 from prefect import flow, get_run_logger, task
@@ -57,8 +64,13 @@ print(tools_check())
 def prefect_env(api: str, home: Path) -> dict[str, str]:
     """A client's environment: Prefect's API at `api`, its profile under `home`, tables wide enough to print names."""
     drop = ("PREFECT_API_URL", "PREFECT_UI_API_URL", "PREFECT_HOME")
-    return {**{k: v for k, v in os.environ.items() if k not in drop}, "PREFECT_API_URL": api, "PREFECT_HOME": str(home),
-            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "COLUMNS": "250"}
+    return {
+        **{k: v for k, v in os.environ.items() if k not in drop},
+        "PREFECT_API_URL": api,
+        "PREFECT_HOME": str(home),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "COLUMNS": "250",
+    }
 
 
 def record_a_run_and_a_deployment(api: str, tmp_path: Path) -> str:
@@ -66,11 +78,26 @@ def record_a_run_and_a_deployment(api: str, tmp_path: Path) -> str:
     env = prefect_env(api, tmp_path / "client")
     (tmp_path / "flow.py").write_text(FLOW)
     with open(tmp_path / "flow.log", "w") as log:
-        run = subprocess.Popen([sys.executable, str(tmp_path / "flow.py")], env=env, stdout=subprocess.PIPE,
-                               stderr=log, text=True)
-        deploy = subprocess.run([str(BIN / "trainflow"), "deploy", "--data", "synthetic", "--workdir",
-                                 str(tmp_path / "w"), "--name", "tools-check", "--cron", "0 2 * * *"],
-                                env=env, capture_output=True, text=True)
+        run = subprocess.Popen(
+            [sys.executable, str(tmp_path / "flow.py")], env=env, stdout=subprocess.PIPE, stderr=log, text=True
+        )
+        deploy = subprocess.run(
+            [
+                str(BIN / "trainflow"),
+                "deploy",
+                "--data",
+                "synthetic",
+                "--workdir",
+                str(tmp_path / "w"),
+                "--name",
+                "tools-check",
+                "--cron",
+                "0 2 * * *",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
         run_id = run.communicate(timeout=120)[0].strip()
     assert run.returncode == 0, (tmp_path / "flow.log").read_text()
     assert deploy.returncode == 0, deploy.stdout + deploy.stderr
@@ -79,8 +106,9 @@ def record_a_run_and_a_deployment(api: str, tmp_path: Path) -> str:
 
 def prefect_cli(api: str, home: Path, *args: str) -> str:
     """`prefect ARGS` against `api`; its output, after checking it exited 0."""
-    done = subprocess.run([str(BIN / "prefect"), *args], env=prefect_env(api, home), capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(
+        [str(BIN / "prefect"), *args], env=prefect_env(api, home), capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, f"prefect {' '.join(args)} exited {done.returncode}:\n{done.stdout}{done.stderr}"
     return done.stdout
 
@@ -89,10 +117,15 @@ def test_prefects_cli_against_the_server_a_trainflow_command_starts(tmp_path):
     with running_prefect_server(tmp_path / "prefect") as api:
         run_id = record_a_run_and_a_deployment(api, tmp_path)
         prefect_cli(api, tmp_path / "client", "work-pool", "create", "tools-check-pool", "--type", "process")
-        expected = {("artifact", "ls"): [ARTIFACT], ("flow", "ls"): ["tools-check", "train-flow"],
-                    ("flow-run", "ls"): [RUN], ("flow-run", "logs", run_id): [LOG_LINE],
-                    ("deployment", "ls"): ["train-flow/tools-check"], ("work-pool", "ls"): ["tools-check-pool"],
-                    ("block", "ls"): ["tools-check-secret"]}
+        expected = {
+            ("artifact", "ls"): [ARTIFACT],
+            ("flow", "ls"): ["tools-check", "train-flow"],
+            ("flow-run", "ls"): [RUN],
+            ("flow-run", "logs", run_id): [LOG_LINE],
+            ("deployment", "ls"): ["train-flow/tools-check"],
+            ("work-pool", "ls"): ["tools-check-pool"],
+            ("block", "ls"): ["tools-check-secret"],
+        }
         with ThreadPoolExecutor(4) as pool:  # one at a time they take half a minute on 2 cores
             outs = dict(zip(expected, pool.map(lambda args: prefect_cli(api, tmp_path / "client", *args), expected)))
     for args, words in expected.items():
@@ -152,8 +185,9 @@ def browse(playwright, base: str, port: int, run_id: str, task_id: str, profile:
     """Open every page a user opens, as a user does, checking what each shows; what the API answered them."""
     from playwright.sync_api import expect
 
-    browser = playwright.chromium.launch_persistent_context(str(profile), executable_path=CHROMIUM, headless=True,
-                                                            args=CHROMIUM_ARGS)
+    browser = playwright.chromium.launch_persistent_context(
+        str(profile), executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
+    )
     page = browser.new_page()
     watch = ApiWatch(page, port)
 
@@ -165,11 +199,13 @@ def browse(playwright, base: str, port: int, run_id: str, task_id: str, profile:
             watch.settle()
             assert not watch.problems, f"{page.url}:\n" + "\n".join(watch.problems)
 
-    for path, texts in (("/", ("Flow Runs", "Task Runs", "Completed")),  # the dashboard of Prefect's default (v2) UI
-                        ("/v2/runs", (RUN, "tools-check")),
-                        (f"/v2/runs/flow-run/{run_id}", (RUN, LOG_LINE)),  # its graph above the Logs tab
-                        (f"/v2/runs/task-run/{task_id}", ("count_images", LOG_LINE)),
-                        ("/v2/deployments", ("tools-check", "train-flow"))):
+    for path, texts in (
+        ("/", ("Flow Runs", "Task Runs", "Completed")),  # the dashboard of Prefect's default (v2) UI
+        ("/v2/runs", (RUN, "tools-check")),
+        (f"/v2/runs/flow-run/{run_id}", (RUN, LOG_LINE)),  # its graph above the Logs tab
+        (f"/v2/runs/task-run/{task_id}", ("count_images", LOG_LINE)),
+        ("/v2/deployments", ("tools-check", "train-flow")),
+    ):
         page.goto(base + path)
         shows(*texts)
         if "/flow-run/" in path:
@@ -187,10 +223,17 @@ def test_every_ui_page_a_user_opens_on_a_port_other_than_4200(tmp_path):
     base, api = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port}/api"
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "PREFECT_UI_API_URL", "PREFECT_HOME")}
     ui = [str(BIN / "trainflow"), "ui", "--workdir", str(tmp_path / "work"), "--port", str(port)]
-    with running_service(ui, tmp_path / "ui.log", lambda: api_answers(api), "trainflow ui", 120, env=env), \
-            sync_playwright() as playwright:
+    with (
+        running_service(ui, tmp_path / "ui.log", lambda: api_answers(api), "trainflow ui", 120, env=env),
+        sync_playwright() as playwright,
+    ):
         run_id = record_a_run_and_a_deployment(api, tmp_path)
         watch = browse(playwright, base, port, run_id, task_run_id(api, run_id, "count_images"), tmp_path / "chromium")
     answered = {path for status, path in watch.seen if status == 200}
-    assert {"/ui-settings", f"/api/flow_runs/{run_id}/graph-v2", "/api/logs/filter", "/api/artifacts/filter",
-            "/api/deployments/filter"} <= answered, answered
+    assert {
+        "/ui-settings",
+        f"/api/flow_runs/{run_id}/graph-v2",
+        "/api/logs/filter",
+        "/api/artifacts/filter",
+        "/api/deployments/filter",
+    } <= answered, answered

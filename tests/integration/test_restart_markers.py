@@ -13,8 +13,9 @@ import psutil
 import pytest
 from PIL import Image
 
-from infra.restart_markers import TEMPORARY, pixels as decoded
-from infra.sample_data import write_imagenet_shaped
+from infra.data.restart_markers import TEMPORARY
+from infra.data.restart_markers import pixels as decoded
+from infra.data.sample_data import write_imagenet_shaped
 from tests.conftest import write_image
 from trainer import jpeg_crop
 
@@ -23,8 +24,12 @@ TRAINFLOW = str(Path(sys.executable).with_name("trainflow"))
 
 
 def add_restart_markers(data: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([TRAINFLOW, "data", "add-restart-markers", "--data", str(data), *args],
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [TRAINFLOW, "data", "add-restart-markers", "--data", str(data), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def photo(path: Path, mode: str = "RGB", **save) -> Path:
@@ -38,11 +43,13 @@ def photo(path: Path, mode: str = "RGB", **save) -> Path:
 
 def test_the_training_jpegs_are_rewritten_losslessly_and_the_rest_left_as_they_were(tmp_path):
     data = tmp_path / "data"
-    rewritable = [photo(data / "train" / "a" / "colour.jpg", subsampling=2),
-                  photo(data / "train" / "a" / "gray.jpeg", "L"),
-                  photo(data / "train" / "b" / "full.JPG", subsampling=0),
-                  photo(data / "train" / "b" / "progressive.jpg", progressive=True),
-                  photo(data / "train" / "b" / "someone else's.jpg")]
+    rewritable = [
+        photo(data / "train" / "a" / "colour.jpg", subsampling=2),
+        photo(data / "train" / "a" / "gray.jpeg", "L"),
+        photo(data / "train" / "b" / "full.JPG", subsampling=0),
+        photo(data / "train" / "b" / "progressive.jpg", progressive=True),
+        photo(data / "train" / "b" / "someone else's.jpg"),
+    ]
     os.chown(rewritable[-1], 65534, 65534)  # this runs as root (the suite's machines do): the owner is kept
     cut = data / "train" / "b" / "cut.jpg"
     cut.write_bytes(photo(tmp_path / "whole.jpg").read_bytes()[:2000])
@@ -51,9 +58,13 @@ def test_the_training_jpegs_are_rewritten_losslessly_and_the_rest_left_as_they_w
     os.link(photo(data / "train" / "b" / "twice.jpg"), tmp_path / "twice-again.jpg")
     frozen = photo(data / "train" / "b" / "frozen.jpg")
     frozen.chmod(0o444)
-    kept = {"CMYK": write_image(data / "train" / "b" / "cmyk.jpg", "CMYK", fmt="JPEG"),
-            "libjpeg refused it": cut, "a symbolic link": data / "train" / "a" / "link.jpg",
-            "hard-linked (2 names)": data / "train" / "b" / "twice.jpg", "read-only": frozen}
+    kept = {
+        "CMYK": write_image(data / "train" / "b" / "cmyk.jpg", "CMYK", fmt="JPEG"),
+        "libjpeg refused it": cut,
+        "a symbolic link": data / "train" / "a" / "link.jpg",
+        "hard-linked (2 names)": data / "train" / "b" / "twice.jpg",
+        "read-only": frozen,
+    }
     unlisted = {"not a JPEG": write_image(data / "train" / "a" / "png.png"), "val": photo(data / "val" / "a" / "v.jpg")}
     rewritable[1].chmod(0o600)
     before = {path: path.read_bytes() for path in [*rewritable, *kept.values(), *unlisted.values(), outside]}
@@ -65,8 +76,10 @@ def test_the_training_jpegs_are_rewritten_losslessly_and_the_rest_left_as_they_w
     out = add_restart_markers(data)
     assert out.returncode == 0, out.stderr[-2000:]
     summary = out.stdout.splitlines()[0]
-    assert summary.startswith(f"{data}/train: 11 images in ") and (": 5 rewritten, 0 already had them, 5 JPEGs left "
-                                                                   "as they were, 1 not JPEGs; ") in summary, out.stdout
+    assert (
+        summary.startswith(f"{data}/train: 11 images in ")
+        and (": 5 rewritten, 0 already had them, 5 JPEGs left as they were, 1 not JPEGs; ") in summary
+    ), out.stdout
     for path in rewritable:
         now = path.read_bytes()
         assert now != before[path] and jpeg_crop.cuttable(now) and decoded(now) == decoded(before[path]), path
@@ -83,8 +96,10 @@ def test_the_training_jpegs_are_rewritten_losslessly_and_the_rest_left_as_they_w
     assert "removed 2 temporary files an interrupted run had left" in out.stdout
 
     again = add_restart_markers(data, "--workers", "1")
-    assert again.returncode == 0 and ": 0 rewritten, 5 already had them, 5 JPEGs left as they were, 1 not JPEGs; " \
-        in again.stdout
+    assert (
+        again.returncode == 0
+        and ": 0 rewritten, 5 already had them, 5 JPEGs left as they were, 1 not JPEGs; " in again.stdout
+    )
 
 
 def test_a_folder_without_jpegs_is_said_to_have_none(tmp_path):
@@ -96,11 +111,13 @@ def test_a_folder_without_jpegs_is_said_to_have_none(tmp_path):
 def test_bad_input_is_refused_in_one_line(tmp_path):
     out = subprocess.run([TRAINFLOW, "data", "add-restart-markers"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and out.stderr.strip() == (
-        "error: add-restart-markers needs --data DIR: the ImageNet-layout folder whose train/ JPEGs to rewrite")
+        "error: add-restart-markers needs --data DIR: the ImageNet-layout folder whose train/ JPEGs to rewrite"
+    )
     out = add_restart_markers(tmp_path / "nowhere")
     assert out.returncode == 2 and out.stderr.strip() == (
         f"error: data folder {tmp_path / 'nowhere'} does not exist; point --data at a folder holding "
-        "train/<class>/ images")
+        "train/<class>/ images"
+    )
 
 
 def test_ctrl_c_leaves_every_file_whole_and_a_second_run_finishes_the_rest(tmp_path):
@@ -108,8 +125,13 @@ def test_ctrl_c_leaves_every_file_whole_and_a_second_run_finishes_the_rest(tmp_p
     write_imagenet_shaped(data, 8, 1500, 0)  # 12,000 small JPEGs: several seconds of work on two processes
     paths = sorted((data / "train").rglob("*.JPEG"))
     before = {path: path.read_bytes() for path in paths}
-    proc = subprocess.Popen([TRAINFLOW, "data", "add-restart-markers", "--data", str(data)], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [TRAINFLOW, "data", "add-restart-markers", "--data", str(data)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 120
     while sum(jpeg_crop.cuttable(p.read_bytes()) for p in paths[::50]) < 5:  # some files rewritten, most not
         assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()[0]
@@ -129,5 +151,6 @@ def test_ctrl_c_leaves_every_file_whole_and_a_second_run_finishes_the_rest(tmp_p
 
     out = add_restart_markers(data)
     assert out.returncode == 0
-    assert f": {len(paths) - len(rewritten):,} rewritten, {len(rewritten):,} already had them, 0 JPEGs left" \
-        in out.stdout
+    assert (
+        f": {len(paths) - len(rewritten):,} rewritten, {len(rewritten):,} already had them, 0 JPEGs left" in out.stdout
+    )

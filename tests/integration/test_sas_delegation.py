@@ -12,7 +12,7 @@ import json
 import os
 import time
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from ipaddress import ip_address
 from pathlib import Path
 from urllib.parse import parse_qsl, urlparse
@@ -25,9 +25,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from infra.azurite import ACCOUNT, azurite_binary
-from infra.blobstore import BlobStore, StorageConfig, StorageError
-from infra.services import free_port, port_open, running_service
+from infra.services.azurite import ACCOUNT, azurite_binary
+from infra.services.supervise import free_port, port_open, running_service
+from infra.storage.blobstore import BlobStore, StorageConfig, StorageError
 
 pytestmark = pytest.mark.integration
 OID, TID = "5f1c0a4e-0000-4000-8000-00000000000a", "72f988bf-0000-4000-8000-00000000000b"
@@ -46,8 +46,15 @@ class Identity:
 
     def get_token(self, *scopes, **kwargs) -> AccessToken:
         now = int(time.time())
-        claims = {"aud": self.audience, "iss": f"https://sts.windows.net/{TID}/", "iat": now - 60, "nbf": now - 60,
-                  "exp": now + 3600, "oid": OID, "tid": TID}
+        claims = {
+            "aud": self.audience,
+            "iss": f"https://sts.windows.net/{TID}/",
+            "iat": now - 60,
+            "nbf": now - 60,
+            "exp": now + 3600,
+            "oid": OID,
+            "tid": TID,
+        }
         header = json.dumps({"alg": "HS256", "typ": "JWT"}).encode()
         unsigned = f"{b64url(header)}.{b64url(json.dumps(claims).encode())}"
         signature = b64url(hmac.new(b"test-only", unsigned.encode(), hashlib.sha256).digest())
@@ -58,16 +65,22 @@ def self_signed(folder: Path) -> tuple[Path, Path]:
     """A certificate for 127.0.0.1 and its key, as PEM files."""
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-    now = datetime.now(timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - timedelta(hours=1))
-            .not_valid_after(now + timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ip_address("127.0.0.1"))]),
-                           critical=False)
-            .sign(key, hashes.SHA256()))
+    now = datetime.now(UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - timedelta(hours=1))
+        .not_valid_after(now + timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ip_address("127.0.0.1"))]), critical=False)
+        .sign(key, hashes.SHA256())
+    )
     (folder / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    (folder / "key.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                                       serialization.NoEncryption()))
+    (folder / "key.pem").write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     return folder / "cert.pem", folder / "key.pem"
 
 
@@ -77,8 +90,23 @@ def oauth_azurite(tmp_path_factory) -> tuple[str, Path]:
     folder = tmp_path_factory.mktemp("azurite-oauth")
     cert, key = self_signed(folder)
     port = free_port()
-    cmd = [str(azurite_binary()), "--blobHost", "127.0.0.1", "--blobPort", str(port), "--inMemoryPersistence",
-           "--oauth", "basic", "--cert", str(cert), "--key", str(key), "--skipApiVersionCheck", "--loose", "--silent"]
+    cmd = [
+        str(azurite_binary()),
+        "--blobHost",
+        "127.0.0.1",
+        "--blobPort",
+        str(port),
+        "--inMemoryPersistence",
+        "--oauth",
+        "basic",
+        "--cert",
+        str(cert),
+        "--key",
+        str(key),
+        "--skipApiVersionCheck",
+        "--loose",
+        "--silent",
+    ]
     with running_service(cmd, folder / "azurite.log", lambda: port_open(port), "Azurite", 30):
         yield f"https://127.0.0.1:{port}/{ACCOUNT}", cert
 
@@ -96,8 +124,9 @@ def container(oauth_azurite, monkeypatch) -> str:
 
 def connect(url: str, container: str, access: str, identity=None) -> BlobStore:
     """A store with auth default for one step's `access`, signed in as `identity`."""
-    cfg = StorageConfig(backend="azure", account_url=url, auth="default", container=container, sas_minutes=30,
-                        retry_total=0)
+    cfg = StorageConfig(
+        backend="azure", account_url=url, auth="default", container=container, sas_minutes=30, retry_total=0
+    )
     return BlobStore.connect(cfg, environ={}, access=access, credential=identity or Identity())
 
 
@@ -111,7 +140,7 @@ def test_a_read_sas_signed_with_the_identitys_delegation_key_reads_and_lists_and
     token = dict(parse_qsl(urlparse(reader.container.url).query))
     assert (token["sp"], token["sr"], token["skoid"], token["sktid"], token["sks"]) == ("rl", "c", OID, TID, "b")
     expiry = datetime.fromisoformat(token["se"].replace("Z", "+00:00"))
-    assert timedelta(minutes=29) < expiry - datetime.now(timezone.utc) <= timedelta(minutes=30)
+    assert timedelta(minutes=29) < expiry - datetime.now(UTC) <= timedelta(minutes=30)
 
 
 def test_the_stage_sas_writes_and_deletes_and_the_results_sas_cannot_delete(oauth_azurite, container):
@@ -126,14 +155,18 @@ def test_the_stage_sas_writes_and_deletes_and_the_results_sas_cannot_delete(oaut
 
 def test_a_403_on_get_user_delegation_key_names_the_role_to_assign(oauth_azurite, container):
     stranger = Identity(audience="https://someotheraccount.blob.core.windows.net")  # Azurite answers 403
-    with pytest.raises(StorageError, match=r"refused this identity a user delegation key \(AuthenticationFailed\)"
-                                           r".*'Storage Blob Delegator'.*az role assignment create") as failure:
+    with pytest.raises(
+        StorageError,
+        match=r"refused this identity a user delegation key \(AuthenticationFailed\)"
+        r".*'Storage Blob Delegator'.*az role assignment create",
+    ) as failure:
         connect(oauth_azurite[0], container, "read", stranger)
     assert failure.value.permanent
 
 
 def test_without_a_credential_given_default_azure_credential_signs_in_as_az_login_would(
-        oauth_azurite, container, tmp_path, monkeypatch):
+    oauth_azurite, container, tmp_path, monkeypatch
+):
     token = Identity().get_token()
     (tmp_path / "token.json").write_text(json.dumps({"accessToken": token.token, "expires_on": token.expires_on}))
     az = tmp_path / "az"  # stands in for the Azure CLI that DefaultAzureCredential runs after `az login`

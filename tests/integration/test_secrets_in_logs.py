@@ -1,5 +1,5 @@
 """Secrets never reach the console or Prefect's database: every log handler the CLI sets up masks them
-(the one redaction point, infra/redact.py), and so does the command's error line."""
+(the one redaction point, infra/core/redact.py), and so does the command's error line."""
 
 import sqlite3
 import subprocess
@@ -26,8 +26,9 @@ with prefect_api(Path(sys.argv[1])):
 
 
 def test_a_secret_logged_by_a_flow_is_masked_on_the_console_and_in_prefects_database(tmp_path):
-    done = subprocess.run([sys.executable, "-c", LEAKY_FLOW, str(tmp_path)], capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", LEAKY_FLOW, str(tmp_path)], capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert SIG not in done.stdout + done.stderr and "sig=***" in done.stderr
     with sqlite3.connect(tmp_path / "prefect" / "prefect.db") as db:

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from infra.azurite import connection_string
-from infra.services import free_port
-from infra.blobstore import BlobStore, StorageConfig, StorageError
-from infra.fileserver import FileServer, FileServerError
-from infra.errors import BadInput
 from infra import manifest as mf
+from infra.core.errors import BadInput
+from infra.services.azurite import connection_string
+from infra.services.supervise import free_port
+from infra.storage.blobstore import BlobStore, StorageConfig, StorageError
+from infra.storage.fileserver import FileServer, FileServerError
 from tasks.sync_file_server import sync_to_file_server
 from tasks.upload_dataset import upload_dataset
 from tests.conftest import write_image
@@ -40,8 +40,11 @@ def make_dataset(root: Path, per_class: int = 20) -> Path:
 
 def tree(root: Path) -> dict[str, str]:
     """Relative path -> SHA-256 of every visible file under root."""
-    return {str(p.relative_to(root)): mf.sha256_file(p) for p in root.rglob("*") if p.is_file()
-            and not p.name.startswith(".")}
+    return {
+        str(p.relative_to(root)): mf.sha256_file(p)
+        for p in root.rglob("*")
+        if p.is_file() and not p.name.startswith(".")
+    }
 
 
 def shards_in(store: BlobStore) -> dict[str, int]:
@@ -53,8 +56,9 @@ def shards_in(store: BlobStore) -> dict[str, int]:
 
 
 def store_at(port: int, container: str, **settings) -> tuple[BlobStore, StorageConfig]:
-    cfg = StorageConfig(**{"container": container, "shard_mb": 0.05, "upload_concurrency": 4,
-                           "retry_initial_backoff": 0.1, **settings})
+    cfg = StorageConfig(
+        **{"container": container, "shard_mb": 0.05, "upload_concurrency": 4, "retry_initial_backoff": 0.1, **settings}
+    )
     return BlobStore.connect(cfg, connection_string=connection_string(port)), cfg
 
 
@@ -106,9 +110,11 @@ def test_changing_one_file_resends_only_its_shard(staged):
 def test_a_crashed_upload_resumes_without_resending_stored_shards(staged, azurite_port):
     store, cfg, data, work = staged
     with FaultProxy(azurite_port, delay_ratio=1.0, delay_seconds=0.15, only_methods={"PUT"}) as slow:
-        code = (f"from pathlib import Path; from tasks.upload_dataset import upload_dataset; from tests.integration."
-                f"test_staging import store_at; s, c = store_at({slow.port}, {cfg.container!r}, upload_concurrency=1); "
-                f"upload_dataset(s, c, Path({str(data)!r}), 'pets', Path({str(work)!r}))")
+        code = (
+            f"from pathlib import Path; from tasks.upload_dataset import upload_dataset; from tests.integration."
+            f"test_staging import store_at; s, c = store_at({slow.port}, {cfg.container!r}, upload_concurrency=1); "
+            f"upload_dataset(s, c, Path({str(data)!r}), 'pets', Path({str(work)!r}))"
+        )
         proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, start_new_session=True)
         deadline = time.monotonic() + 60
         while len(shards_in(store)) < 2 and time.monotonic() < deadline and proc.poll() is None:
@@ -139,6 +145,7 @@ def faults_until_each_kind(proxy: FaultProxy, times: int = 2):
             if all(proxy.stats[kind] >= times for kind in FAULT_KINDS):
                 proxy.set_faults(fail_ratio=0.0, reset_ratio=0.0)
                 return
+
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     try:
@@ -154,12 +161,16 @@ def test_faults_between_client_and_storage_lose_and_corrupt_nothing(staged, azur
     complete (its manifest written) and the file server's copy is the data set, byte for byte."""
     _, _, data, work = staged
     container, faults = f"f-{uuid.uuid4().hex[:12]}", dict(fail_ratio=0.2, reset_ratio=0.4)  # resets: half after
-    with (FaultProxy(azurite_port, seed=7, only_methods={"PUT"}, **faults) as proxy,
-          faults_until_each_kind(proxy) as writes):
+    with (
+        FaultProxy(azurite_port, seed=7, only_methods={"PUT"}, **faults) as proxy,
+        faults_until_each_kind(proxy) as writes,
+    ):
         store, cfg = store_at(proxy.port, container, retry_total=12, shard_mb=0.02)  # ~10 shards: ~12 writes
         uploaded = upload_dataset(store, cfg, data, "pets", work)
-    with (FaultProxy(azurite_port, seed=8, only_methods={"GET", "HEAD"}, **faults) as proxy,
-          faults_until_each_kind(proxy) as reads):
+    with (
+        FaultProxy(azurite_port, seed=8, only_methods={"GET", "HEAD"}, **faults) as proxy,
+        faults_until_each_kind(proxy) as reads,
+    ):
         store, _ = store_at(proxy.port, container, retry_total=12)
         synced, current = sync_to_file_server(store, FileServer(work / "fileserver"), "pets", work)
     for stats in (writes, reads):
@@ -172,8 +183,9 @@ def test_faults_between_client_and_storage_lose_and_corrupt_nothing(staged, azur
 def test_wrong_credentials_are_refused_clearly_without_the_key(staged, azurite_port):
     _, cfg, data, work = staged
     wrong_key = "V3JvbmdLZXlXcm9uZ0tleVdyb25nS2V5V3JvbmdLZXk="
-    bad = connection_string(azurite_port).replace(connection_string(azurite_port).split("AccountKey=")[1].split(";")[0],
-                                                  wrong_key)
+    bad = connection_string(azurite_port).replace(
+        connection_string(azurite_port).split("AccountKey=")[1].split(";")[0], wrong_key
+    )
     store = BlobStore.connect(cfg, connection_string=bad)
     with pytest.raises(StorageError, match="refused the credentials") as caught:
         upload_dataset(store, cfg, data, "pets", work)
@@ -194,11 +206,17 @@ def test_sync_of_a_never_staged_data_set_is_refused(staged):
         sync_to_file_server(store, FileServer(work / "fileserver"), "ghost", work)
 
 
-@pytest.mark.parametrize("problem, message", [
-    ("not an image", "notes.txt is not an image file"),
-    ("corrupt", r"1 of 64 images in .* cannot be decoded \(train/cat/broken.png: .* listed in .*bad-files-pets.tsv"),
-    ("case clash", "differ only in letter case"),
-])
+@pytest.mark.parametrize(
+    "problem, message",
+    [
+        ("not an image", "notes.txt is not an image file"),
+        (
+            "corrupt",
+            r"1 of 64 images in .* cannot be decoded \(train/cat/broken.png: .* listed in .*bad-files-pets.tsv",
+        ),
+        ("case clash", "differ only in letter case"),
+    ],
+)
 def test_bad_data_is_refused_and_nothing_looks_staged(staged, problem, message):
     store, cfg, data, work = staged
     if problem == "not an image":

@@ -15,8 +15,8 @@ import pytest
 import requests
 import yaml
 
-from infra.prefect_server import api_answers
-from infra.services import free_port, running_service
+from infra.services.prefect_server import api_answers
+from infra.services.supervise import free_port, running_service
 from tests.integration.test_prefect_tools import BIN, CHROMIUM, CHROMIUM_ARGS, ApiWatch, prefect_env
 from tests.integration.test_train_flow import SMALL
 
@@ -59,8 +59,10 @@ def check_the_mlflow_run(workdir: Path, run_id: str, metrics: dict) -> str:
     assert run.data.params["training.epochs"] == "2" and run.data.params["training.model"] == "resnet18"
     assert run.data.tags["data_version"].startswith(str(workdir / "fileserver"))
     assert run.data.tags["scripts_version"] and run.data.tags["image"] == "none (process pool)"
-    history = {key: client.get_metric_history(run.info.run_id, key) for key in
-               ("loss", "lr", "images_per_sec", "val_top1", "val_top5", "data_wait_share/rank1", "final_val_top1")}
+    history = {
+        key: client.get_metric_history(run.info.run_id, key)
+        for key in ("loss", "lr", "images_per_sec", "val_top1", "val_top5", "data_wait_share/rank1", "final_val_top1")
+    }
     steps = metrics["global_step"]
     assert [m.step for m in history["loss"]] == list(range(2, steps + 1, 2))  # every log_every steps, from the engine
     assert len(history["lr"]) == len(history["images_per_sec"]) == len(history["loss"])
@@ -79,8 +81,9 @@ def check_the_progress_page(api: str, port: int, flow_run_id: str, profile: Path
     from playwright.sync_api import expect, sync_playwright
 
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch_persistent_context(str(profile), executable_path=CHROMIUM,
-                                                                headless=True, args=CHROMIUM_ARGS)
+        browser = playwright.chromium.launch_persistent_context(
+            str(profile), executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
+        )
         page = browser.new_page()
         watch = ApiWatch(page, port)
         page.goto(f"http://127.0.0.1:{port}/v2/runs/flow-run/{flow_run_id}")
@@ -119,9 +122,21 @@ def test_a_run_is_tracked_in_mlflow_shows_live_progress_and_where_the_time_went(
     ui = [str(BIN / "trainflow"), "ui", "--workdir", str(tmp_path / "ui"), "--port", str(port)]
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "PREFECT_UI_API_URL", "PREFECT_HOME")}
     with running_service(ui, tmp_path / "ui.log", lambda: api_answers(api), "trainflow ui", 120, env=env):
-        seen = run_watching_progress([str(BIN / "trainflow"), "run", "--config", str(tmp_path / "run.yaml"), "--data",
-                                      str(digits), "--workdir", str(workdir)], prefect_env(api, tmp_path / "client"),
-                                     api, tmp_path / "run.log")
+        seen = run_watching_progress(
+            [
+                str(BIN / "trainflow"),
+                "run",
+                "--config",
+                str(tmp_path / "run.yaml"),
+                "--data",
+                str(digits),
+                "--workdir",
+                str(workdir),
+            ],
+            prefect_env(api, tmp_path / "client"),
+            api,
+            tmp_path / "run.log",
+        )
         [progress] = artifacts(api, type=["progress"])
         assert progress["key"] == "training-progress" and progress["data"] == 100.0
         assert any(0 < value < 100 for value in seen), seen  # it moved while the job ran
@@ -130,7 +145,9 @@ def test_a_run_is_tracked_in_mlflow_shows_live_progress_and_where_the_time_went(
         run_id = summary["data"].split("`")[1]  # "# Training run `<run id>`"
         metrics = json.loads((workdir / "runs" / run_id / "metrics.json").read_text())
         shares = metrics["data_wait_share"]
-        assert len(shares) == 2 and all(0 <= s <= 1 for s in shares) and shares == metrics["epochs"][-1]["data_wait_share"]
+        assert (
+            len(shares) == 2 and all(0 <= s <= 1 for s in shares) and shares == metrics["epochs"][-1]["data_wait_share"]
+        )
         assert f"rank 0 {shares[0]:.1%}, rank 1 {shares[1]:.1%}" in summary["data"]
         mlflow_run_id = check_the_mlflow_run(workdir, run_id, metrics)
         assert f"MLflow run: `{mlflow_run_id}`" in summary["data"]
@@ -143,13 +160,41 @@ def test_the_engine_alone_logs_into_a_run_of_its_own_and_tensorboard_event_files
     from mlflow import MlflowClient
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from infra.trainer import trainer_script
+    from infra.engines.contract import trainer_script
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    done = subprocess.run([sys.executable, str(trainer_script()), "--data", "synthetic", "--out", str(tmp_path / "out"),
-                           "--model", "resnet18", "--epochs", "1", "--steps-per-epoch", "2", "--batch-size", "4",
-                           "--image-size", "32", "--num-classes", "4", "--log-every", "1", "--threads", "1",
-                           "--tracking-uri", uri, "--tensorboard", str(tmp_path / "tb")], capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(trainer_script()),
+            "--data",
+            "synthetic",
+            "--out",
+            str(tmp_path / "out"),
+            "--model",
+            "resnet18",
+            "--epochs",
+            "1",
+            "--steps-per-epoch",
+            "2",
+            "--batch-size",
+            "4",
+            "--image-size",
+            "32",
+            "--num-classes",
+            "4",
+            "--log-every",
+            "1",
+            "--threads",
+            "1",
+            "--tracking-uri",
+            uri,
+            "--tensorboard",
+            str(tmp_path / "tb"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     client = MlflowClient(uri)
     [run] = client.search_runs([client.get_experiment_by_name("trainflow").experiment_id])

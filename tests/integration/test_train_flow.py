@@ -20,25 +20,35 @@ from prefect.runtime import flow_run
 from prefect.testing.utilities import prefect_test_harness
 
 from flows.config import FlowConfig
-from flows.train_flow import train_flow
 from flows.plan import plan_run
-from infra.azurite import running_azurite
-from infra.backends import JobTimedOut
-from infra.backends.docker_nodes import LABEL
-from infra.blobstore import open_store
-from infra.manifest import sha256_file
+from flows.train_flow import train_flow
+from infra.compute import JobTimedOut
+from infra.compute.docker_nodes import LABEL
+from infra.core.errors import BadInput
+from infra.data.manifest import sha256_file
+from infra.engines.contract import REPO
+from infra.engines.launchers import LaunchError
+from infra.images.registry import ImageError
+from infra.runs.ledger import estimate
+from infra.services.azurite import running_azurite
+from infra.storage.blobstore import open_store
 from tasks.train_on_pool import attempts_artifact
-from infra.errors import BadInput
-from infra.images import ImageError
-from infra.ledger import estimate
-from infra.launchers import LaunchError
-from infra.trainer import REPO
 from tests.conftest import image_config
 from tests.unit.test_retry_policy import task_runs
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(3600)]
-SMALL = dict(model="resnet18", epochs=1, batch_size=16, image_size=32, hflip=False, loader_workers=1, threads=1,
-             warmup_epochs=0, lr=0.05, log_every=5)
+SMALL = dict(
+    model="resnet18",
+    epochs=1,
+    batch_size=16,
+    image_size=32,
+    hflip=False,
+    loader_workers=1,
+    threads=1,
+    warmup_epochs=0,
+    lr=0.05,
+    log_every=5,
+)
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +67,10 @@ def artifacts_of(run_id: str) -> dict[str, object]:
         async with get_client() as client:
             return await client.read_artifacts(
                 artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[UUID(run_id)])),
-                sort=ArtifactSort.KEY_ASC, limit=50)
+                sort=ArtifactSort.KEY_ASC,
+                limit=50,
+            )
+
     return {a.key: a for a in asyncio.run(read())}
 
 
@@ -80,7 +93,8 @@ def test_whole_flow_on_the_process_pool_then_a_cached_rerun_and_a_dry_run(prefec
         assert {k: step["plan"][k] for k in ("step", "action", "detail")} == planned[step["plan"]["step"]]
         assert step["files"] == step["plan"].get("files", step["files"])
     assert result["command"] == planned["run-training"]["detail"].replace("<run id>", result["run_id"]).replace(
-        "<mlflow run id>", result["tracking"]["run_id"])
+        "<mlflow run id>", result["tracking"]["run_id"]
+    )
     shared = tmp_path / "work" / "fileshare" / "results" / result["run_id"]
     metrics = json.loads((shared / "metrics.json").read_text())
     assert metrics["status"] == "complete" and metrics["world_size"] == 2
@@ -112,8 +126,9 @@ def test_whole_flow_on_the_process_pool_then_a_cached_rerun_and_a_dry_run(prefec
 
 
 def trainflow(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([str(Path(sys.executable).parent / "trainflow"), *args], capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "trainflow"), *args], capture_output=True, text=True, timeout=120
+    )
 
 
 def check_ledgers_receipts_and_runs(cfg: FlowConfig, first: dict, second: dict, summary: str) -> None:
@@ -150,8 +165,13 @@ def check_ledgers_receipts_and_runs(cfg: FlowConfig, first: dict, second: dict, 
 
 
 def test_a_run_over_its_budget_is_refused_before_anything_starts(prefect_server, tmp_path):
-    cfg = config(tmp_path / "work", "synthetic", budget=1, cost={"this_machine": "Standard_NC24ads_A100_v4"},
-                 job={"timeout_s": 3600})
+    cfg = config(
+        tmp_path / "work",
+        "synthetic",
+        budget=1,
+        cost={"this_machine": "Standard_NC24ads_A100_v4"},
+        job={"timeout_s": 3600},
+    )
     with pytest.raises(BadInput, match=r"^the run's estimate is 7.34 USD .*, over budget 1 USD"):
         train_flow(cfg)  # as a deployment or a schedule starts it, past the command line's own check
     assert not (tmp_path / "work").exists()  # no lock, no Azurite, no pool, no run folder
@@ -165,8 +185,12 @@ def kill_rank_one(done: threading.Event, times: int, ready, kills: list[float], 
         for proc in psutil.process_iter(["cmdline"]):
             try:
                 argv = proc.info["cmdline"] or []
-                if any(a.endswith("train.py") for a in argv) and "--check" not in argv and mine(proc, argv) and \
-                        proc.environ().get("RANK") == "1":
+                if (
+                    any(a.endswith("train.py") for a in argv)
+                    and "--check" not in argv
+                    and mine(proc, argv)
+                    and proc.environ().get("RANK") == "1"
+                ):
                     while not ready() and not done.is_set():
                         time.sleep(0.2)
                     proc.kill()
@@ -207,16 +231,19 @@ def test_a_job_retried_after_a_worker_died_resumes_from_its_checkpoint(prefect_s
 
 
 def test_a_worker_killed_mid_run_fails_the_flow_and_leaves_no_pool(prefect_server, digits, tmp_path):
-    with killing_rank_one(writing_under(tmp_path), times=2), \
-            pytest.raises(LaunchError, match=r"rank 1 was killed by signal 9 \(SIGKILL\)"):
+    with (
+        killing_rank_one(writing_under(tmp_path), times=2),
+        pytest.raises(LaunchError, match=r"rank 1 was killed by signal 9 \(SIGKILL\)"),
+    ):
         train_flow(config(tmp_path / "work", digits, training={"epochs": 200}))
     assert not list((tmp_path / "work" / "pools").iterdir())
     assert not [p for p in psutil.process_iter(["cmdline"]) if str(tmp_path) in " ".join(p.info["cmdline"] or [])]
 
 
 def test_a_job_past_its_timeout_is_stopped_and_not_retried(prefect_server, digits, tmp_path):
-    state = train_flow(config(tmp_path / "work", digits, job={"timeout_s": 8}, training={"epochs": 200}),
-                       return_state=True)
+    state = train_flow(
+        config(tmp_path / "work", digits, job={"timeout_s": 8}, training={"epochs": 200}), return_state=True
+    )
     with pytest.raises(JobTimedOut, match="ran past its timeout of 8 s"):
         state.result()
     training = task_runs(state.state_details.flow_run_id, {"run-training"})["run-training"]
@@ -231,14 +258,22 @@ def test_a_data_set_never_staged_fails_before_any_pool(prefect_server, digits, t
     assert not (tmp_path / "work" / "pools").exists() and not (tmp_path / "work" / "runs").exists()
 
 
-def test_a_missing_image_fails_before_anything_moves(prefect_server, docker_engine, registry, digits, tmp_path,
-                                                     monkeypatch):
+def test_a_missing_image_fails_before_anything_moves(
+    prefect_server, docker_engine, registry, digits, tmp_path, monkeypatch
+):
     monkeypatch.setenv("REGISTRY_PASSWORD", registry.password)
-    for missing, where in ((f"{registry.host}/trainflow-cpu:never-pushed", f"registry {registry.host} does not hold"),
-                           ("trainflow-cpu:never-built", "the local Docker engine does not hold")):
+    for missing, where in (
+        (f"{registry.host}/trainflow-cpu:never-pushed", f"registry {registry.host} does not hold"),
+        ("trainflow-cpu:never-built", "the local Docker engine does not hold"),
+    ):
         image = image_config(registry, use=missing).model_dump()
-        cfg = config(tmp_path / "work", digits, image=image, pool={"backend": "docker", "nodes": 2, "slots_per_node": 1},
-                     training={"launcher": "horovodrun"})
+        cfg = config(
+            tmp_path / "work",
+            digits,
+            image=image,
+            pool={"backend": "docker", "nodes": 2, "slots_per_node": 1},
+            training={"launcher": "horovodrun"},
+        )
         with pytest.raises(ImageError, match=where):
             train_flow(cfg)
     assert not (tmp_path / "work" / "fileshare").exists() and not (tmp_path / "work" / "pools").exists()
@@ -246,21 +281,30 @@ def test_a_missing_image_fails_before_anything_moves(prefect_server, docker_engi
 
 def crash_with_a_pool(image: str, run_id: str) -> None:
     """A process that starts a docker pool and dies without deleting it (a crashed run)."""
-    code = ("import os\nfrom pathlib import Path\nfrom infra.backends import PoolConfig, RunPaths\n"
-            "from infra.backends.docker import DockerPool\n"
-            f"DockerPool(PoolConfig(backend='docker', nodes=1), RunPaths({run_id!r}, Path('synthetic'), Path('/tmp'), "
-            f"Path('/tmp/{run_id}')), {image!r}).create()\n"
-            "os._exit(9)\n")
+    code = (
+        "import os\nfrom pathlib import Path\nfrom infra.compute import PoolConfig, RunPaths\n"
+        "from infra.compute.docker import DockerPool\n"
+        f"DockerPool(PoolConfig(backend='docker', nodes=1), RunPaths({run_id!r}, Path('synthetic'), Path('/tmp'), "
+        f"Path('/tmp/{run_id}')), {image!r}).create()\n"
+        "os._exit(9)\n"
+    )
     assert subprocess.run([sys.executable, "-c", code], cwd=REPO).returncode == 9
 
 
-def test_whole_flow_on_the_docker_pool(prefect_server, docker_engine, registry, cpu_image, digits, tmp_path, monkeypatch):
+def test_whole_flow_on_the_docker_pool(
+    prefect_server, docker_engine, registry, cpu_image, digits, tmp_path, monkeypatch
+):
     crash_with_a_pool(cpu_image["image"], "crashed-run")
     assert docker_engine.client.containers.list(all=True, filters={"label": f"{LABEL}=crashed-run"})
     monkeypatch.setenv("REGISTRY_PASSWORD", registry.password)
     image = image_config(registry).model_dump()
-    cfg = config(tmp_path / "work", digits, image=image, pool={"backend": "docker", "nodes": 2, "slots_per_node": 1},
-                 training={"launcher": "horovodrun"})
+    cfg = config(
+        tmp_path / "work",
+        digits,
+        image=image,
+        pool={"backend": "docker", "nodes": 2, "slots_per_node": 1},
+        training={"launcher": "horovodrun"},
+    )
     result = train_flow(cfg)
     assert not docker_engine.client.containers.list(all=True, filters={"label": f"{LABEL}=crashed-run"})
     assert result["image"] == cpu_image["image"]
@@ -274,16 +318,24 @@ def test_whole_flow_on_the_docker_pool(prefect_server, docker_engine, registry, 
 
 def docker_config(tmp_path: Path, data: Path, registry, **training) -> FlowConfig:
     """Two container nodes of one slot each, torchrun on each."""
-    return config(tmp_path / "work", data, image=image_config(registry).model_dump(),
-                  pool={"backend": "docker", "nodes": 2, "slots_per_node": 1}, training={"launcher": "torchrun", **training})
+    return config(
+        tmp_path / "work",
+        data,
+        image=image_config(registry).model_dump(),
+        pool={"backend": "docker", "nodes": 2, "slots_per_node": 1},
+        training={"launcher": "torchrun", **training},
+    )
 
 
-def test_a_two_stage_pipeline_across_two_container_nodes(prefect_server, docker_engine, registry, cpu_image, digits,
-                                                        tmp_path, monkeypatch):
+def test_a_two_stage_pipeline_across_two_container_nodes(
+    prefect_server, docker_engine, registry, cpu_image, digits, tmp_path, monkeypatch
+):
     monkeypatch.setenv("REGISTRY_PASSWORD", registry.password)
     cfg = docker_config(tmp_path, digits, registry, parallel="pipeline", stages=2, microbatches=2, steps_per_epoch=4)
     plan = {r["step"]: r for r in plan_run(cfg)}["run-training"]["detail"]
-    assert "node0: python -m torch.distributed.run --nnodes 2" in plan and "| node1: " in plan and "--node_rank 1" in plan
+    assert (
+        "node0: python -m torch.distributed.run --nnodes 2" in plan and "| node1: " in plan and "--node_rank 1" in plan
+    )
     result = train_flow(cfg)
     assert result["command"] == plan  # the job ran the commands the dry run printed
     metrics = result["metrics"]
@@ -295,8 +347,9 @@ def test_a_two_stage_pipeline_across_two_container_nodes(prefect_server, docker_
     assert not docker_engine.client.containers.list(all=True, filters={"label": f"{LABEL}={result['run_id']}"})
 
 
-def test_a_worker_killed_on_a_container_node_fails_the_job_at_once(prefect_server, docker_engine, registry, cpu_image,
-                                                                   digits, tmp_path, monkeypatch):
+def test_a_worker_killed_on_a_container_node_fails_the_job_at_once(
+    prefect_server, docker_engine, registry, cpu_image, digits, tmp_path, monkeypatch
+):
     monkeypatch.setenv("REGISTRY_PASSWORD", registry.password)
     cfg = docker_config(tmp_path, digits, registry, epochs=20)
     cfg.job.timeout_s = 300  # a job hung on its lost peer ends here, not at pytest's limit (and breaks the bound)
@@ -315,9 +368,15 @@ def test_a_worker_killed_on_a_container_node_fails_the_job_at_once(prefect_serve
 
 
 def test_the_flow_passes_the_pipeline_mode_to_the_job(prefect_server, digits, tmp_path):
-    cfg = config(tmp_path / "work", digits, training={"parallel": "pipeline", "stages": 2, "microbatches": 2,
-                                                      "steps_per_epoch": 4})
-    assert "--parallel pipeline --stages 2 --microbatches 2" in {r["step"]: r for r in plan_run(cfg)}["run-training"]["detail"]
+    cfg = config(
+        tmp_path / "work",
+        digits,
+        training={"parallel": "pipeline", "stages": 2, "microbatches": 2, "steps_per_epoch": 4},
+    )
+    assert (
+        "--parallel pipeline --stages 2 --microbatches 2"
+        in {r["step"]: r for r in plan_run(cfg)}["run-training"]["detail"]
+    )
     result = train_flow(cfg)
     metrics = result["metrics"]
     assert metrics["parallel"] == "pipeline" and metrics["pipeline"]["stages"] == 2 and metrics["status"] == "complete"
@@ -325,8 +384,19 @@ def test_the_flow_passes_the_pipeline_mode_to_the_job(prefect_server, digits, tm
 
 
 def test_the_attempts_a_backend_made_become_a_table_artifact(prefect_server):
-    rows = [{"attempt": 1, "job": "trainflow-r-train-1", "ended": "Failed", "why": "pre-empted (low-priority nodes "
-             "taken back)", "minutes": 1.0, "gpu_hours": 0.27, "last_step": 60, "last_checkpoint": 40, "lost_steps": 20}]
+    rows = [
+        {
+            "attempt": 1,
+            "job": "trainflow-r-train-1",
+            "ended": "Failed",
+            "why": "pre-empted (low-priority nodes taken back)",
+            "minutes": 1.0,
+            "gpu_hours": 0.27,
+            "last_step": 60,
+            "last_checkpoint": 40,
+            "lost_steps": 20,
+        }
+    ]
 
     @flow
     def report(attempts: list[dict]) -> str:

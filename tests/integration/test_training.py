@@ -12,18 +12,31 @@ import time
 import pytest
 import torch
 
-from infra.launchers import LaunchError, local_command, route_output
-from infra.restart_markers import add_restart_markers
-from infra.sample_data import write_digits
-from infra.trainer import TrainingConfig, trainer_argv
+from infra.data.restart_markers import add_restart_markers
+from infra.data.sample_data import write_digits
+from infra.engines.contract import TrainingConfig, trainer_argv
+from infra.engines.launchers import LaunchError, local_command, route_output
 from tests.conftest import train_locally
 from trainer import jpeg_crop
 from trainer.models import build_model
 from trainer.train import main as engine_main
 
 pytestmark = pytest.mark.integration
-TINY = dict(workers=2, model="resnet18", image_size=32, epochs=3, steps_per_epoch=8, batch_size=16, lr=0.02,
-            warmup_epochs=0.5, loader_workers=0, log_every=4, checkpoint_every=0, min_crop_scale=0.5, hflip=False)
+TINY = dict(
+    workers=2,
+    model="resnet18",
+    image_size=32,
+    epochs=3,
+    steps_per_epoch=8,
+    batch_size=16,
+    lr=0.02,
+    warmup_epochs=0.5,
+    loader_workers=0,
+    log_every=4,
+    checkpoint_every=0,
+    min_crop_scale=0.5,
+    hflip=False,
+)
 
 
 def digests(log_dir):
@@ -83,8 +96,25 @@ def test_killed_run_resumes_from_its_checkpoint(digits, tmp_path):
 
 def test_awkward_images_train_in_one_process(image_tree, tmp_path):
     out = tmp_path / "out"
-    code = engine_main(["--data", str(image_tree), "--out", str(out), "--model", "resnet18", "--image-size", "16",
-                        "--epochs", "1", "--batch-size", "2", "--loader-workers", "0", "--verify-images"])
+    code = engine_main(
+        [
+            "--data",
+            str(image_tree),
+            "--out",
+            str(out),
+            "--model",
+            "resnet18",
+            "--image-size",
+            "16",
+            "--epochs",
+            "1",
+            "--batch-size",
+            "2",
+            "--loader-workers",
+            "0",
+            "--verify-images",
+        ]
+    )
     assert code == 0
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["status"] == "complete" and metrics["num_classes"] == 2 and metrics["backend"] == "single"
@@ -93,20 +123,39 @@ def test_awkward_images_train_in_one_process(image_tree, tmp_path):
     assert state["optimizer"]["param_groups"][0]["fused"] is True  # one kernel updates every parameter
 
 
-def test_without_partial_jpeg_decoding_a_worker_trains_on_whole_decodes_and_says_why(image_tree, tmp_path,
-                                                                                        monkeypatch, capsys):
+def test_without_partial_jpeg_decoding_a_worker_trains_on_whole_decodes_and_says_why(
+    image_tree, tmp_path, monkeypatch, capsys
+):
     monkeypatch.setenv(jpeg_crop.DIR, str(tmp_path / "empty"))
     monkeypatch.setenv("CC", "/bin/false")  # no compiler: the library cannot be built
     jpeg_crop._load.cache_clear()
     try:
-        code = engine_main(["--data", str(image_tree), "--out", str(tmp_path / "out"), "--model", "resnet18",
-                            "--image-size", "16", "--epochs", "1", "--batch-size", "2", "--loader-workers", "0"])
+        code = engine_main(
+            [
+                "--data",
+                str(image_tree),
+                "--out",
+                str(tmp_path / "out"),
+                "--model",
+                "resnet18",
+                "--image-size",
+                "16",
+                "--epochs",
+                "1",
+                "--batch-size",
+                "2",
+                "--loader-workers",
+                "0",
+            ]
+        )
     finally:
         jpeg_crop._load.cache_clear()
     assert code == 0
     said = capsys.readouterr().out
-    assert "WARNING partial JPEG decoding is unavailable (/bin/false could not build jpeg_crop.c: exit status 1): " \
-           "the fast loader decodes whole images" in said
+    assert (
+        "WARNING partial JPEG decoding is unavailable (/bin/false could not build jpeg_crop.c: exit status 1): "
+        "the fast loader decodes whole images" in said
+    )
 
 
 def test_decoding_only_the_crop_trains_to_the_very_parameters_of_whole_decoding(tmp_path, monkeypatch, capsys):
@@ -118,11 +167,28 @@ def test_decoding_only_the_crop_trains_to_the_very_parameters_of_whole_decoding(
     marked = tmp_path / "marked"
     shutil.copytree(digits, marked)
     assert add_restart_markers(marked, progress=False)["rewritten"] == len(list((marked / "train").rglob("*.jpg")))
-    argv = ["--model", "resnet18", "--image-size", "16", "--epochs", "1", "--batch-size", "32", "--loader-workers",
-            "0", "--threads", "1", "--log-every", "100"]
+    argv = [
+        "--model",
+        "resnet18",
+        "--image-size",
+        "16",
+        "--epochs",
+        "1",
+        "--batch-size",
+        "32",
+        "--loader-workers",
+        "0",
+        "--threads",
+        "1",
+        "--log-every",
+        "100",
+    ]
     digests = {}
-    for way, folder, compiler in [("partial", digits, None), ("restarts", marked, None),
-                                  ("whole", digits, "/bin/false")]:
+    for way, folder, compiler in [
+        ("partial", digits, None),
+        ("restarts", marked, None),
+        ("whole", digits, "/bin/false"),
+    ]:
         monkeypatch.setenv(jpeg_crop.DIR, str(tmp_path / f"lib-{way}"))
         if compiler:
             monkeypatch.setenv("CC", compiler)
@@ -137,16 +203,39 @@ def test_decoding_only_the_crop_trains_to_the_very_parameters_of_whole_decoding(
     assert "partial JPEG decoding is unavailable" in said  # the last run did decode whole
     assert digests["partial"] == digests["restarts"] == digests["whole"]
     # The first run, on JPEGs as they come, says how to rewrite them; the second, on rewritten ones, does not.
-    assert said.count("of 32 training JPEGs sampled have no restart markers: `trainflow data "
-                      "add-restart-markers --data DIR` rewrites them losslessly") == 1
+    assert (
+        said.count(
+            "of 32 training JPEGs sampled have no restart markers: `trainflow data "
+            "add-restart-markers --data DIR` rewrites them losslessly"
+        )
+        == 1
+    )
     assert "32 of 32 training JPEGs sampled" in said
 
 
 @pytest.mark.slow  # Inductor compiles the forward and backward passes on the CPU: a minute or more
 def test_a_compiled_model_trains_and_checkpoints_under_the_model_s_own_names(image_tree, tmp_path):
     out = tmp_path / "out"
-    code = engine_main(["--data", str(image_tree), "--out", str(out), "--model", "resnet18", "--image-size", "16",
-                        "--epochs", "1", "--batch-size", "2", "--loader-workers", "0", "--compile", "on"])
+    code = engine_main(
+        [
+            "--data",
+            str(image_tree),
+            "--out",
+            str(out),
+            "--model",
+            "resnet18",
+            "--image-size",
+            "16",
+            "--epochs",
+            "1",
+            "--batch-size",
+            "2",
+            "--loader-workers",
+            "0",
+            "--compile",
+            "on",
+        ]
+    )
     assert code == 0
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["status"] == "complete" and metrics["epochs"][0]["train_loss"] > 0
@@ -182,17 +271,43 @@ def test_compile_auto_runs_eagerly_where_compiling_fails_and_on_fails(tmp_path, 
     # a node without a working C++ compiler (CXX names one that always fails): the default must not end the run
     script = tmp_path / "compile.py"
     script.write_text(COMPILE)
-    done = subprocess.run([sys.executable, str(script), choice], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "CXX": "/bin/false"})
+    done = subprocess.run(
+        [sys.executable, str(script), choice],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "CXX": "/bin/false"},
+    )
     assert ends in done.stdout + done.stderr and (done.returncode == 0) == (choice == "auto")
 
 
 def test_resume_mid_epoch_ends_where_an_uninterrupted_run_ends(tmp_path):
     """Same seed, one process: resuming from a mid-epoch checkpoint must give the very same parameters,
     so the step, the position in the epoch, the optimizer state and the learning rate all come back."""
-    args = ["--data", "synthetic", "--model", "resnet18", "--image-size", "16", "--num-classes", "4",
-            "--batch-size", "4", "--epochs", "2", "--steps-per-epoch", "6", "--warmup-epochs", "0.5",
-            "--checkpoint-every", "2", "--keep-checkpoints", "10", "--threads", "1"]
+    args = [
+        "--data",
+        "synthetic",
+        "--model",
+        "resnet18",
+        "--image-size",
+        "16",
+        "--num-classes",
+        "4",
+        "--batch-size",
+        "4",
+        "--epochs",
+        "2",
+        "--steps-per-epoch",
+        "6",
+        "--warmup-epochs",
+        "0.5",
+        "--checkpoint-every",
+        "2",
+        "--keep-checkpoints",
+        "10",
+        "--threads",
+        "1",
+    ]
     assert engine_main([*args, "--out", str(tmp_path / "whole")]) == 0
     resumed = tmp_path / "resumed"
     (resumed / "checkpoints").mkdir(parents=True)
@@ -214,20 +329,31 @@ time.sleep(60)
 
 
 @pytest.mark.parametrize("launcher", ["torchrun", "horovodrun"])
-@pytest.mark.parametrize("how, message", [
-    ("SIGKILL", r"rank 1 was killed by signal 9 \(SIGKILL\), as the kernel does when memory runs out \(lower "
-                r"training.batch_size or training.loader_workers\); its last lines:"),
-    ("SIGSEGV", r"rank 1 was killed by signal 11 \(SIGSEGV\); its last lines:"),
-    ("SIGABRT", r"rank 1 was killed by signal 6 \(SIGABRT\); its last lines:"),
-    ("3", r"rank 1 failed: it died without an error \(exit status 3\); its last lines:"),
-])
+@pytest.mark.parametrize(
+    "how, message",
+    [
+        (
+            "SIGKILL",
+            r"rank 1 was killed by signal 9 \(SIGKILL\), as the kernel does when memory runs out \(lower "
+            r"training.batch_size or training.loader_workers\); its last lines:",
+        ),
+        ("SIGSEGV", r"rank 1 was killed by signal 11 \(SIGSEGV\); its last lines:"),
+        ("SIGABRT", r"rank 1 was killed by signal 6 \(SIGABRT\); its last lines:"),
+        ("3", r"rank 1 failed: it died without an error \(exit status 3\); its last lines:"),
+    ],
+)
 def test_a_worker_killed_by_a_signal_is_named_with_the_signal(tmp_path, launcher, how, message):
     """The real launchers' own reports (torchrun's failure summary, horovodrun's status line) are read for the
     rank that ended first and how."""
     script = tmp_path / "ends.py"
     script.write_text(ENDS)
-    proc = subprocess.Popen(local_command(launcher, 2, [str(script), how]), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        local_command(launcher, 2, [str(script), how]),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     with pytest.raises(LaunchError) as failed:
         route_output(proc.stdout, lambda: proc.wait(timeout=120), tmp_path / "logs", lambda line: None)
     # the rank's last lines follow; what they hold depends on how the two ranks' output interleaved before it died

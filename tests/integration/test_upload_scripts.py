@@ -1,13 +1,13 @@
 """The scripts step over both share backends: versioned by content, only changed files uploaded."""
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from azure.storage.fileshare import generate_share_sas
 
-from infra.azure_files import AzureFileShare
-from infra.errors import BadInput
-from infra.fileshare import LocalFolderShare
+from infra.core.errors import BadInput
+from infra.storage.azure_files import AzureFileShare
+from infra.storage.fileshare import LocalFolderShare
 from tasks.upload_scripts import LATEST, package_files, upload_scripts
 from tests.azure_files_fake import FakeAzureFiles
 
@@ -54,7 +54,7 @@ def test_a_missing_extra_file_is_named(tmp_path):
 
 def test_sas_tokens_work_and_never_appear_in_urls():
     with FakeAzureFiles(share="scripts") as fake:
-        expiry = datetime.now(timezone.utc) + timedelta(hours=1)
+        expiry = datetime.now(UTC) + timedelta(hours=1)
         sas = generate_share_sas(fake.account, "scripts", fake.key, permission="rcwdl", expiry=expiry)
         share = AzureFileShare.from_settings(fake.account_url, "scripts", sas)
         _, folder, _ = upload_scripts(share, package_files([]))

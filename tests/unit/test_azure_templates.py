@@ -1,4 +1,4 @@
-"""infra/azure: the Bicep template linted with what runs here (no Bicep compiler can be installed on this
+"""infra/compute/azure: the Bicep template linted with what runs here (no Bicep compiler can be installed on this
 machine: `az bicep install` downloads from GitHub): structural checks and checkov's Bicep checks; and the
 config that deploy.sh prints validated."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from flows.config import load_config
-from infra.trainer import REPO
+from infra.engines.contract import REPO
 
 AZURE = REPO / "infra" / "azure"
 TEMPLATE = (AZURE / "main.bicep").read_text()
@@ -29,7 +29,7 @@ def body(name: str) -> str:
     for i in range(i, len(TEMPLATE)):
         depth += {"{": 1, "}": -1}.get(TEMPLATE[i], 0)
         if depth == 0:
-            return TEMPLATE[start:i + 1]
+            return TEMPLATE[start : i + 1]
     raise AssertionError(f"resource {name} is not closed")
 
 
@@ -48,11 +48,16 @@ def test_brackets_balance_and_every_parameter_and_variable_is_used():
 
 def test_the_template_holds_each_part_the_architecture_needs():
     types = set(resources().values())
-    for needed in ("Microsoft.Network/virtualNetworks", "Microsoft.Storage/storageAccounts",
-                   "Microsoft.Storage/storageAccounts/blobServices/containers",
-                   "Microsoft.Storage/storageAccounts/fileServices/shares", "Microsoft.ContainerRegistry/registries",
-                   "Microsoft.MachineLearningServices/workspaces", "Microsoft.MachineLearningServices/workspaces/computes",
-                   "Microsoft.MachineLearningServices/workspaces/datastores"):
+    for needed in (
+        "Microsoft.Network/virtualNetworks",
+        "Microsoft.Storage/storageAccounts",
+        "Microsoft.Storage/storageAccounts/blobServices/containers",
+        "Microsoft.Storage/storageAccounts/fileServices/shares",
+        "Microsoft.ContainerRegistry/registries",
+        "Microsoft.MachineLearningServices/workspaces",
+        "Microsoft.MachineLearningServices/workspaces/computes",
+        "Microsoft.MachineLearningServices/workspaces/datastores",
+    ):
         assert needed in types, needed
     assert "enabledProtocols: 'NFS'" in body("nfsShare")
 
@@ -87,8 +92,10 @@ def test_the_cluster_sits_in_the_subnet_with_service_endpoints_and_no_public_ips
 
 
 def test_workspace_and_registry_have_private_endpoints_with_their_dns_zones():
-    for endpoint, group, zone_group in (("workspaceEndpoint", "amlworkspace", "workspaceZoneGroup"),
-                                        ("registryEndpoint", "registry", "registryZoneGroup")):
+    for endpoint, group, zone_group in (
+        ("workspaceEndpoint", "amlworkspace", "workspaceZoneGroup"),
+        ("registryEndpoint", "registry", "registryZoneGroup"),
+    ):
         text = body(endpoint)
         assert f"groupIds: [ '{group}' ]" in text and "subnet: { id: computeSubnetId }" in text, endpoint
         assert f"parent: {endpoint}" in body(zone_group)
@@ -132,17 +139,26 @@ def test_the_config_deploy_prints_is_valid(tmp_path):
     outputs = {name: {"type": "String", "value": f"https://x{name.lower()}.example/"} for name in names}
     typed = dict(re.findall(r"^output (\w+) (int|bool) ", TEMPLATE, re.M))
     assert typed == {"maxNodes": "int", "lowPriority": "bool", "gpusPerNode": "int"}
-    outputs.update(maxNodes={"type": "Int", "value": 3}, lowPriority={"type": "Bool", "value": True},
-                   gpusPerNode={"type": "Int", "value": 8})
+    outputs.update(
+        maxNodes={"type": "Int", "value": 3},
+        lowPriority={"type": "Bool", "value": True},
+        gpusPerNode={"type": "Int", "value": 8},
+    )
     outputs["vmSize"]["value"] = "Standard_ND96asr_v4"
     outputs["blobDatastore"]["value"] = "trainflow_blob"
     outputs["nfsExport"]["value"] = "tfnfs.file.core.windows.net:/tfnfs/fileserver"
     outputs["registry"]["value"] = "tfacr.azurecr.io"
-    outputs["subnetId"]["value"] = "/subscriptions/s/resourceGroups/g/providers/Microsoft.Network/virtualNetworks/v/subnets/compute"
+    outputs["subnetId"]["value"] = (
+        "/subscriptions/s/resourceGroups/g/providers/Microsoft.Network/virtualNetworks/v/subnets/compute"
+    )
     for name in ("container", "share", "workspace", "compute", "datastore"):
         outputs[name]["value"] = "trainflow"
-    printed = subprocess.run([sys.executable, str(AZURE / "config_from_outputs.py"), json.dumps(outputs), "sub-id", "rg"],
-                             capture_output=True, text=True, check=True).stdout
+    printed = subprocess.run(
+        [sys.executable, str(AZURE / "config_from_outputs.py"), json.dumps(outputs), "sub-id", "rg"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     (tmp_path / "mine.yaml").write_text(printed)
     cfg = load_config(tmp_path / "mine.yaml", {}, environ={})
     assert cfg.pool.backend == "azureml" and cfg.azureml.nfs_export.endswith(":/tfnfs/fileserver")
@@ -174,9 +190,25 @@ def test_checkov_bicep_checks_pass_with_every_skip_justified_inline():
     assert tool, "checkov is missing: `make setup` installs it into .venv-tools"
     # no network: no Prisma Cloud guideline download, no external modules; offline, it takes seconds
     env = {**os.environ, "BC_SKIP_MAPPING": "TRUE"}
-    proc = subprocess.run([tool, "-f", str(AZURE / "main.bicep"), "--framework", "bicep", "-o", "json",
-                           "--skip-download", "--download-external-modules", "false"],
-                          capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
+    proc = subprocess.run(
+        [
+            tool,
+            "-f",
+            str(AZURE / "main.bicep"),
+            "--framework",
+            "bicep",
+            "-o",
+            "json",
+            "--skip-download",
+            "--download-external-modules",
+            "false",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=REPO,
+    )
     assert proc.returncode in (0, 1), proc.stderr[-2000:]
     report = json.loads(proc.stdout)
     report = report[0] if isinstance(report, list) else report

@@ -14,10 +14,20 @@ from azure.ai.ml import load_compute, load_environment, load_job
 
 from flows.config import ConfigError, load_config
 from flows.plan import backend_specs
-from infra.backends import RunPaths
-from infra.backends.azureml import (NFS_MOUNT, Attempt, AzureMLConfig, AzureMLJob, AzureMLPool, check_complete, infiniband,
-                                    nccl_environment, printed_lines, why_ended)
-from infra.trainer import REPO
+from infra.compute import RunPaths
+from infra.compute.azureml import (
+    NFS_MOUNT,
+    Attempt,
+    AzureMLConfig,
+    AzureMLJob,
+    AzureMLPool,
+    check_complete,
+    infiniband,
+    nccl_environment,
+    printed_lines,
+    why_ended,
+)
+from infra.engines.contract import REPO
 from tasks.train_on_pool import run_paths
 
 AZURE = REPO / "flows" / "configs" / "azure.yaml"
@@ -47,8 +57,19 @@ def test_nodes_times_processes_per_node_is_the_world_size(tmp_path, launcher):
     else:  # one torchrun per node, 4 workers each
         assert job.distribution.type == "pytorch" and job.distribution.process_count_per_instance == 1
         argv = job.command.split("&& ")[-1].split()
-        assert argv[:11] == ["torchrun", "--nnodes", "3", "--nproc_per_node", "4", "--node_rank", "$NODE_RANK",
-                             "--master_addr", "$MASTER_ADDR", "--master_port", "$MASTER_PORT"]
+        assert argv[:11] == [
+            "torchrun",
+            "--nnodes",
+            "3",
+            "--nproc_per_node",
+            "4",
+            "--node_rank",
+            "$NODE_RANK",
+            "--master_addr",
+            "$MASTER_ADDR",
+            "--master_port",
+            "$MASTER_PORT",
+        ]
 
 
 def test_a_world_the_nodes_do_not_make_is_refused(tmp_path):
@@ -60,7 +81,7 @@ def test_the_data_mount_is_the_folder_the_trainer_reads(tmp_path):
     job = loaded_job(rendered(tmp_path)["job"], tmp_path)
     mount, engine = job.command.split(" && python ")
     assert mount.startswith("flock /tmp/trainflow-nfs.lock sh -c 'mountpoint -q /mnt/fileserver || ")  # once per node
-    assert f"mount -t nfs -o ro,vers=4,minorversion=1,sec=sys" in mount and mount.endswith(f" {NFS_MOUNT}; }}'")
+    assert "mount -t nfs -o ro,vers=4,minorversion=1,sec=sys" in mount and mount.endswith(f" {NFS_MOUNT}; }}'")
     data = engine.split("--data ")[1].split()[0]
     assert data == f"{NFS_MOUNT}/datasets/imagenet/current"
     assert engine.split("--out ")[1].split()[0] == "${{outputs.results}}"
@@ -69,8 +90,14 @@ def test_the_data_mount_is_the_folder_the_trainer_reads(tmp_path):
 def test_the_blob_data_path_fetches_the_staged_shards_to_the_local_disk(tmp_path):
     job = loaded_job(rendered(tmp_path, azureml={"data_source": "blob", "blob_mode": "download"})["job"], tmp_path)
     fetch, train = job.command.split(" && ")
-    assert fetch == ("python ${{inputs.scripts}}/trainer/datasets.py --source ${{inputs.shards}} --export /tmp/trainflow "
-                     "--dataset imagenet") and "mount" not in job.command
+    assert (
+        fetch
+        == (
+            "python ${{inputs.scripts}}/trainer/datasets.py --source ${{inputs.shards}} --export /tmp/trainflow "
+            "--dataset imagenet"
+        )
+        and "mount" not in job.command
+    )
     assert "--data /tmp/trainflow/datasets/imagenet/current" in train
     assert job.inputs["shards"].path == "azureml://datastores/trainflow_blob/paths/datasets/imagenet/"
     assert job.inputs["shards"].mode == "download"
@@ -80,8 +107,9 @@ def test_the_sync_runs_as_a_job_on_the_cluster_that_mounts_the_file_server_read_
     sync = loaded_job(rendered(tmp_path)["sync job"], tmp_path)
     assert sync.compute == "trainflow-a100" and sync.resources.instance_count == 1
     assert "mount -t nfs -o rw," in sync.command and sync.name == "trainflow-<run id>-sync-1"
-    assert sync.command.endswith("trainer/datasets.py --source ${{inputs.shards}} --export /mnt/fileserver "
-                                 "--dataset imagenet")
+    assert sync.command.endswith(
+        "trainer/datasets.py --source ${{inputs.shards}} --export /mnt/fileserver --dataset imagenet"
+    )
 
 
 def test_the_job_runs_the_scripts_version_and_image_the_earlier_steps_made(tmp_path):
@@ -94,19 +122,27 @@ def test_the_job_runs_the_scripts_version_and_image_the_earlier_steps_made(tmp_p
     assert spec.inputs["scripts"].path == "azureml://datastores/trainflow_files/paths/scripts/0123abcd/"
     assert spec.outputs["results"].path == "azureml://datastores/trainflow_blob/paths/runs/run-1/"  # every attempt's
     assert spec.limits.timeout == 3600 and spec.resources.shm_size == "64g" and spec.name == "trainflow-run-1-train-1"
-    assert job.make_spec(2).name == "trainflow-run-1-train-2" and job.make_spec(2).outputs["results"].path == \
-        spec.outputs["results"].path
+    assert (
+        job.make_spec(2).name == "trainflow-run-1-train-2"
+        and job.make_spec(2).outputs["results"].path == spec.outputs["results"].path
+    )
 
 
 def test_compute_environment_and_storage_specs(tmp_path):
     specs = rendered(tmp_path)
     (tmp_path / "compute.yaml").write_text(specs["compute"])
     compute = load_compute(tmp_path / "compute.yaml")
-    assert (compute.size, compute.min_instances, compute.max_instances, compute.tier) == ("Standard_ND96asr_v4", 0, 4, "dedicated")
+    assert (compute.size, compute.min_instances, compute.max_instances, compute.tier) == (
+        "Standard_ND96asr_v4",
+        0,
+        4,
+        "dedicated",
+    )
     assert compute.idle_time_before_scale_down == 600 and compute.network_settings.subnet.endswith("/subnets/compute")
     assert compute.identity.type == "system_assigned" and compute.enable_node_public_ip is False  # a PUT keeps them
-    grown = yaml.safe_load(rendered(tmp_path, pool={"nodes": 6}, training={"workers": 48},
-                                    azureml={"low_priority": True})["compute"])
+    grown = yaml.safe_load(
+        rendered(tmp_path, pool={"nodes": 6}, training={"workers": 48}, azureml={"low_priority": True})["compute"]
+    )
     assert grown["max_instances"] == 6 and grown["tier"] == "low_priority"
     (tmp_path / "env.yaml").write_text(specs["environment"])
     assert load_environment(tmp_path / "env.yaml").image.startswith("myregistry.azurecr.io/trainflow-gpu:")
@@ -129,9 +165,22 @@ def printed_specs(stdout: str) -> dict[str, str]:
 
 def test_dry_run_prints_the_specs_and_touches_nothing(tmp_path, digits):
     work = tmp_path / "work"
-    proc = subprocess.run([str(Path(sys.executable).parent / "trainflow"), "run", "--config", str(AZURE), "--data",
-                           str(digits), "--workdir", str(work), "--dry-run"], capture_output=True, text=True,
-                          env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    proc = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "trainflow"),
+            "run",
+            "--config",
+            str(AZURE),
+            "--data",
+            str(digits),
+            "--workdir",
+            str(work),
+            "--dry-run",
+        ],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+    )
     assert proc.returncode == 0, proc.stderr
     specs = printed_specs(proc.stdout)
     assert set(specs) == {"compute", "environment", "sync job", "job", "later attempts", "storage"}
@@ -145,14 +194,24 @@ def test_a_registry_connection_is_rendered_without_the_password(tmp_path):
     specs = rendered(tmp_path, azureml={"registry_access": "connection"})
     connection = yaml.safe_load(specs["registry connection"])
     assert connection["type"] == "container_registry" and connection["target"] == "myregistry.azurecr.io"
-    assert connection["credentials"] == {"type": "username_password", "username": "myregistry",
-                                         "password": "<the value of $REGISTRY_PASSWORD>"}
+    assert connection["credentials"] == {
+        "type": "username_password",
+        "username": "myregistry",
+        "password": "<the value of $REGISTRY_PASSWORD>",
+    }
 
 
 def test_settings_that_cannot_work_are_refused(tmp_path):
     with pytest.raises(ConfigError, match="Entra access token .*breaks pulls after about 3 h"):
-        load_config(AZURE, {"workdir": tmp_path, "azureml": {"registry_access": "connection"},
-                            "image": {"username": "00000000-0000-0000-0000-000000000000"}}, environ={})
+        load_config(
+            AZURE,
+            {
+                "workdir": tmp_path,
+                "azureml": {"registry_access": "connection"},
+                "image": {"username": "00000000-0000-0000-0000-000000000000"},
+            },
+            environ={},
+        )
     no_subnet = AzureMLConfig(subscription_id="s", resource_group="g", workspace="w", node_public_ip=False)
     with pytest.raises(ValueError, match="node_public_ip false needs azureml.subnet"):
         check_complete(no_subnet, reads_nfs=False)
@@ -178,9 +237,20 @@ def test_what_one_thread_prints_becomes_lines_and_the_others_print_through(capsy
 
 
 def test_the_smoke_run_is_one_node_one_gpu_on_synthetic_data(tmp_path):
-    proc = subprocess.run([str(Path(sys.executable).parent / "trainflow"), "smoke", "--config", str(AZURE),
-                           "--workdir", str(tmp_path / "work"), "--dry-run"], capture_output=True, text=True,
-                          env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    proc = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "trainflow"),
+            "smoke",
+            "--config",
+            str(AZURE),
+            "--workdir",
+            str(tmp_path / "work"),
+            "--dry-run",
+        ],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+    )
     assert proc.returncode == 0, proc.stderr
     job = loaded_job(printed_specs(proc.stdout)["job"], tmp_path)
     assert job.resources.instance_count == 1 and job.distribution.process_count_per_instance == 1
@@ -207,8 +277,11 @@ def test_new_attempts_stop_at_the_gpu_hour_budget_and_lost_work_counts_from_the_
     first = Attempt("trainflow-r-train-1", gpus=16, status="Failed", error=PREEMPTION_ERROR)
     first.clock("Running", 0.0)
     first.clock("Failed", 200.0)  # 200 s x 16 GPUs = 0.89 GPU-hours: another attempt may start
-    for line in ["[rank 0] INFO epoch 1 step 40 (40/99)", "[rank 0] INFO checkpoint step 40 saved",
-                 "[rank 0] INFO epoch 1 step 60 (60/99)"]:
+    for line in [
+        "[rank 0] INFO epoch 1 step 40 (40/99)",
+        "[rank 0] INFO checkpoint step 40 saved",
+        "[rank 0] INFO epoch 1 step 60 (60/99)",
+    ]:
         first.read(line)
     job.history, job.number = [first], 1
     assert why_ended(first).startswith("pre-empted") and first.lost_steps == 20 and job.refusal(first) is None

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from flows.report import summary_markdown
-from infra.trainer import TrainingMetrics
+from infra.engines.contract import TrainingMetrics
 from tests.conftest import write_image, write_png_header
 from trainer import data, layout
 from trainer.errors import UsageError
@@ -21,8 +21,13 @@ def corrupt_files(folder: Path) -> dict[str, str]:
     (folder / "garbage.png").write_bytes(b"\x89PNG\r\n\x1a\n not really a png")
     (folder / "text.jpeg").write_bytes(b"hello, I am not a JPEG")
     write_png_header(folder / "bomb.png", 20000, 20000)
-    return {"truncated.jpg": "", "empty.png": "cannot identify image file", "garbage.png": "",
-            "text.jpeg": "cannot identify image file", "bomb.png": "400000000 pixels, more than the"}
+    return {
+        "truncated.jpg": "",
+        "empty.png": "cannot identify image file",
+        "garbage.png": "",
+        "text.jpeg": "cannot identify image file",
+        "bomb.png": "400000000 pixels, more than the",
+    }
 
 
 @pytest.fixture
@@ -30,8 +35,11 @@ def mixed(tmp_path) -> tuple[list[str], dict[str, str]]:
     """Good PNGs and JPEGs (RGB, grayscale, CMYK) with corrupt files among them: every path, and the bad ones."""
     folder = tmp_path / "images"
     good = [write_image(folder / f"ok{i}.png") for i in range(6)]
-    good += [write_image(folder / "ok.jpg", fmt="JPEG", size=64), write_image(folder / "gray.jpg", "L", fmt="JPEG"),
-             write_image(folder / "cmyk.jpg", "CMYK", fmt="JPEG")]
+    good += [
+        write_image(folder / "ok.jpg", fmt="JPEG", size=64),
+        write_image(folder / "gray.jpg", "L", fmt="JPEG"),
+        write_image(folder / "cmyk.jpg", "CMYK", fmt="JPEG"),
+    ]
     bad = corrupt_files(folder)
     paths = sorted(str(p) for p in good) + [str(folder / name) for name in bad]
     return paths, bad
@@ -55,17 +63,23 @@ def test_the_error_is_one_line_naming_the_count_the_first_and_the_list(tmp_path)
     bad = [(f"train/a/x{i}.JPEG", "cannot identify image file") for i in range(500)]
     listing = layout.write_bad_list(bad, tmp_path / "out" / "bad-files.tsv")
     message = str(layout.bad_images_error(bad, 1331167, listing, "/data/imagenet"))
-    assert message == ("500 of 1331167 images in /data/imagenet cannot be decoded (first: train/a/x0.JPEG: cannot "
-                       f"identify image file); all 500 are listed in {listing}; replace or remove them, or pass "
-                       "--bad-files skip (training.bad_files: skip) to train without them")
+    assert message == (
+        "500 of 1331167 images in /data/imagenet cannot be decoded (first: train/a/x0.JPEG: cannot "
+        f"identify image file); all 500 are listed in {listing}; replace or remove them, or pass "
+        "--bad-files skip (training.bad_files: skip) to train without them"
+    )
     assert layout.read_bad_list(listing) == bad
-    assert listing.read_text().count("\n") == 500 and all(line.count("\t") == 1 for line in listing.read_text().splitlines())
+    assert listing.read_text().count("\n") == 500 and all(
+        line.count("\t") == 1 for line in listing.read_text().splitlines()
+    )
 
 
 def test_one_bad_image_is_named_in_the_line_without_a_list(tmp_path):
     message = str(layout.bad_images_error([("train/a/bad.png", "broken\nPNG file")], 8, None, "DATA"))
-    assert message == ("1 of 8 images in DATA cannot be decoded (train/a/bad.png: broken PNG file); replace or remove "
-                       "it, or pass --bad-files skip (training.bad_files: skip) to train without it")
+    assert message == (
+        "1 of 8 images in DATA cannot be decoded (train/a/bad.png: broken PNG file); replace or remove "
+        "it, or pass --bad-files skip (training.bad_files: skip) to train without it"
+    )
 
 
 def test_a_multi_line_reason_stays_one_field_of_one_line(tmp_path):
@@ -78,8 +92,13 @@ def test_a_verified_version_round_trips(tmp_path):
     bad = [("train/a/broken.jpg", "image file is truncated"), ("val/b/empty.png", "cannot identify image file")]
     path = layout.write_verified(tmp_path, "v-1234", 1331167, bad)
     assert path == tmp_path / ".verified.json" and not list(tmp_path.glob("*.partial"))
-    assert json.loads(path.read_text()) == {"format": 1, "version": "v-1234", "files": 1331167, "check": "decode",
-                                            "bad": [list(pair) for pair in bad]}
+    assert json.loads(path.read_text()) == {
+        "format": 1,
+        "version": "v-1234",
+        "files": 1331167,
+        "check": "decode",
+        "bad": [list(pair) for pair in bad],
+    }
     assert layout.read_verified(tmp_path) == layout.Verified("v-1234", 1331167, "decode", bad)
     assert layout.read_verified(tmp_path / "elsewhere") is None
 
@@ -87,18 +106,21 @@ def test_a_verified_version_round_trips(tmp_path):
 GOOD = {"format": 1, "version": "v1", "files": 3, "check": "decode", "bad": []}
 
 
-@pytest.mark.parametrize("text, why", [
-    ("{not json", "not readable JSON"),
-    ("[1, 2]", '"format": 1'),
-    (json.dumps({**GOOD, "format": 2}), '"format": 1'),
-    (json.dumps({**GOOD, "version": ""}), '"version" must name the data version'),
-    (json.dumps({**GOOD, "files": "3"}), '"files" must be the number of images checked'),
-    (json.dumps({**GOOD, "files": -1}), '"files" must be the number'),
-    (json.dumps({**GOOD, "check": "header"}), '"check" must be "decode"'),
-    (json.dumps({**GOOD, "bad": [["a.png"]]}), '"bad" must be a list of \\[path relative'),
-    (json.dumps({**GOOD, "bad": [["/abs/a.png", "x"]]}), '"bad" must be a list'),
-    (json.dumps({**GOOD, "bad": [["../a.png", "x"]]}), '"bad" must be a list'),
-])
+@pytest.mark.parametrize(
+    "text, why",
+    [
+        ("{not json", "not readable JSON"),
+        ("[1, 2]", '"format": 1'),
+        (json.dumps({**GOOD, "format": 2}), '"format": 1'),
+        (json.dumps({**GOOD, "version": ""}), '"version" must name the data version'),
+        (json.dumps({**GOOD, "files": "3"}), '"files" must be the number of images checked'),
+        (json.dumps({**GOOD, "files": -1}), '"files" must be the number'),
+        (json.dumps({**GOOD, "check": "header"}), '"check" must be "decode"'),
+        (json.dumps({**GOOD, "bad": [["a.png"]]}), '"bad" must be a list of \\[path relative'),
+        (json.dumps({**GOOD, "bad": [["/abs/a.png", "x"]]}), '"bad" must be a list'),
+        (json.dumps({**GOOD, "bad": [["../a.png", "x"]]}), '"bad" must be a list'),
+    ],
+)
 def test_an_invalid_verified_file_is_an_error_naming_it(tmp_path, text, why):
     (tmp_path / ".verified.json").write_text(text)
     with pytest.raises(UsageError, match=why) as refused:
@@ -154,10 +176,24 @@ def test_an_unverified_folder_is_decoded_in_shares_and_the_preflight_hands_its_l
 def test_the_run_summary_shows_the_images_left_out():
     entry = data.bad_files_entry([(f"train/a/{i}.png", "truncated") for i in range(30)], Path("/results/bad-files.tsv"))
     assert entry["count"] == 30 and len(entry["first"]) == 20
-    metrics = TrainingMetrics(status="complete", model="resnet18", world_size=2, backend="ddp", images_per_sec=10.0,
-                              wall_seconds=3.0, bad_files=entry).model_dump()
-    summary = {"run_id": "r1", "dataset": "d", "metrics": metrics, "pool": {"backend": "process"}, "image": None,
-               "results": {"share": "/share/results/r1"}}
-    assert "- images left out (cannot be decoded): 30, listed in `/share/results/r1/bad-files.tsv`" in \
-        summary_markdown(summary, {})
+    metrics = TrainingMetrics(
+        status="complete",
+        model="resnet18",
+        world_size=2,
+        backend="ddp",
+        images_per_sec=10.0,
+        wall_seconds=3.0,
+        bad_files=entry,
+    ).model_dump()
+    summary = {
+        "run_id": "r1",
+        "dataset": "d",
+        "metrics": metrics,
+        "pool": {"backend": "process"},
+        "image": None,
+        "results": {"share": "/share/results/r1"},
+    }
+    assert "- images left out (cannot be decoded): 30, listed in `/share/results/r1/bad-files.tsv`" in summary_markdown(
+        summary, {}
+    )
     assert "left out" not in summary_markdown({**summary, "metrics": {**metrics, "bad_files": None}}, {})

@@ -4,8 +4,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from flows.bench.gpu import gpu_row, measured, mfu, peak_tflops, runs
-from flows.bench.loader import installed_loaders
+from benchmarks.gpu import gpu_row, measured, mfu, peak_tflops, runs
+from benchmarks.loader import installed_loaders
 from flows.cli import app
 from trainer.metrics import installed_versions
 
@@ -22,15 +22,20 @@ def test_the_peak_comes_from_the_device_name_or_the_option():
 
 
 def test_every_loader_runs_on_the_jpegs_after_synthetic_data_eager_and_compiled():
-    synthetic = [("synthetic, --compile off", "synthetic", {"loader": "fast", "compile": "off"}),
-                 ("synthetic, --compile on", "synthetic", {"loader": "fast", "compile": "on"})]
-    assert runs(("fast", "pil"), restarts=False) == synthetic + [("JPEGs, --loader fast", "jpegs", {"loader": "fast"}),
-                                                                 ("JPEGs, --loader pil", "jpegs", {"loader": "pil"})]
+    synthetic = [
+        ("synthetic, --compile off", "synthetic", {"loader": "fast", "compile": "off"}),
+        ("synthetic, --compile on", "synthetic", {"loader": "fast", "compile": "on"}),
+    ]
+    assert runs(("fast", "pil"), restarts=False) == synthetic + [
+        ("JPEGs, --loader fast", "jpegs", {"loader": "fast"}),
+        ("JPEGs, --loader pil", "jpegs", {"loader": "pil"}),
+    ]
     # where jpeg_crop can rewrite them, the fast loader reads the JPEGs once more with restart markers, after its run
     assert runs(("fast", "pil"), restarts=True) == synthetic + [
         ("JPEGs, --loader fast", "jpegs", {"loader": "fast"}),
         ("JPEGs, --loader fast+restarts", "fast+restarts", {"loader": "fast"}),
-        ("JPEGs, --loader pil", "jpegs", {"loader": "pil"})]
+        ("JPEGs, --loader pil", "jpegs", {"loader": "pil"}),
+    ]
     assert "fast+restarts" not in {data for _, data, _ in runs(("pil",), restarts=True)}
 
 
@@ -40,7 +45,9 @@ def test_the_json_written_after_each_run_holds_the_runs_measured_so_far():
     facts = {label: [] for label, _, _ in plan} | {"synthetic, --compile off": [(3843.0, 0.0)]}
     part = measured(plan, facts, 989.4, complete=False)
     assert part["complete"] is False and [row["run"] for row in part["runs"]] == ["synthetic, --compile off"]
-    assert part["runs"][0]["images_per_sec"]["all"] == [3843.0] and part["runs"][0]["mfu"]["median"] == mfu(3843.0, 989.4)
+    assert part["runs"][0]["images_per_sec"]["all"] == [3843.0] and part["runs"][0]["mfu"]["median"] == mfu(
+        3843.0, 989.4
+    )
 
 
 def test_a_row_has_the_spread_of_each_figure():
@@ -52,16 +59,26 @@ def test_a_row_has_the_spread_of_each_figure():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: the bench runs instead")
 def test_without_a_gpu_bench_gpu_says_so_and_writes_nothing(tmp_path):
     result = CliRunner().invoke(app, ["bench", "gpu", "--workdir", str(tmp_path), "--json", str(tmp_path / "g.json")])
-    assert result.exit_code == 2 and "no CUDA GPU here" in result.output and "bench" not in {p.name for p in tmp_path.iterdir()}
+    assert (
+        result.exit_code == 2
+        and "no CUDA GPU here" in result.output
+        and "bench" not in {p.name for p in tmp_path.iterdir()}
+    )
     assert not (tmp_path / "g.json").exists()
 
 
 def test_bench_gpu_refuses_dali_where_it_is_not_installed_before_any_run(tmp_path, monkeypatch):
     # a machine without NVIDIA DALI (the GPU machine measured on had none): asked for, refused before anything runs;
     # by default the bench runs the loaders installed here
-    monkeypatch.setattr("flows.bench.loader.importlib.util.find_spec", lambda name: None)
-    result = CliRunner().invoke(app, ["bench", "gpu", "--workdir", str(tmp_path), "--loader", "fast", "--loader", "dali"])
-    assert result.exit_code == 2 and "--loader dali needs NVIDIA DALI" in result.output and "trainflow[dali]" in result.output
+    monkeypatch.setattr("benchmarks.loader.importlib.util.find_spec", lambda name: None)
+    result = CliRunner().invoke(
+        app, ["bench", "gpu", "--workdir", str(tmp_path), "--loader", "fast", "--loader", "dali"]
+    )
+    assert (
+        result.exit_code == 2
+        and "--loader dali needs NVIDIA DALI" in result.output
+        and "trainflow[dali]" in result.output
+    )
     assert not list(tmp_path.iterdir())
     assert installed_loaders() == ("fast", "pil")
 

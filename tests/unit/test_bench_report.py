@@ -5,47 +5,84 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from flows.bench import images, loader, overhead, staging, training
-from flows.bench.report import CHARTS, write_report
-from flows.bench.suite import ORDER, SIZES, bench_all, with_training
+from benchmarks import images, loader, overhead, staging, training
+from benchmarks.report import CHARTS, write_report
+from benchmarks.suite import ORDER, SIZES, bench_all, with_training
 from flows.config import ConfigError, FlowConfig
-from infra.blobstore import StorageConfig
-from infra.trainer import TrainingConfig
+from infra.engines.contract import TrainingConfig
+from infra.storage.blobstore import StorageConfig
 from trainer.data import LOADERS
 
-STAGING_ROUNDS = [{"seconds": {path: seconds * (i + 1) for i, path in enumerate(staging.PATHS)},
-                   "phases": {"upload": seconds * 0.6, "sync": seconds * 0.4}} for seconds in (2.0, 2.5, 3.0)]
-CPU = {("ddp", 1): {"training_thread": 500.0, "other_threads": 20.0}, ("ddp", 2): {"training_thread": 520.0, "other_threads": 40.0}}
-TRAINING_ROUNDS = [{"rates": {("ddp", 1): 50.0, ("ddp", 2): 90.0}, "cpu": CPU, "alone": 52.0, "together": 98.8},
-                   {"rates": {("ddp", 1): 40.0, ("ddp", 2): 76.0}, "cpu": CPU, "alone": 41.0, "together": 73.8}]
-FLOW_ROUNDS = [{"torchrun": 20.0 + i, "trainflow run": 50.0 + 2 * i, "import the flow": 4.0, "start Prefect's server": 20.0,
-                "start Azurite": 2.5} for i in range(3)]
+STAGING_ROUNDS = [
+    {
+        "seconds": {path: seconds * (i + 1) for i, path in enumerate(staging.PATHS)},
+        "phases": {"upload": seconds * 0.6, "sync": seconds * 0.4},
+    }
+    for seconds in (2.0, 2.5, 3.0)
+]
+CPU = {
+    ("ddp", 1): {"training_thread": 500.0, "other_threads": 20.0},
+    ("ddp", 2): {"training_thread": 520.0, "other_threads": 40.0},
+}
+TRAINING_ROUNDS = [
+    {"rates": {("ddp", 1): 50.0, ("ddp", 2): 90.0}, "cpu": CPU, "alone": 52.0, "together": 98.8},
+    {"rates": {("ddp", 1): 40.0, ("ddp", 2): 76.0}, "cpu": CPU, "alone": 41.0, "together": 73.8},
+]
+FLOW_ROUNDS = [
+    {
+        "torchrun": 20.0 + i,
+        "trainflow run": 50.0 + 2 * i,
+        "import the flow": 4.0,
+        "start Prefect's server": 20.0,
+        "start Azurite": 2.5,
+    }
+    for i in range(3)
+]
 MACHINE = {"cores": 2, "memory_gb": 23.4, "platform": "Linux", "python": "3.11.2", "versions": {"torch": "2.14.1"}}
 
 
 def results() -> dict:
     """One result per chart, each made by its bench's own code where the bench has a pure summary."""
-    parallel_run = {"run": "data-parallel", "images_per_sec": {"median": 30.0, "min": 28.0, "max": 33.0,
-                                                               "all": [28.0, 30.0, 33.0]},
-                    "vs_data_parallel": 1.0, "training_memory_vs_data_parallel": 1.0}
+    parallel_run = {
+        "run": "data-parallel",
+        "images_per_sec": {"median": 30.0, "min": 28.0, "max": 33.0, "all": [28.0, 30.0, 33.0]},
+        "vs_data_parallel": 1.0,
+        "training_memory_vs_data_parallel": 1.0,
+    }
     first = {"image": "localhost:5000/trainflow-cpu@sha256:ab", "seconds": 600.0, "built": True, "pushed": True}
     ours = [{"seconds": s, "built": False, "pushed": False} for s in (0.2, 0.3, 0.25)]
     per_core = {"pil": 40.0, "fast": 100.0, "dali": 80.0}
-    loader_rounds = [{"rates": {f"{name}/{n}": per_core[name] * n * 0.95 ** (n - 1) * k for name in LOADERS
-                                for n in (1, 2)},
-                      "parts": {name: {part: 0.002 for part in loader.PARTS} for name in LOADERS}}
-                     for k in (1.0, 0.9, 1.1)]
+    loader_rounds = [
+        {
+            "rates": {f"{name}/{n}": per_core[name] * n * 0.95 ** (n - 1) * k for name in LOADERS for n in (1, 2)},
+            "parts": {name: dict.fromkeys(loader.PARTS, 0.002) for name in LOADERS},
+        }
+        for k in (1.0, 0.9, 1.1)
+    ]
     return {
         "loader": loader.summarise(loader_rounds, 2, 512, TrainingConfig()),
         "staging": staging.summarise(STAGING_ROUNDS, 40, 4_400_000, StorageConfig()),
         "train": training.summarise(TRAINING_ROUNDS, TrainingConfig(threads=1), "synthetic"),
-        "parallel": {"settings": {"model": "resnet18", "image_size": 64, "global_batch": 32},
-                     "runs": [parallel_run, {**parallel_run, "run": "pipeline M=2", "vs_data_parallel": 1.1,
-                                             "training_memory_vs_data_parallel": 0.7}]},
+        "parallel": {
+            "settings": {"model": "resnet18", "image_size": 64, "global_batch": 32},
+            "runs": [
+                parallel_run,
+                {
+                    **parallel_run,
+                    "run": "pipeline M=2",
+                    "vs_data_parallel": 1.1,
+                    "training_memory_vs_data_parallel": 0.7,
+                },
+            ],
+        },
         "flow": overhead.summarise(FLOW_ROUNDS, FlowConfig()),
         "images": images.image_result(first, ours, [9.0, 8.0, 10.0], cold=False),
-        "scale": {"points": [{"files": n, "stages": {"first": {"seconds": n * 5e-4}, "unchanged": {"seconds": n * 2e-5}}}
-                             for n in (300, 3000)]},
+        "scale": {
+            "points": [
+                {"files": n, "stages": {"first": {"seconds": n * 5e-4}, "unchanged": {"seconds": n * 2e-5}}}
+                for n in (300, 3000)
+            ]
+        },
     }
 
 

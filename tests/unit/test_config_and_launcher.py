@@ -5,11 +5,11 @@ from pathlib import Path
 import pytest
 
 from flows.config import ConfigError, FlowConfig, load_config, section_type
-from infra.backends.base import NodePaths
-from infra.backends.docker_nodes import commands_on_nodes, torchrun_layout
-from infra.launchers import LaunchError, local_command, route_output
-from infra.sample_data import DIGITS_TRAINING
-from infra.trainer import TrainingConfig, check_command, trainer_argv
+from infra.compute.base import NodePaths
+from infra.compute.docker_nodes import commands_on_nodes, torchrun_layout
+from infra.data.sample_data import DIGITS_TRAINING
+from infra.engines.contract import TrainingConfig, check_command, trainer_argv
+from infra.engines.launchers import LaunchError, local_command, route_output
 from trainer.options import build_parser
 
 NODE_PATHS = NodePaths("/scripts/v1/trainer/train.py", "/data", "/results")
@@ -35,17 +35,26 @@ def test_trainer_args_round_trip_through_the_trainer_parser():
     cfg = TrainingConfig(model="resnet18", epochs=3, hflip=False, lr=0.5, schedule="step", keep_checkpoints=7)
     parsed = vars(build_parser().parse_args(["--data", "d", "--out", "o", *cfg.trainer_args()]))
     assert {k: parsed[k] for k in ("model", "epochs", "hflip", "lr", "schedule", "keep_checkpoints")} == {
-        "model": "resnet18", "epochs": 3, "hflip": False, "lr": 0.5, "schedule": "step", "keep_checkpoints": 7}
+        "model": "resnet18",
+        "epochs": 3,
+        "hflip": False,
+        "lr": 0.5,
+        "schedule": "step",
+        "keep_checkpoints": 7,
+    }
 
 
-@pytest.mark.parametrize("settings, message", [
-    ({"batch_size": 0}, "training.batch_size must be at least 1"),
-    ({"lr": 0}, "training.lr must be positive"),
-    ({"stages": 2}, "training.stages needs training.parallel pipeline"),
-    ({"parallel": "pipeline", "stages": 2, "workers": 3}, "not a multiple of training.stages 2"),
-    ({"parallel": "pipeline", "stages": 2, "launcher": "horovodrun"}, "Horovod has no pipeline parallelism"),
-    ({"batch_size": 30, "microbatches": 4}, "training.batch_size 30 is not divisible by training.microbatches 4"),
-])
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        ({"batch_size": 0}, "training.batch_size must be at least 1"),
+        ({"lr": 0}, "training.lr must be positive"),
+        ({"stages": 2}, "training.stages needs training.parallel pipeline"),
+        ({"parallel": "pipeline", "stages": 2, "workers": 3}, "not a multiple of training.stages 2"),
+        ({"parallel": "pipeline", "stages": 2, "launcher": "horovodrun"}, "Horovod has no pipeline parallelism"),
+        ({"batch_size": 30, "microbatches": 4}, "training.batch_size 30 is not divisible by training.microbatches 4"),
+    ],
+)
 def test_the_trainers_own_checks_refuse_a_config_naming_the_setting(settings, message):
     with pytest.raises(ConfigError, match=message):
         load_config(None, {"training": settings}, environ={})
@@ -90,13 +99,16 @@ def test_precedence_is_options_then_environment_then_file(tmp_path):
     assert str(cfg.workdir) == "/from/file"
 
 
-@pytest.mark.parametrize("text, message", [
-    ("training: {batch_size: 0}", r"training.batch_size must be at least 1 \(got 0\)"),
-    ("training: {epochs: many}", r"training.epochs = 'many': Input should be a valid integer"),
-    ("training: {epoch: 3}", r"training.epoch: Extra inputs are not permitted"),
-    ("training: [1, 2", "is not valid YAML"),
-    ("- a list", "must hold a mapping"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("training: {batch_size: 0}", r"training.batch_size must be at least 1 \(got 0\)"),
+        ("training: {epochs: many}", r"training.epochs = 'many': Input should be a valid integer"),
+        ("training: {epoch: 3}", r"training.epoch: Extra inputs are not permitted"),
+        ("training: [1, 2", "is not valid YAML"),
+        ("- a list", "must hold a mapping"),
+    ],
+)
 def test_bad_config_files_name_the_setting(tmp_path, text, message):
     path = tmp_path / "c.yaml"
     path.write_text(text)
@@ -108,18 +120,25 @@ SECTIONS = [name for name, field in FlowConfig.model_fields.items() if section_t
 
 
 @pytest.mark.parametrize("section", SECTIONS)
-@pytest.mark.parametrize("value, kind", [(3, "a number"), ("epochs=3", "a string"), ([1, 2], "a list"),
-                                         (True, "true or false")])
+@pytest.mark.parametrize(
+    "value, kind", [(3, "a number"), ("epochs=3", "a string"), ([1, 2], "a list"), (True, "true or false")]
+)
 def test_a_section_given_a_single_value_is_refused_from_every_source(tmp_path, section, value, kind):
     """Merging used to replace such a value with the defaults (or another source's mapping) without a word."""
     path = tmp_path / "c.yaml"
     path.write_text(f"{section}: {value if not isinstance(value, bool) else 'true'}\n")
-    with pytest.raises(ConfigError, match=rf"^{section} from config file {path} is {kind}, but {section} is a section "
-                                          rf"of settings: write them as a mapping \({section}: "):
+    with pytest.raises(
+        ConfigError,
+        match=rf"^{section} from config file {path} is {kind}, but {section} is a section "
+        rf"of settings: write them as a mapping \({section}: ",
+    ):
         load_config(path, {section: {}}, environ={})  # an option for the section, as the CLI passes, must not hide it
     variable = f"TRAINFLOW_{section.upper()}"
-    with pytest.raises(ConfigError, match=rf"^{section} from environment variable {variable} is a string, but .*unset "
-                                          rf"{variable} and set each setting as {variable}__<SETTING>=<value>$"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"^{section} from environment variable {variable} is a string, but .*unset "
+        rf"{variable} and set each setting as {variable}__<SETTING>=<value>$",
+    ):
         load_config(None, {}, environ={variable: str(value)})
     with pytest.raises(ConfigError, match=rf"^{section} from the command-line options is {kind}, but"):
         load_config(None, {section: value}, environ={})
@@ -131,26 +150,42 @@ def test_an_empty_section_in_a_file_is_the_defaults(tmp_path):
     assert load_config(path, {"training": {"epochs": 2}}, environ={}).training.epochs == 2
 
 
-@pytest.mark.parametrize("environ, message", [
-    ({"TRAINFLOW_TRAINING": "x", "TRAINFLOW_TRAINING__EPOCHS": "3"},
-     "environment variables TRAINFLOW_TRAINING and TRAINFLOW_TRAINING__EPOCHS conflict"),
-    ({"TRAINFLOW_STORAGE__CONTAINER": "abc", "TRAINFLOW_STORAGE__CONTAINER__NAME": "x"},
-     "TRAINFLOW_STORAGE__CONTAINER and TRAINFLOW_STORAGE__CONTAINER__NAME conflict"),
-    ({"TRAINFLOW_POOL__NODES__X": "1", "TRAINFLOW_pool__nodes": "2"}, "TRAINFLOW_pool__nodes sets pool.nodes"),
-])
+@pytest.mark.parametrize(
+    "environ, message",
+    [
+        (
+            {"TRAINFLOW_TRAINING": "x", "TRAINFLOW_TRAINING__EPOCHS": "3"},
+            "environment variables TRAINFLOW_TRAINING and TRAINFLOW_TRAINING__EPOCHS conflict",
+        ),
+        (
+            {"TRAINFLOW_STORAGE__CONTAINER": "abc", "TRAINFLOW_STORAGE__CONTAINER__NAME": "x"},
+            "TRAINFLOW_STORAGE__CONTAINER and TRAINFLOW_STORAGE__CONTAINER__NAME conflict",
+        ),
+        ({"TRAINFLOW_POOL__NODES__X": "1", "TRAINFLOW_pool__nodes": "2"}, "TRAINFLOW_pool__nodes sets pool.nodes"),
+    ],
+)
 def test_variables_that_set_a_setting_and_its_inside_are_refused(environ, message):
     with pytest.raises(ConfigError, match=message):
         load_config(None, {}, environ=environ)
 
 
-@pytest.mark.parametrize("text, where", [
-    ("training: [1, 2\n", r"at line 2, column 1: expected ',' or '\]', but got '<stream end>' \(while parsing a "
-                          r"flow sequence from line 1, column 11\)"),
-    ("training:\n  epochs: 3\n\tmodel: resnet18\n", r"at line 3, column 1: found character '\\t' that cannot "
-                                                     "start any token"),
-    ("storage: {container: 'abc}\n", "at line 2, column 1: found unexpected end of stream"),
-    ("a: b: c\n", "at line 1, column 5: mapping values are not allowed here"),
-])
+@pytest.mark.parametrize(
+    "text, where",
+    [
+        (
+            "training: [1, 2\n",
+            r"at line 2, column 1: expected ',' or '\]', but got '<stream end>' \(while parsing a "
+            r"flow sequence from line 1, column 11\)",
+        ),
+        (
+            "training:\n  epochs: 3\n\tmodel: resnet18\n",
+            r"at line 3, column 1: found character '\\t' that cannot "
+            "start any token",
+        ),
+        ("storage: {container: 'abc}\n", "at line 2, column 1: found unexpected end of stream"),
+        ("a: b: c\n", "at line 1, column 5: mapping values are not allowed here"),
+    ],
+)
 def test_invalid_yaml_is_named_with_its_line_and_column(tmp_path, text, where):
     path = tmp_path / "c.yaml"
     path.write_text(text)
@@ -188,50 +223,83 @@ def test_docker_pool_runs_torchrun_once_per_node_or_horovodrun_on_node0():
     assert horovod[:5] == ["horovodrun", "-np", "2", "-H", "node0:1,node1:1"]
 
 
-@pytest.mark.parametrize(("workers", "slots", "layout"), [(2, 1, (2, 1)), (2, 2, (1, 2)), (4, 3, (2, 2)), (6, 2, (3, 2))])
+@pytest.mark.parametrize(
+    ("workers", "slots", "layout"), [(2, 1, (2, 1)), (2, 2, (1, 2)), (4, 3, (2, 2)), (6, 2, (3, 2))]
+)
 def test_torchrun_puts_the_same_number_of_workers_on_each_node(workers, slots, layout):
     assert torchrun_layout(workers, slots) == layout
 
 
 def test_a_docker_pool_that_torchrun_cannot_split_evenly_is_refused():
-    with pytest.raises(ConfigError, match="training.workers 3 does not split evenly .* make training.workers a multiple "
-                                          "of pool.slots_per_node"):
-        load_config(None, {"pool": {"backend": "docker", "nodes": 2, "slots_per_node": 2},
-                           "training": {"workers": 3}}, environ={})
-    load_config(None, {"pool": {"backend": "docker", "nodes": 2, "slots_per_node": 2},
-                       "training": {"workers": 3, "launcher": "horovodrun"}}, environ={})
+    with pytest.raises(
+        ConfigError,
+        match="training.workers 3 does not split evenly .* make training.workers a multiple of pool.slots_per_node",
+    ):
+        load_config(
+            None,
+            {"pool": {"backend": "docker", "nodes": 2, "slots_per_node": 2}, "training": {"workers": 3}},
+            environ={},
+        )
+    load_config(
+        None,
+        {
+            "pool": {"backend": "docker", "nodes": 2, "slots_per_node": 2},
+            "training": {"workers": 3, "launcher": "horovodrun"},
+        },
+        environ={},
+    )
 
 
 def torchrun_summary(rank: int, host: str, exitcode: int) -> list[str]:
     """The failure summary one torchrun prints (torch.distributed.elastic's ChildFailedError)."""
-    return ["=" * 60 + "\n", "/scripts/v1/trainer/train.py FAILED\n", "Failures:\n", "  <NO_OTHER_FAILURES>\n",
-            "Root Cause (first observed failure):\n", "[0]:\n", f"  host      : {host}\n",
-            f"  rank      : {rank} (local_rank: 0)\n", f"  exitcode  : {exitcode} (pid: 77)\n"]
+    return [
+        "=" * 60 + "\n",
+        "/scripts/v1/trainer/train.py FAILED\n",
+        "Failures:\n",
+        "  <NO_OTHER_FAILURES>\n",
+        "Root Cause (first observed failure):\n",
+        "[0]:\n",
+        f"  host      : {host}\n",
+        f"  rank      : {rank} (local_rank: 0)\n",
+        f"  exitcode  : {exitcode} (pid: 77)\n",
+    ]
 
 
 def test_the_node_that_failed_first_is_named_not_the_peer_that_lost_it(tmp_path):
-    lines = ["[rank 0] 10:00:01 INFO epoch 1 step 5\n", "[rank 1] 10:00:01 INFO epoch 1 step 5\n",
-             *torchrun_summary(1, "node1", -9),  # node1's torchrun: its worker was killed
-             "[rank 0] 10:00:02 ERROR error: unexpected RuntimeError: Connection closed by peer\n",
-             *torchrun_summary(0, "node0", 1)]  # node0's torchrun: its worker lost rank 1
-    with pytest.raises(LaunchError, match=r"^rank 1 was killed by signal 9 \(SIGKILL\).*; its last "
-                                          r"lines:\n\[rank 1\] .* step 5"):  # its signal, as torchrun reports it
+    lines = [
+        "[rank 0] 10:00:01 INFO epoch 1 step 5\n",
+        "[rank 1] 10:00:01 INFO epoch 1 step 5\n",
+        *torchrun_summary(1, "node1", -9),  # node1's torchrun: its worker was killed
+        "[rank 0] 10:00:02 ERROR error: unexpected RuntimeError: Connection closed by peer\n",
+        *torchrun_summary(0, "node0", 1),
+    ]  # node0's torchrun: its worker lost rank 1
+    with pytest.raises(
+        LaunchError,
+        match=r"^rank 1 was killed by signal 9 \(SIGKILL\).*; its last "
+        r"lines:\n\[rank 1\] .* step 5",
+    ):  # its signal, as torchrun reports it
         route_output(lines, lambda: 1, tmp_path, lambda line: None)
     assert (tmp_path / "rank0.log").read_text().count("\n") == 2
 
 
 def test_a_crash_is_named_with_its_own_error(tmp_path):
-    lines = ["[rank 0] 10:00:02 ERROR error: unexpected RuntimeError: Connection closed by peer\n",
-             "[rank 1] 10:00:01 ERROR error: unexpected ZeroDivisionError: division by zero\n",
-             *torchrun_summary(1, "node1", 1), *torchrun_summary(0, "node0", 1)]
+    lines = [
+        "[rank 0] 10:00:02 ERROR error: unexpected RuntimeError: Connection closed by peer\n",
+        "[rank 1] 10:00:01 ERROR error: unexpected ZeroDivisionError: division by zero\n",
+        *torchrun_summary(1, "node1", 1),
+        *torchrun_summary(0, "node0", 1),
+    ]
     with pytest.raises(LaunchError, match=r"^rank 1 failed: unexpected ZeroDivisionError: division by zero$"):
         route_output(lines, lambda: 1, tmp_path, lambda line: None)
 
 
 def test_an_input_error_is_named_before_the_deaths_it_set_off(tmp_path):
-    lines = ["[rank 1] 10:00:01 ERROR error: --data /data: no such folder\n", *torchrun_summary(1, "node1", 1),
-             "[rank 0] 10:00:02 ERROR error: unexpected RuntimeError: Connection closed by peer\n",
-             *torchrun_summary(0, "node0", 1)]
+    lines = [
+        "[rank 1] 10:00:01 ERROR error: --data /data: no such folder\n",
+        *torchrun_summary(1, "node1", 1),
+        "[rank 0] 10:00:02 ERROR error: unexpected RuntimeError: Connection closed by peer\n",
+        *torchrun_summary(0, "node0", 1),
+    ]
     with pytest.raises(LaunchError, match=r"^rank 1 failed: --data /data: no such folder$"):
         route_output(lines, lambda: 1, tmp_path, lambda line: None)
 

@@ -30,16 +30,22 @@ def test_val_labels_follow_train_class_order(tmp_path):
     assert val.samples[0][1] == 2
 
 
-@pytest.mark.parametrize("layout, message", [
-    ({}, "does not exist"),
-    ({"train/": None}, "no train/<class>/ folders"),
-    ({"train/a/x.png": "img", "train/b/": None}, "class folder .*train/b has no images"),
-    ({"train/a/x.png": "img", "train/a/notes.txt": "text"}, "notes.txt is not an image file"),
-    ({"train/a/x.png": "img", "train/b/y.png": "img", "val/zebra/y.png": "img"}, "class folders that train/ lacks: zebra"),
-    ({"train/a/x.png": "img", "train/b/y.png": "img", "val/": None}, "val has no class folders"),
-    ({"train/a/x.png": "img", "train/b/y.png": "img", "val": "text"}, "val has no class folders"),
-    ({"train": "text"}, "no train/<class>/ folders"),
-])
+@pytest.mark.parametrize(
+    "layout, message",
+    [
+        ({}, "does not exist"),
+        ({"train/": None}, "no train/<class>/ folders"),
+        ({"train/a/x.png": "img", "train/b/": None}, "class folder .*train/b has no images"),
+        ({"train/a/x.png": "img", "train/a/notes.txt": "text"}, "notes.txt is not an image file"),
+        (
+            {"train/a/x.png": "img", "train/b/y.png": "img", "val/zebra/y.png": "img"},
+            "class folders that train/ lacks: zebra",
+        ),
+        ({"train/a/x.png": "img", "train/b/y.png": "img", "val/": None}, "val has no class folders"),
+        ({"train/a/x.png": "img", "train/b/y.png": "img", "val": "text"}, "val has no class folders"),
+        ({"train": "text"}, "no train/<class>/ folders"),
+    ],
+)
 def test_bad_layouts_name_the_problem(tmp_path, layout, message):
     root = tmp_path / "data"
     for rel, kind in layout.items():
@@ -95,8 +101,9 @@ def test_synthetic_batches_repeat_one_fixed_batch():
 
 def test_a_synthetic_batch_is_kept_in_the_models_memory_format_so_a_step_copies_nothing():
     plain = data.SyntheticBatches(batch_size=4, image_size=8, num_classes=10, steps=1, seed=0)
-    kept = data.SyntheticBatches(batch_size=4, image_size=8, num_classes=10, steps=1, seed=0,
-                                 device=torch.device("cpu"), channels_last=True)
+    kept = data.SyntheticBatches(
+        batch_size=4, image_size=8, num_classes=10, steps=1, seed=0, device=torch.device("cpu"), channels_last=True
+    )
     images = next(iter(kept))[0]
     assert images.is_contiguous(memory_format=torch.channels_last) and torch.equal(images, plain.images)
     # what the trainer's to_device does each step returns this very tensor: no copy, no layout change
@@ -122,14 +129,18 @@ def test_batch_must_fit_the_data():
         data.check_batch_fits(5, 2, 8)
 
 
-@pytest.mark.parametrize("width, height", [(20000, 20000), (10000, 10000), (200000, 500)])  # past PIL's error; its warning
+@pytest.mark.parametrize(
+    "width, height", [(20000, 20000), (10000, 10000), (200000, 500)]
+)  # past PIL's error; its warning
 @pytest.mark.parametrize("decode", [data.load_rgb, layout.check_image, layout.check_header])
 def test_a_decompression_bomb_is_refused_by_name_and_limit(tmp_path, width, height, decode):
     bomb = write_png_header(tmp_path / "train" / "a" / "huge one.png", width, height)
     with pytest.raises(UsageError) as refused:
         decode(str(bomb))
-    assert str(refused.value) == (f"image {bomb} has {width * height} pixels, more than the {Image.MAX_IMAGE_PIXELS} "
-                                  "that decoding allows (a guard against decompression bombs); shrink it or remove the file")
+    assert str(refused.value) == (
+        f"image {bomb} has {width * height} pixels, more than the {Image.MAX_IMAGE_PIXELS} "
+        "that decoding allows (a guard against decompression bombs); shrink it or remove the file"
+    )
 
 
 @pytest.mark.parametrize("content", [b"", b"GIF89a", b"\x89PNG\r\n\x1a\n" + b"\0" * 40, b"BM" + b"\xff" * 60])
@@ -146,15 +157,22 @@ def link(path, target):
     os.symlink(target, path)
 
 
-@pytest.mark.parametrize("name, target, message", [
-    ("train/a/self.png", "self.png", "train/a/self.png is a symlink loop \\(it points to self.png"),
-    ("train/a/up", "..", "train/a/up is a symlink loop \\(it points to \\.\\., a folder that holds it\\)"),
-    ("train/a/deep/er/root", "{root}", "train/a/deep/er/root is a symlink loop"),
-    ("train/c", "d", "train/c is a symlink loop"),  # with train/d -> c below
-    ("train/a/gone.png", "missing.png", "train/a/gone.png is a broken symlink \\(its target missing.png does not exist"),
-    ("train/e", "/nowhere/at/all", "train/e is a broken symlink"),
-    ("val/a/gone", "../../nothing", "val/a/gone is a broken symlink"),
-])
+@pytest.mark.parametrize(
+    "name, target, message",
+    [
+        ("train/a/self.png", "self.png", "train/a/self.png is a symlink loop \\(it points to self.png"),
+        ("train/a/up", "..", "train/a/up is a symlink loop \\(it points to \\.\\., a folder that holds it\\)"),
+        ("train/a/deep/er/root", "{root}", "train/a/deep/er/root is a symlink loop"),
+        ("train/c", "d", "train/c is a symlink loop"),  # with train/d -> c below
+        (
+            "train/a/gone.png",
+            "missing.png",
+            "train/a/gone.png is a broken symlink \\(its target missing.png does not exist",
+        ),
+        ("train/e", "/nowhere/at/all", "train/e is a broken symlink"),
+        ("val/a/gone", "../../nothing", "val/a/gone is a broken symlink"),
+    ],
+)
 def test_symlink_loops_and_broken_links_are_named(tmp_path, name, target, message):
     root = tmp_path / "data"
     for rel in ("train/a/x.png", "train/b/y.png", "val/a/z.png"):
@@ -177,8 +195,19 @@ def test_links_that_lead_elsewhere_are_followed(tmp_path):
     assert train.classes == ["a", "b"] and len(train.samples) == 4
 
 
-@pytest.mark.parametrize("name", ["new\nline.png", "tab\tbed.png", "carriage\rreturn.png", "bell\a.png", "del\x7f.png",
-                                  "next\x85line.png", "line\u2028sep.png", "escape\x1b[31m.png"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "new\nline.png",
+        "tab\tbed.png",
+        "carriage\rreturn.png",
+        "bell\a.png",
+        "del\x7f.png",
+        "next\x85line.png",
+        "line\u2028sep.png",
+        "escape\x1b[31m.png",
+    ],
+)
 @pytest.mark.parametrize("where", ["train/a/{}", "train/a/nested/{}", "train/{}/x.png", "val/a/{}"])
 def test_names_with_control_characters_are_refused_on_one_line(tmp_path, name, where):
     root = tmp_path / "data"
@@ -206,12 +235,17 @@ def test_one_class_is_refused(tmp_path, folders):
     for folder in folders:
         write_image(tmp_path / "train" / folder / "x.png")
     write_image(tmp_path / "val" / "only" / "y.png")
-    with pytest.raises(UsageError, match=f"^data folder {tmp_path} has 1 class \\(only\\) under train/; a classifier "
-                                         "needs at least 2: add another train/<class>/ folder of images$"):
+    with pytest.raises(
+        UsageError,
+        match=f"^data folder {tmp_path} has 1 class \\(only\\) under train/; a classifier "
+        "needs at least 2: add another train/<class>/ folder of images$",
+    ):
         data.index_folder(tmp_path)
 
 
-@pytest.mark.parametrize("make", [lambda p: write_image(p), lambda p: p.write_text("x"), lambda p: link(p, "/dev/null")])
+@pytest.mark.parametrize(
+    "make", [lambda p: write_image(p), lambda p: p.write_text("x"), lambda p: link(p, "/dev/null")]
+)
 def test_a_file_given_as_the_data_folder_is_called_a_file(tmp_path, make):
     given = tmp_path / "data.png"
     make(given)
@@ -220,6 +254,7 @@ def test_a_file_given_as_the_data_folder_is_called_a_file(tmp_path, make):
 
 
 # The fast loader (--loader fast): uint8 tensors cropped where they are, normalised on the device.
+
 
 def test_the_fast_loader_decodes_every_awkward_image_as_pil_does(image_tree):
     """JPEGs go to libjpeg-turbo directly, the rest through PIL: the same RGB pixels either way."""
@@ -290,6 +325,7 @@ def test_both_loaders_draw_the_same_crops_and_flips(tmp_path):
 
 # --loader dali, in DALI's CPU-only mode (no GPU here).
 
+
 def test_dali_batches_follow_the_resumable_sampler_of_each_rank(tmp_path):
     """DALI decodes the files in the order of the trainer's own sampler: the shard of each rank, shuffled by epoch,
     and a resumed epoch starts where the checkpoint left it, as with the other loaders."""
@@ -306,8 +342,9 @@ def test_dali_batches_follow_the_resumable_sampler_of_each_rank(tmp_path):
         expected = list(sampler)
         seen = [(images, targets) for images, targets in batches]
         assert len(batches) == len(seen) == 2 and len(expected) == 4
-        assert [int(image.float().mean().round()) for images, _ in seen for image in images] == \
-            pytest.approx([shade[i] for i in expected], abs=2)
+        assert [int(image.float().mean().round()) for images, _ in seen for image in images] == pytest.approx(
+            [shade[i] for i in expected], abs=2
+        )
         assert [int(t) for _, targets in seen for t in targets] == [train.samples[i][1] for i in expected]
 
 
@@ -317,12 +354,23 @@ def test_dali_crops_flips_and_evaluates_like_the_other_loaders(tmp_path):
     Image.fromarray(np.random.default_rng(1).integers(0, 256, (30, 50, 3), dtype=np.uint8)).save(path, quality=95)
     write_solid(tmp_path / "train" / "b" / "plain.png", 100)
     train, _ = data.index_folder(tmp_path)
-    crops, _ = next(iter(data.make_loader(data.image_files(train, data.train_transform(16, 0.5, True, "dali"), "dali"),
-                                          2, data.ShardSampler(2, 0, 1), 1, False, False)))
+    crops, _ = next(
+        iter(
+            data.make_loader(
+                data.image_files(train, data.train_transform(16, 0.5, True, "dali"), "dali"),
+                2,
+                data.ShardSampler(2, 0, 1),
+                1,
+                False,
+                False,
+            )
+        )
+    )
     assert crops.shape == (2, 3, 16, 16) and crops.dtype == torch.uint8
     evaluate = data.image_files(train, data.val_transform(16, "dali"), "dali")
-    once, twice = (next(iter(data.make_loader(evaluate, 2, data.ShardSampler(2, 0, 1), 1, False, False)))[0]
-                   for _ in range(2))
+    once, twice = (
+        next(iter(data.make_loader(evaluate, 2, data.ShardSampler(2, 0, 1), 1, False, False)))[0] for _ in range(2)
+    )
     assert torch.equal(once, twice)  # deterministic
     pil = data.val_transform(16, "pil")(data.load_rgb(str(path)))
     assert (data.normalise(once[:1])[0] - pil).abs().mean() < 0.15  # the same view, resized by another hand

@@ -13,9 +13,16 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from infra.build_context import CONTAINERS, context_tag, source_files
-from infra.images import BuildSteps, ImageConfig, ImageError, ImageRef, LayerProgress, registry_error
-from infra.images import registry_password
+from infra.images.build_context import CONTAINERS, context_tag, source_files
+from infra.images.registry import (
+    BuildSteps,
+    ImageConfig,
+    ImageError,
+    ImageRef,
+    LayerProgress,
+    registry_error,
+    registry_password,
+)
 from tasks.build_image import build_args
 
 REPO = Path(__file__).resolve().parents[2]
@@ -86,8 +93,13 @@ def test_the_horovod_wheel_cache_is_keyed_by_the_patch(tmp_path):
         (tmp_path / folder).mkdir()
         (tmp_path / folder / "horovod-0.28.1-cp311-cp311-linux_x86_64.whl").write_text("")
     env = {k: v for k, v in os.environ.items() if k != "HOROVOD_GPU_OPERATIONS"}
-    printed = subprocess.run([str(build / "horovod-wheel.sh"), sys.executable, str(tmp_path)], capture_output=True,
-                             text=True, check=True, env=env).stdout.strip()
+    printed = subprocess.run(
+        [str(build / "horovod-wheel.sh"), sys.executable, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+    ).stdout.strip()
     assert printed == str(tmp_path / f"{stem}-{digest}" / "horovod-0.28.1-cp311-cp311-linux_x86_64.whl")
 
 
@@ -105,8 +117,9 @@ def test_make_setup_runs_its_four_parts_at_once():
     outer = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}  # under make test
     plan = subprocess.run(["make", "-n", "setup"], cwd=REPO, capture_output=True, text=True, check=True, env=outer)
     sub_make = [line.split() for line in plan.stdout.splitlines() if "-j4" in line.split()]
-    assert [words[-4:] for words in sub_make] == [[".venv/.installed", "node_modules/.installed", "docker-setup",
-                                                   "tools"]], plan.stdout
+    assert [words[-4:] for words in sub_make] == [
+        [".venv/.installed", "node_modules/.installed", "docker-setup", "tools"]
+    ], plan.stdout
 
 
 def test_context_tag_follows_content_paths_and_build_args(tmp_path):
@@ -130,10 +143,18 @@ def test_context_holds_one_training_package_and_no_caches():
     assert not [f for f in files if "__pycache__" in f or f.endswith(".pyc")]
 
 
-@pytest.mark.parametrize("field, value", [
-    ("repository", "Trainflow"), ("repository", "team//x"), ("repository", "-x"), ("repository", "a b"),
-    ("registry", "http://myacr.azurecr.io"), ("registry", "my_registry:5000"), ("registry", "host:port"),
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("repository", "Trainflow"),
+        ("repository", "team//x"),
+        ("repository", "-x"),
+        ("repository", "a b"),
+        ("registry", "http://myacr.azurecr.io"),
+        ("registry", "my_registry:5000"),
+        ("registry", "host:port"),
+    ],
+)
 def test_invalid_image_names_are_refused_by_name(field, value):
     with pytest.raises(ValidationError, match=field):
         ImageConfig(**{field: value})
@@ -163,11 +184,16 @@ def test_registry_errors_say_what_to_fix():
     assert refused.permanent and "refused user 'bob'" in refused.args[0] and "password" in refused.args[0]
     anonymous = registry_error("r/x", "no basic auth credentials", None)
     assert anonymous.permanent and "anonymous" in anonymous.args[0]
-    down = registry_error("localhost:1/x", "Get http://localhost:1/v2/: dial tcp 127.0.0.1:1: connect: connection refused", "bob")
+    down = registry_error(
+        "localhost:1/x", "Get http://localhost:1/v2/: dial tcp 127.0.0.1:1: connect: connection refused", "bob"
+    )
     assert not down.permanent and "unreachable" in down.args[0]
     # a port with 401 in it is not the status code 401 (a CI run's random port 42401 read as refused credentials)
-    port = registry_error("localhost:42401", 'Get "http://localhost:42401/v2/": dial tcp 127.0.0.1:42401: connect: '
-                                             "connection refused", "bob")
+    port = registry_error(
+        "localhost:42401",
+        'Get "http://localhost:42401/v2/": dial tcp 127.0.0.1:42401: connect: connection refused',
+        "bob",
+    )
     assert not port.permanent and "unreachable" in port.args[0]
     status = registry_error("r/x", "received unexpected HTTP status: 401 Unauthorized", "bob")
     assert status.permanent and "refused user 'bob'" in status.args[0]
@@ -200,11 +226,12 @@ def test_build_args_replace_the_base_only_when_asked():
     assert build_args(ImageConfig(), "base:1") == {"BASE_IMAGE": "base:1"}
 
 
-
 def test_only_the_gpu_image_installs_dali_at_the_project_s_pin():
     """--loader dali: pyproject's `dali` extra (and dev's, for the tests) pin the one version the GPU image installs."""
     extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     pin = dict(d.split("==") for d in extras["dali"])
     assert requirement_pins("dali.txt") == pin and pin.items() <= dict(d.split("==") for d in extras["dev"]).items()
-    runs = {flavour: " ".join(c.value[0] for c in instructions(flavour) if c.cmd == "RUN") for flavour in ("cpu", "gpu")}
+    runs = {
+        flavour: " ".join(c.value[0] for c in instructions(flavour) if c.cmd == "RUN") for flavour in ("cpu", "gpu")
+    }
     assert "requirements/dali.txt" in runs["gpu"] and "dali" not in runs["cpu"]

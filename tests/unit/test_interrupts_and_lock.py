@@ -1,7 +1,6 @@
 """The one interrupt path (SIGINT, SIGTERM and SIGHUP alike; a second exits at once) and the workdir's lock, each
 in a process of its own as a command runs them."""
 
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -21,26 +20,31 @@ with stop_on_interrupt(print):
         print(interrupted_line(exc, "trainflow x"))
         {then}
 """
-HOLD = ("import sys, time; from pathlib import Path; from infra.workdir import workdir_lock\n"
-        "with workdir_lock(Path(sys.argv[1])), workdir_lock(Path(sys.argv[1])):\n"  # re-entrant in a process
-        "    print('held', flush=True); time.sleep(60)")
+HOLD = (
+    "import sys, time; from pathlib import Path; from infra.runs.workdir import workdir_lock\n"
+    "with workdir_lock(Path(sys.argv[1])), workdir_lock(Path(sys.argv[1])):\n"  # re-entrant in a process
+    "    print('held', flush=True); time.sleep(60)"
+)
 
 
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM", "SIGHUP"])
 def test_each_interrupt_stops_the_command_through_the_same_path(sig):
-    done = subprocess.run([sys.executable, "-c", INTERRUPTED.format(sig=sig, then="pass")], capture_output=True,
-                          text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", INTERRUPTED.format(sig=sig, then="pass")], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [
         f"{sig}: stopping the workers, the pool and the services (interrupt again to exit at once)",
         "interrupted: everything it started is stopped; to resume, run `trainflow train --out OUT` (finished steps "
-        "are skipped and training continues from its last checkpoint)"]
+        "are skipped and training continues from its last checkpoint)",
+    ]
 
 
 def test_a_second_interrupt_exits_at_once_with_status_130():
     then = "os.kill(os.getpid(), signal.SIGINT); time.sleep(5); print('not reached')"
-    done = subprocess.run([sys.executable, "-c", INTERRUPTED.format(sig="SIGINT", then=then)], capture_output=True,
-                          text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", INTERRUPTED.format(sig="SIGINT", then=then)], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 130 and "not reached" not in done.stdout
     assert "interrupted again: exiting now" in done.stdout
 
@@ -57,8 +61,10 @@ def held(tmp_path):
 
 def test_a_held_workdir_is_refused_to_another_process_naming_it_and_another_workdir_is_free(held):
     workdir, pid = held
-    code = ("import sys; from pathlib import Path; from infra.workdir import workdir_lock\n"
-            "with workdir_lock(Path(sys.argv[1])): print('got it')")
+    code = (
+        "import sys; from pathlib import Path; from infra.runs.workdir import workdir_lock\n"
+        "with workdir_lock(Path(sys.argv[1])): print('got it')"
+    )
     other = subprocess.run([sys.executable, "-c", code, str(workdir.with_name("b"))], capture_output=True, text=True)
     assert other.stdout == "got it\n"
     same = subprocess.run([sys.executable, "-c", code, str(workdir)], capture_output=True, text=True)
@@ -68,6 +74,7 @@ def test_a_held_workdir_is_refused_to_another_process_naming_it_and_another_work
 
 def test_a_dry_run_takes_no_lock(held):
     workdir, _ = held
-    done = subprocess.run([TRAINFLOW, "run", "--dry-run", "--workdir", str(workdir)], capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(
+        [TRAINFLOW, "run", "--dry-run", "--workdir", str(workdir)], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr

@@ -30,14 +30,25 @@ def boxes(width, height, n, seed=0):
     for _ in range(n):
         w, h = int(rng.integers(1, width + 1)), int(rng.integers(1, height + 1))
         yield int(rng.integers(0, height - h + 1)), int(rng.integers(0, width - w + 1)), h, w
-    yield from [(0, 0, height, width), (0, 0, 1, 1), (height - 1, width - 1, 1, 1), (16, 16, 16, 16),
-                (15, 17, 33, 31), (0, width - 17, height, 17)]
+    yield from [
+        (0, 0, height, width),
+        (0, 0, 1, 1),
+        (height - 1, width - 1, 1, 1),
+        (16, 16, 16, 16),
+        (15, 17, 33, 31),
+        (0, width - 17, height, 17),
+    ]
 
 
 @pytest.mark.parametrize("kind", ["4:2:0", "4:4:4", "4:2:2", "gray", "progressive"])
 def test_a_decoded_crop_holds_the_pixels_of_a_whole_decode(tmp_path, kind):
-    save = {"4:2:0": {"subsampling": 2}, "4:4:4": {"subsampling": 0}, "4:2:2": {"subsampling": 1}, "gray": {},
-            "progressive": {"progressive": True, "subsampling": 2}}[kind]
+    save = {
+        "4:2:0": {"subsampling": 2},
+        "4:4:4": {"subsampling": 0},
+        "4:2:2": {"subsampling": 1},
+        "gray": {},
+        "progressive": {"progressive": True, "subsampling": 2},
+    }[kind]
     path = tmp_path / "photo.jpg"
     jpeg = photo(path, mode="L" if kind == "gray" else "RGB", **save)
     whole = decode_jpeg(read_file(str(path)), mode=ImageReadMode.RGB)
@@ -45,7 +56,7 @@ def test_a_decoded_crop_holds_the_pixels_of_a_whole_decode(tmp_path, kind):
     for top, left, h, w in boxes(203, 117, 60):
         crop = jpeg_crop.decode_crop(jpeg, top, left, h, w)
         assert crop.shape == (3, h, w) and crop.dtype == torch.uint8
-        assert torch.equal(crop, whole[:, top:top + h, left:left + w]), (top, left, h, w)
+        assert torch.equal(crop, whole[:, top : top + h, left : left + w]), (top, left, h, w)
 
 
 MCU_WIDTH = {"4:2:0": 16, "4:2:2": 16, "4:4:4": 8, "gray": 8}  # a 203-pixel row: 13, 13, 26 and 26 MCUs
@@ -61,13 +72,14 @@ def test_a_crop_of_a_jpeg_with_restart_markers_holds_the_pixels_of_a_whole_decod
     original = photo(path, mode="L" if kind == "gray" else "RGB", **save)
     marked = jpeg_crop.add_restarts(original, interval)
     whole = decode_jpeg(read_file(str(path)), mode=ImageReadMode.RGB)
-    assert torch.equal(decode_jpeg(torch.frombuffer(bytearray(marked), dtype=torch.uint8), mode=ImageReadMode.RGB),
-                       whole)
+    assert torch.equal(
+        decode_jpeg(torch.frombuffer(bytearray(marked), dtype=torch.uint8), mode=ImageReadMode.RGB), whole
+    )
     assert not jpeg_crop.cuttable(original)
     assert jpeg_crop.cuttable(marked) == ((203 + MCU_WIDTH[kind] - 1) // MCU_WIDTH[kind] % interval == 0)
     assert jpeg_crop.info(marked) == (203, 117, 1 if kind == "gray" else 3)
     for top, left, h, w in boxes(203, 117, 60):
-        assert torch.equal(jpeg_crop.decode_crop(marked, top, left, h, w), whole[:, top:top + h, left:left + w])
+        assert torch.equal(jpeg_crop.decode_crop(marked, top, left, h, w), whole[:, top : top + h, left : left + w])
 
 
 @pytest.mark.parametrize("subsampling", [2, 1])
@@ -84,7 +96,7 @@ def test_crops_a_few_pixels_wide_at_the_edges_keep_the_upsampling_of_a_whole_dec
         for w in range(1, min(3, 100 - left) + 1):
             for top, h in ((0, 5), (10, 5), (30, 3), (74, 1)):
                 crop = jpeg_crop.decode_crop(jpeg, top, left, h, w)
-                assert torch.equal(crop, whole[:, top:top + h, left:left + w]), (top, left, h, w)
+                assert torch.equal(crop, whole[:, top : top + h, left : left + w]), (top, left, h, w)
 
 
 def test_a_rewrite_that_fails_late_frees_its_buffer_once(tmp_path):
@@ -93,7 +105,8 @@ def test_a_rewrite_that_fails_late_frees_its_buffer_once(tmp_path):
     tiny = bytes.fromhex(
         "ffd8ffdb0043000101010101010101010101010101010101010101010101010101010101010101010101010101010101"
         "0101010101010101010101010101010101010101010101ffc0000b080008000801011100ffc400260001000000000000"
-        "0000000000000000000c100100000000000000000000000000000000ffda0008010100003f004003ffd9")
+        "0000000000000000000c100100000000000000000000000000000000ffda0008010100003f004003ffd9"
+    )
     crafted = tiny[:2] + b"\xff\xe1" + (10_002).to_bytes(2, "big") + bytes(10_000) + tiny[2:]
     with pytest.raises(jpeg_crop.JpegError, match="DCT coefficient out of range"):
         jpeg_crop.add_restarts(crafted)
@@ -102,7 +115,7 @@ def test_a_rewrite_that_fails_late_frees_its_buffer_once(tmp_path):
 def restart_intervals(jpeg: bytes) -> list[tuple[int, int]]:
     """(start, end) of each restart interval's entropy-coded bytes: after the scan header, between RST markers."""
     scan = jpeg.index(b"\xff\xda")
-    at = scan + 2 + int.from_bytes(jpeg[scan + 2:scan + 4], "big")
+    at = scan + 2 + int.from_bytes(jpeg[scan + 2 : scan + 4], "big")
     starts = [at] + [m.end() for m in re.finditer(rb"\xff[\xd0-\xd7]", jpeg[at:])]
     starts = [at] + [at + s for s in starts[1:]]
     ends = [s - 2 for s in starts[1:]] + [len(jpeg) - 2]
@@ -124,7 +137,7 @@ def test_only_the_crops_restart_intervals_are_read(tmp_path):
         if k // 32 < 12 or k % 32 < 18:
             spoiled[start:end] = bytes(end - start)
     assert bytes(spoiled) != marked
-    assert torch.equal(jpeg_crop.decode_crop(bytes(spoiled), top, left, h, w), whole[:, top:top + h, left:left + w])
+    assert torch.equal(jpeg_crop.decode_crop(bytes(spoiled), top, left, h, w), whole[:, top : top + h, left : left + w])
     with pytest.raises(jpeg_crop.JpegError):  # the spoiled intervals are corrupt data
         jpeg_crop.decode_crop(bytes(spoiled), 0, 0, 375, 500)
 
@@ -136,7 +149,7 @@ def test_corrupt_data_and_a_crop_outside_the_image_are_refused(tmp_path):
     with pytest.raises(jpeg_crop.JpegError, match="Not a JPEG file"):
         jpeg_crop.decode_crop(b"GIF89a" + jpeg[6:], 0, 0, 4, 4)
     with pytest.raises(jpeg_crop.JpegError, match="Premature end"):  # libjpeg would fill the rest with grey
-        jpeg_crop.decode_crop(jpeg[:len(jpeg) // 2], 0, 0, 117, 203)
+        jpeg_crop.decode_crop(jpeg[: len(jpeg) // 2], 0, 0, 117, 203)
 
 
 def test_the_crop_is_drawn_as_torchvision_draws_it():
@@ -170,13 +183,14 @@ def test_the_fast_loader_trains_on_the_crop_a_whole_decode_would_give(tmp_path, 
 def test_a_jpeg_header_claiming_too_many_pixels_is_refused_by_name_before_any_decoding(tmp_path, monkeypatch):
     """The fast loader reads the size from the JPEG's header itself: past PIL's limit the file goes to PIL, which
     refuses it as a decompression bomb, as the pil loader does; the partial decoder never sees it."""
+
     def never(*_):
         raise AssertionError("decoded a decompression bomb")
 
     monkeypatch.setattr(jpeg_crop, "decode_crop", never)
     jpeg = bytearray(photo(tmp_path / "small.jpg", 16, 16))
     sof = jpeg.index(b"\xff\xc0")
-    jpeg[sof + 5:sof + 9] = (20000).to_bytes(2, "big") * 2
+    jpeg[sof + 5 : sof + 9] = (20000).to_bytes(2, "big") * 2
     bomb = tmp_path / "bomb.jpg"
     bomb.write_bytes(bytes(jpeg))
     assert jpeg_crop.info(bytes(jpeg)) == (20000, 20000, 3)

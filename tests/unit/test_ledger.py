@@ -3,13 +3,23 @@
 import pytest
 
 from flows.config import ConfigError, load_config
-from infra.backends import backend_of
-from infra.errors import BadInput
-from infra.jsonfiles import write_json
-from infra.ledger import (LEDGER, CostConfig, NodePrice, check_budget, cost_basis, estimate, estimate_key,
-                          ledger_lines, make_ledger, node_price)
-from infra.runs import RECORD
-from infra.trainer import REPO
+from infra.compute import backend_of
+from infra.core.errors import BadInput
+from infra.core.jsonfiles import write_json
+from infra.engines.contract import REPO
+from infra.runs.ledger import (
+    LEDGER,
+    CostConfig,
+    NodePrice,
+    check_budget,
+    cost_basis,
+    estimate,
+    estimate_key,
+    ledger_lines,
+    make_ledger,
+    node_price,
+)
+from infra.runs.record import RECORD
 from tasks.train_on_pool import run_training_task
 
 AZURE = REPO / "flows" / "configs" / "azure.yaml"  # 2 nodes of Standard_ND96asr_v4, 48 h timeout, 3 attempts
@@ -34,15 +44,34 @@ def test_prices_given_in_the_config_are_added_to_the_defaults(tmp_path):
 
 
 def test_the_ledger_counts_pool_steps_on_the_pool_and_the_rest_on_one_orchestrator_node():
-    basis = {"nodes": 2, "gpus_per_node": 8, "price_per_node_hour": 10.0, "priced_nodes": None,
-             "orchestrator_price": 1.0, "currency": "EUR", "pool_steps": ["run-training"]}
+    basis = {
+        "nodes": 2,
+        "gpus_per_node": 8,
+        "price_per_node_hour": 10.0,
+        "priced_nodes": None,
+        "orchestrator_price": 1.0,
+        "currency": "EUR",
+        "pool_steps": ["run-training"],
+    }
     attempts = [{"ended": "Failed", "gpu_hours": 1.5}, {"ended": "Completed", "gpu_hours": 4.0}]
     ledger = make_ledger(basis, {"upload-scripts": 36.0, "run-training": 1800.0}, attempts)
     scripts, training = ledger["steps"]
-    assert scripts == {"step": "upload-scripts", "seconds": 36.0, "nodes": 1, "node_seconds": 36.0, "gpu_hours": 0.0,
-                       "cost": 0.01}
-    assert training == {"step": "run-training", "seconds": 1800.0, "nodes": 2, "node_seconds": 3600.0,
-                        "gpu_hours": 8.0, "cost": 10.0}
+    assert scripts == {
+        "step": "upload-scripts",
+        "seconds": 36.0,
+        "nodes": 1,
+        "node_seconds": 36.0,
+        "gpu_hours": 0.0,
+        "cost": 0.01,
+    }
+    assert training == {
+        "step": "run-training",
+        "seconds": 1800.0,
+        "nodes": 2,
+        "node_seconds": 3600.0,
+        "gpu_hours": 8.0,
+        "cost": 10.0,
+    }
     assert ledger["total"] == {"seconds": 1836.0, "node_seconds": 3636.0, "gpu_hours": 8.0, "cost": 10.01}
     assert ledger["lost_gpu_hours"] == 1.5 and ledger["currency"] == "EUR"
     text = "\n".join(ledger_lines(ledger))
@@ -50,8 +79,15 @@ def test_the_ledger_counts_pool_steps_on_the_pool_and_the_rest_on_one_orchestrat
 
 
 def test_a_step_without_a_price_has_no_money_and_neither_has_the_total():
-    basis = {"nodes": 1, "gpus_per_node": 0, "price_per_node_hour": None, "priced_nodes": None,
-             "orchestrator_price": 0.0, "currency": "USD", "pool_steps": ["run-training"]}
+    basis = {
+        "nodes": 1,
+        "gpus_per_node": 0,
+        "price_per_node_hour": None,
+        "priced_nodes": None,
+        "orchestrator_price": 0.0,
+        "currency": "USD",
+        "pool_steps": ["run-training"],
+    }
     ledger = make_ledger(basis, {"run-training": 60.0}, [])
     assert ledger["steps"][0]["cost"] is None and ledger["total"]["cost"] is None
     assert "n/a (no price)" in "\n".join(ledger_lines(ledger))
@@ -65,8 +101,15 @@ def test_the_azureml_pool_is_priced_at_its_vm_size_with_its_gpus(tmp_path):
 
 
 def test_a_local_pool_is_one_priced_machine_with_the_gpus_its_workers_used(tmp_path):
-    cfg = load_config(None, {"workdir": tmp_path, "cost": {"this_machine": "Standard_NC24ads_A100_v4"},
-                             "pool": {"backend": "docker", "nodes": 2, "slots_per_node": 1}}, environ={})
+    cfg = load_config(
+        None,
+        {
+            "workdir": tmp_path,
+            "cost": {"this_machine": "Standard_NC24ads_A100_v4"},
+            "pool": {"backend": "docker", "nodes": 2, "slots_per_node": 1},
+        },
+        environ={},
+    )
     on_gpus, on_cpu = cost_basis(cfg, "cuda:0"), cost_basis(cfg, "cpu")
     assert (on_gpus["nodes"], on_gpus["priced_nodes"], on_gpus["gpus_per_node"]) == (2, 1, 1)
     assert on_cpu["gpus_per_node"] == 0 and on_cpu["orchestrator_price"] == on_cpu["price_per_node_hour"] == 3.67
@@ -111,8 +154,11 @@ def test_a_budget_below_the_estimate_is_refused_in_one_line_naming_both_and_the_
 def test_a_budget_that_cannot_be_checked_is_refused(tmp_path):
     with pytest.raises(BadInput, match="job.timeout_s is 0 .* set job.timeout_s"):
         check_budget(azure(tmp_path, budget=100, job={"timeout_s": 0}))
-    with pytest.raises(BadInput, match=r"no price for VM size Standard_NC4as_T4_v3; add it \(cost: \{prices: "
-                                       r"\{Standard_NC4as_T4_v3: \{gpus: G, dedicated: P, low_priority: Q\}\}\}\)"):
+    with pytest.raises(
+        BadInput,
+        match=r"no price for VM size Standard_NC4as_T4_v3; add it \(cost: \{prices: "
+        r"\{Standard_NC4as_T4_v3: \{gpus: G, dedicated: P, low_priority: Q\}\}\}\)",
+    ):
         check_budget(azure(tmp_path, budget=100, azureml={"vm_size": "Standard_NC4as_T4_v3"}))
 
 

@@ -6,46 +6,84 @@ import os
 import pytest
 
 from flows.config import load_config
-from infra.errors import BadInput
-from infra.jsonfiles import write_json
-from infra.ledger import LEDGER
-from infra.lineage import (CONFIG, RECEIPT, config_hash, diff_runs, find_run, list_runs, make_receipt, manifest_hash,
-                           write_receipt)
-from infra.runs import RECORD
+from infra.core.errors import BadInput
+from infra.core.jsonfiles import write_json
+from infra.runs.ledger import LEDGER
+from infra.runs.lineage import (
+    CONFIG,
+    RECEIPT,
+    config_hash,
+    diff_runs,
+    find_run,
+    list_runs,
+    make_receipt,
+    manifest_hash,
+    write_receipt,
+)
+from infra.runs.record import RECORD
 
 
 def test_the_manifest_hash_is_the_staged_versions(tmp_path):
     version = tmp_path / "datasets" / "digits" / "v-0123abcd"
     version.mkdir(parents=True)
     assert manifest_hash(str(version)) == "0123abcd"  # from the folder's name
-    (version / ".manifest.jsonl").write_text(json.dumps({"format": 2, "version": "fedcba98"}) + "\n[\"a.png\"]\n")
+    (version / ".manifest.jsonl").write_text(json.dumps({"format": 2, "version": "fedcba98"}) + '\n["a.png"]\n')
     assert manifest_hash(str(version)) == "fedcba98"  # from the manifest itself
     assert manifest_hash("synthetic") is None and manifest_hash("/mnt/fileserver/datasets/x/current") is None
 
 
 def receipt_of(tmp_path, run_id: str, seed: int = 0, digest: str = "ab" * 32, **training) -> dict:
     cfg = load_config(None, {"workdir": tmp_path, "training": {"seed": seed, **training}}, environ={})
-    metrics = {"world_size": 2, "parameter_digest": digest, "status": "complete", "model": "resnet18",
-               "final_val_top1": 0.5, "wall_seconds": 30.0}
+    metrics = {
+        "world_size": 2,
+        "parameter_digest": digest,
+        "status": "complete",
+        "model": "resnet18",
+        "final_val_top1": 0.5,
+        "wall_seconds": 30.0,
+    }
     out = tmp_path / "runs" / run_id
     write_json(out / RECORD, {"run_id": run_id, "status": "complete"})
     write_json(out / "metrics.json", metrics)
-    write_json(out / LEDGER, {"total": {"node_seconds": 7200.0, "gpu_hours": 0.0, "cost": 1.5}, "currency": "USD",
-                              "lost_gpu_hours": 0.0})
+    write_json(
+        out / LEDGER,
+        {"total": {"node_seconds": 7200.0, "gpu_hours": 0.0, "cost": 1.5}, "currency": "USD", "lost_gpu_hours": 0.0},
+    )
     return write_receipt(out, cfg, make_receipt(cfg, run_id, "inputs-1", "scripts/v1", "synthetic", None, metrics))
 
 
 def test_a_receipt_holds_the_runs_lineage_and_the_config_beside_it(tmp_path):
     receipt = receipt_of(tmp_path, "run-a", seed=7)
     assert json.loads((tmp_path / "runs" / "run-a" / RECEIPT).read_text()) == receipt
-    assert {k: receipt[k] for k in ("run_id", "dataset", "data_manifest", "scripts", "image", "inputs", "seed",
-                                    "world_size", "parameter_digest")} == {
-        "run_id": "run-a", "dataset": "digits", "data_manifest": None, "scripts": "scripts/v1", "image": None,
-        "inputs": "inputs-1", "seed": 7, "world_size": 2, "parameter_digest": "ab" * 32}
+    assert {
+        k: receipt[k]
+        for k in (
+            "run_id",
+            "dataset",
+            "data_manifest",
+            "scripts",
+            "image",
+            "inputs",
+            "seed",
+            "world_size",
+            "parameter_digest",
+        )
+    } == {
+        "run_id": "run-a",
+        "dataset": "digits",
+        "data_manifest": None,
+        "scripts": "scripts/v1",
+        "image": None,
+        "inputs": "inputs-1",
+        "seed": 7,
+        "world_size": 2,
+        "parameter_digest": "ab" * 32,
+    }
     config = json.loads((tmp_path / "runs" / "run-a" / CONFIG).read_text())
     assert config["training"]["seed"] == 7
-    assert receipt["config_hash"] == config_hash(load_config(None, {"workdir": tmp_path, "training": {"seed": 7}},
-                                                             environ={}))
+    assert receipt["config_hash"] == config_hash(
+        load_config(None, {"workdir": tmp_path, "training": {"seed": 7}}, environ={})
+    )
 
 
 def test_the_runs_are_listed_as_they_ended_with_accuracy_time_cost_and_receipt(tmp_path):
@@ -56,7 +94,13 @@ def test_the_runs_are_listed_as_they_ended_with_accuracy_time_cost_and_receipt(t
     rows = list_runs(tmp_path / "runs")
     assert [r["run_id"] for r in rows] == ["run-a", "run-b"]  # by when their records were last written
     assert {k: rows[0][k] for k in ("status", "val_top1", "seconds", "node_hours", "cost", "currency")} == {
-        "status": "complete", "val_top1": 0.5, "seconds": 30.0, "node_hours": 2.0, "cost": 1.5, "currency": "USD"}
+        "status": "complete",
+        "val_top1": 0.5,
+        "seconds": 30.0,
+        "node_hours": 2.0,
+        "cost": 1.5,
+        "currency": "USD",
+    }
     assert rows[0]["receipt"]["parameter_digest"] == "ab" * 32
     assert list_runs(tmp_path / "nowhere") == []
 
@@ -67,7 +111,9 @@ def test_a_run_is_named_by_its_id_or_an_unambiguous_prefix(tmp_path):
     assert find_run(tmp_path, "77").name == "77b0" and find_run(tmp_path, "3f2a-1").name == "3f2a-1"
     with pytest.raises(BadInput, match=r"run '3f2a' is ambiguous: it begins 3f2a-1, 3f2a-2; give more of the id"):
         find_run(tmp_path, "3f2a")
-    with pytest.raises(BadInput, match=r"no run 'ff' under .*; `trainflow runs --workdir .*` lists the runs there") as e:
+    with pytest.raises(
+        BadInput, match=r"no run 'ff' under .*; `trainflow runs --workdir .*` lists the runs there"
+    ) as e:
         find_run(tmp_path, "ff")
     assert e.value.exit_code == 2
 

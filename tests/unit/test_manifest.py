@@ -5,7 +5,7 @@ import os
 import pytest
 
 from infra import manifest as mf
-from infra.errors import BadInput
+from infra.core.errors import BadInput
 from tests.conftest import write_image
 from trainer.errors import UsageError
 from trainer.layout import check_name
@@ -100,10 +100,13 @@ def test_the_index_reads_only_new_or_changed_files_and_keeps_nothing_on_a_dry_ru
         assert fresh == 0 and index.total()[0] == 5  # a removed file leaves the index
 
 
-@pytest.mark.parametrize("files, pair", [
-    (("train/a/X.png", "train/a/x.png", "train/b/y.png"), ("train/a/X.png", "train/a/x.png")),
-    (("train/Cat/a.png", "train/b/y.png", "train/cat/b.png"), ("train/Cat", "train/cat")),  # classes would merge
-])
+@pytest.mark.parametrize(
+    "files, pair",
+    [
+        (("train/a/X.png", "train/a/x.png", "train/b/y.png"), ("train/a/X.png", "train/a/x.png")),
+        (("train/Cat/a.png", "train/b/y.png", "train/cat/b.png"), ("train/Cat", "train/cat")),  # classes would merge
+    ],
+)
 def test_the_index_refuses_names_that_differ_only_in_case(tmp_path, files, pair):
     for rel in files:
         write_image(tmp_path / "d" / rel)
@@ -114,9 +117,13 @@ def test_the_index_refuses_names_that_differ_only_in_case(tmp_path, files, pair)
 
 def test_case_clashes_are_found_in_file_and_folder_names():
     assert mf.case_clashes(["train/a/X.png", "train/a/x.png", "train/b/y.png"]) == [("train/a/X.png", "train/a/x.png")]
-    assert mf.case_clashes(["train/Cat/a.png", "train/cat/b.png"]) == [("train/Cat", "train/cat")]  # classes would merge
+    assert mf.case_clashes(["train/Cat/a.png", "train/cat/b.png"]) == [
+        ("train/Cat", "train/cat")
+    ]  # classes would merge
     assert mf.case_clashes(["train/a/x.png", "train/b/X.png"]) == []
-    assert mf.case_clashes(iter(["train/Cat/a.png", "train/b/y.png", "train/cat/b.png"])) == [("train/Cat", "train/cat")]
+    assert mf.case_clashes(iter(["train/Cat/a.png", "train/b/y.png", "train/cat/b.png"])) == [
+        ("train/Cat", "train/cat")
+    ]
 
 
 def test_the_listing_is_streamed_one_class_folder_at_a_time(tmp_path):
@@ -155,8 +162,11 @@ def test_shards_are_reproducible_and_extraction_verifies(tmp_path):
         mf.extract_members(tmp_path / "s1.tar", lying, tmp_path / "out2")
     for extra in ("train/a/0.png", "train/a/2.png", "x.png"):  # before, between and after the shard's members
         with pytest.raises(ValueError, match=f"lacks files of the manifest, e.g. {extra}"):
-            mf.extract_members(tmp_path / "s1.tar", sorted([*files, mf.FileEntry(extra, 1, "0")],
-                                                             key=lambda e: e.path), tmp_path / "o3")
+            mf.extract_members(
+                tmp_path / "s1.tar",
+                sorted([*files, mf.FileEntry(extra, 1, "0")], key=lambda e: e.path),
+                tmp_path / "o3",
+            )
 
 
 def test_a_file_changed_after_hashing_is_not_packed(tmp_path):
@@ -171,8 +181,16 @@ def test_sizes_match_reports_missing_and_short_files(tmp_path):
     assert mf.sizes_match(tmp_path, [("a", 2), ("b", 1), ("a", 3)]) == ["b", "a"]
 
 
-@pytest.mark.parametrize("name", ["train/a/new\nline.png", "train/a\r/x.png", "train/a/nul\x00.png", "train/a/x\u2029.png",
-                                  os.fsdecode(b"train/a/caf\xe9.png")])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "train/a/new\nline.png",
+        "train/a\r/x.png",
+        "train/a/nul\x00.png",
+        "train/a/x\u2029.png",
+        os.fsdecode(b"train/a/caf\xe9.png"),
+    ],
+)
 def test_names_that_cannot_be_staged_are_refused_by_the_trainers_rule(name):
     with pytest.raises(UsageError) as rule:
         check_name(name)
@@ -185,8 +203,10 @@ def test_printable_unicode_names_pass():
     mf.check_names(["train/chat noir é/日本語 名前.png", "train/a/emoji 🐈\u200d⬛.png", "val/a/ß.png"])
 
 
-@pytest.mark.parametrize("target, message", [("loop", "is a symlink loop"), ("../..", "is a symlink loop"),
-                                             ("gone.png", "is a broken symlink")])
+@pytest.mark.parametrize(
+    "target, message",
+    [("loop", "is a symlink loop"), ("../..", "is a symlink loop"), ("gone.png", "is a broken symlink")],
+)
 def test_listing_a_data_set_names_a_bad_link(tmp_path, target, message):
     for rel in ("train/a/x.png", "train/b/y.png"):
         write_image(tmp_path / rel)

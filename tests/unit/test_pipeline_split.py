@@ -3,8 +3,8 @@
 import pytest
 import torchvision
 
-from flows.bench.parallel import planned_runs
-from infra.trainer import TrainingConfig
+from benchmarks.parallel import planned_runs
+from infra.engines.contract import TrainingConfig
 from trainer.errors import UsageError
 from trainer.pipeline import blocks_of, check_layout, parameter_costs, partition, theoretical_bubble
 
@@ -14,10 +14,17 @@ def largest(costs: list[float], starts: list[int]) -> float:
     return max(sum(costs[a:b]) for a, b in zip(bounds, bounds[1:]))
 
 
-@pytest.mark.parametrize("costs, stages, best", [
-    ([1, 1, 1, 1], 2, 2), ([5, 1, 1, 1, 1, 1], 2, 5), ([1, 1, 1, 1, 1, 5], 3, 5), ([3, 3, 3], 3, 3),
-    ([2], 1, 2), ([4, 3, 2, 2, 1, 4], 3, 7),
-])
+@pytest.mark.parametrize(
+    "costs, stages, best",
+    [
+        ([1, 1, 1, 1], 2, 2),
+        ([5, 1, 1, 1, 1, 1], 2, 5),
+        ([1, 1, 1, 1, 1, 5], 3, 5),
+        ([3, 3, 3], 3, 3),
+        ([2], 1, 2),
+        ([4, 3, 2, 2, 1, 4], 3, 7),
+    ],
+)
 def test_partition_makes_the_largest_stage_as_small_as_it_can_be(costs, stages, best):
     starts = partition(costs, stages)
     assert len(starts) == stages and starts[0] == 0 and starts == sorted(set(starts))
@@ -41,10 +48,13 @@ def test_models_that_are_not_a_sequence_of_blocks_are_refused():
         blocks_of(torchvision.models.densenet121(num_classes=10))
 
 
-@pytest.mark.parametrize("world, stages, batch, microbatches, message", [
-    (3, 2, 16, 2, "world size 3 is not a multiple of --stages 2"),
-    (4, 2, 10, 4, "--batch-size 10 is not divisible by --microbatches 4"),
-])
+@pytest.mark.parametrize(
+    "world, stages, batch, microbatches, message",
+    [
+        (3, 2, 16, 2, "world size 3 is not a multiple of --stages 2"),
+        (4, 2, 10, 4, "--batch-size 10 is not divisible by --microbatches 4"),
+    ],
+)
 def test_bad_layouts_are_refused(world, stages, batch, microbatches, message):
     with pytest.raises(UsageError, match=message):
         check_layout(world, stages, batch, microbatches)

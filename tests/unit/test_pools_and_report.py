@@ -3,16 +3,15 @@
 import json
 import socket
 import subprocess
+from pathlib import Path
 
 import pytest
 
 from flows.report import epoch_rows, summary_markdown, svg_plot
-from pathlib import Path
-
-from infra.backends import BACKENDS, PoolConfig, PoolError, RunPaths, check_fits
-from infra.backends.base import merged_lines
-from infra.backends.process import ProcessPool, leftover_runs
-from infra.errors import BadInput
+from infra.compute import BACKENDS, PoolConfig, PoolError, RunPaths, check_fits
+from infra.compute.base import merged_lines
+from infra.compute.process import ProcessPool, leftover_runs
+from infra.core.errors import BadInput
 
 
 def test_more_workers_than_slots_is_refused_with_the_fix():
@@ -49,9 +48,17 @@ def test_process_pool_lifecycle_and_leftovers(tmp_path):
         pool.wait_until_ready()
 
 
-METRICS = {"model": "resnet18", "world_size": 2, "backend": "ddp", "images_per_sec": 123.4, "final_val_top1": 0.5,
-           "epochs": [{"epoch": 1, "train_loss": 2.0, "val_top1": 0.25, "images_per_sec": 100.0, "step": 9},
-                      {"epoch": 2, "train_loss": 1.0, "val_top1": 0.5, "images_per_sec": 120.0, "step": 18}]}
+METRICS = {
+    "model": "resnet18",
+    "world_size": 2,
+    "backend": "ddp",
+    "images_per_sec": 123.4,
+    "final_val_top1": 0.5,
+    "epochs": [
+        {"epoch": 1, "train_loss": 2.0, "val_top1": 0.25, "images_per_sec": 100.0, "step": 9},
+        {"epoch": 2, "train_loss": 1.0, "val_top1": 0.5, "images_per_sec": 120.0, "step": 18},
+    ],
+}
 
 
 def test_report_pieces():
@@ -59,16 +66,35 @@ def test_report_pieces():
     assert rows[1] == {"epoch": 2, "train_loss": 1.0, "val_top1": 0.5, "images_per_sec": 120.0}
     plot = svg_plot(rows)
     assert plot.count("<polyline") == 3 and "val top-1 0.25-0.5" in plot
-    summary = {"run_id": "r1", "dataset": "digits", "metrics": METRICS, "pool": {"backend": "process"},
-               "image": None, "results": {"share": "/share/results/r1"}}
+    summary = {
+        "run_id": "r1",
+        "dataset": "digits",
+        "metrics": METRICS,
+        "pool": {"backend": "process"},
+        "image": None,
+        "results": {"share": "/share/results/r1"},
+    }
     text = summary_markdown(summary, {"upload-scripts": 1.5, "run-training": 60.0})
-    for needle in ("world size: 2 (ddp)", "123.4 images/s", "val top-1: 50.00%", "| run-training | 60.0 |",
-                   "/share/results/r1"):
+    for needle in (
+        "world size: 2 (ddp)",
+        "123.4 images/s",
+        "val top-1: 50.00%",
+        "| run-training | 60.0 |",
+        "/share/results/r1",
+    ):
         assert needle in text, needle
     assert "scaling efficiency" not in text  # one run has no one-worker baseline: `trainflow bench train` measures it
     assert "| attempt |" not in text  # one-attempt jobs add no table
-    attempts = [{"attempt": 1, "job": "trainflow-r1-train-1", "ended": "Failed", "why": "pre-empted (low-priority "
-                 "nodes taken back)", "gpu_hours": 0.9, "lost_steps": 20}]
+    attempts = [
+        {
+            "attempt": 1,
+            "job": "trainflow-r1-train-1",
+            "ended": "Failed",
+            "why": "pre-empted (low-priority nodes taken back)",
+            "gpu_hours": 0.9,
+            "lost_steps": 20,
+        }
+    ]
     text = summary_markdown({**summary, "attempts": attempts}, {})
     assert "| 1 | `trainflow-r1-train-1` | Failed | pre-empted (low-priority nodes taken back) | 0.9 | 20 |" in text
 
@@ -85,7 +111,7 @@ def test_merged_lines_passes_every_line_in_order_per_source_and_reports_each_end
 
 def test_every_backend_has_the_interface_and_nothing_else_names_one():
     """Adding a backend is one module and one registry line: every registered backend has the whole interface,
-    and no code outside infra/backends compares pool.backend with a backend's name."""
+    and no code outside infra/compute compares pool.backend with a backend's name."""
     for name, backend in BACKENDS.items():
         assert backend.name == name
         for attribute in ("needs_image", "settings", "check", "nodes", "scripts_root", "pool", "specs"):
@@ -94,5 +120,5 @@ def test_every_backend_has_the_interface_and_nothing_else_names_one():
     for path in [*repo.glob("flows/**/*.py"), *repo.glob("tasks/*.py"), *repo.glob("infra/*.py")]:
         text = path.read_text()
         for name in BACKENDS:
-            for needle in (f'== "{name}"', f'!= "{name}"', f"isinstance(pool,"):
+            for needle in (f'== "{name}"', f'!= "{name}"', "isinstance(pool,"):
                 assert needle not in text, (path, needle)

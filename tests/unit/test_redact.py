@@ -7,22 +7,27 @@ import random
 
 import pytest
 
-from infra.redact import MASK, SHAPES, RedactSecrets, redact, secret_shaped, secret_shapes
+from infra.core.redact import MASK, SHAPES, RedactSecrets, redact, secret_shaped, secret_shapes
 
 # Seeded: the keys are in test ids, which must be the same in every pytest-xdist worker.
 KEY88 = base64.b64encode(random.Random(88).randbytes(64)).decode()  # a storage account key's shape (512 bits)
 KEY44 = base64.b64encode(random.Random(44).randbytes(32)).decode()  # a Service Bus / Event Hubs key's shape (256 bits)
-JWT = ("eyJ0eXAiOiJKV1QiLCJhbGciOiJSUzI1NiJ9.eyJhdWQiOiJodHRwczovL3N0b3JhZ2UuYXp1cmUuY29tIiwib2lkIjoiMSJ9."
-       "c2lnbmF0dXJlLWJ5dGVzLWhlcmU")
+JWT = (
+    "eyJ0eXAiOiJKV1QiLCJhbGciOiJSUzI1NiJ9.eyJhdWQiOiJodHRwczovL3N0b3JhZ2UuYXp1cmUuY29tIiwib2lkIjoiMSJ9."
+    "c2lnbmF0dXJlLWJ5dGVzLWhlcmU"
+)
 
 # (text holding a secret, the secret itself): one or more per shape, with the context each is met in
 SECRETS = [
-    (f"https://acct.blob.core.windows.net/c/b?sv=2022-11-02&sr=c&sp=rl&sig=Zm9v%2Bbar%3D&se=2030", "Zm9v%2Bbar%3D"),
+    ("https://acct.blob.core.windows.net/c/b?sv=2022-11-02&sr=c&sp=rl&sig=Zm9v%2Bbar%3D&se=2030", "Zm9v%2Bbar%3D"),
     ("copy source https%3A%2F%2Fa.blob%2Fc%3Fsv%3D1%26sig%3DQUJDRA%253D%26se%3D2", "QUJDRA%253D"),
     ("sig=onlyTheSignature", "onlyTheSignature"),
     (f"DefaultEndpointsProtocol=https;AccountName=acct;AccountKey={KEY88};EndpointSuffix=core.windows.net", KEY88),
     ("BlobEndpoint=https://a.blob.core.windows.net/;SharedAccessSignature=sv=2022&ss=b&sig=xyz123", "xyz123"),
-    ("Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKeyName=root;SharedAccessKey=c2VjcmV0a2V5dmFsdWU=", "c2VjcmV0a2V5dmFsdWU="),
+    (
+        "Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKeyName=root;SharedAccessKey=c2VjcmV0a2V5dmFsdWU=",
+        "c2VjcmV0a2V5dmFsdWU=",
+    ),
     ("Server=db;Database=x;User Id=sa;Password=Tr0ub4dor&3;", "Tr0ub4dor"),
     ("Driver={ODBC};Uid=sa;PWD=correct-horse;", "correct-horse"),
     ("https://app/callback#access_token=abc.def-ghi&token_type=Bearer", "abc.def-ghi"),

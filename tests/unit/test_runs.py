@@ -12,8 +12,8 @@ import time
 import psutil
 import pytest
 
-from infra.runs import fingerprint, read_record, tracked_run, write_record
-from infra.services import spawn
+from infra.runs.record import fingerprint, read_record, tracked_run, write_record
+from infra.services.supervise import spawn
 
 
 def test_a_run_records_how_it_ended(tmp_path):
@@ -46,8 +46,9 @@ def dead_owner() -> str:
 
 
 def test_a_run_whose_owner_died_is_marked_interrupted_with_its_metrics_and_resumed(tmp_path):
-    write_record(tmp_path / "killed", {"run_id": "killed", "fingerprint": "same", "status": "running",
-                                       "owner": dead_owner()})
+    write_record(
+        tmp_path / "killed", {"run_id": "killed", "fingerprint": "same", "status": "running", "owner": dead_owner()}
+    )
     (tmp_path / "killed" / "metrics.json").write_text(json.dumps({"status": "running", "model": "m"}))
     with tracked_run(tmp_path, "new", "same") as (run_id, resumed):
         assert (run_id, resumed) == ("killed", True)
@@ -69,9 +70,18 @@ def test_the_fingerprint_changes_with_any_input():
 
 
 def test_a_leashed_service_dies_with_the_process_that_started_it_however_it_ends():
-    starter = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; from infra.services import spawn; p = spawn(['sleep', '300']); "
-        "print(p.pid, flush=True); time.sleep(300)")], stdout=subprocess.PIPE, text=True)
+    starter = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import sys, time; from infra.services.supervise import spawn; p = spawn(['sleep', '300']); "
+                "print(p.pid, flush=True); time.sleep(300)"
+            ),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     leash = psutil.Process(int(starter.stdout.readline()))
     while not leash.children():
         time.sleep(0.05)

@@ -1,7 +1,7 @@
 """The SAS tokens trainflow signs: a user delegation SAS (auth default) carries the key's fields and only the
 step's permissions for the window asked; the account-key SAS (auth key) stays the fallback."""
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime
 from urllib.parse import parse_qsl
 
 import pytest
@@ -9,11 +9,11 @@ from azure.identity import CredentialUnavailableError
 from azure.storage.blob import UserDelegationKey
 from pydantic import ValidationError
 
-from infra.blobstore import ERROR_CODES, BlobStore, StorageConfig, StorageError, storage_error
-from infra.sas import BLOB_ACCESS, container_sas, delegated_container_sas, validity
+from infra.storage.blobstore import ERROR_CODES, BlobStore, StorageConfig, StorageError, storage_error
+from infra.storage.sas import BLOB_ACCESS, container_sas, delegated_container_sas, validity
 
 URL = "https://acct.blob.core.windows.net"
-NOW = datetime(2026, 11, 23, 10, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 11, 23, 10, 0, tzinfo=UTC)
 
 
 def delegation_key() -> UserDelegationKey:
@@ -79,20 +79,25 @@ def test_each_error_code_the_service_sends_is_named_by_what_it_means(code):
     credential, a busy service is retried, and every message names the code."""
     kind, why = ERROR_CODES[code]
     for status in (400, 403, 404, 409, 500, 503):  # the code decides, whatever status came with it
-        error = storage_error("blob storage", "https://acct.blob.core.windows.net/c", "list the container", status, code)
+        error = storage_error(
+            "blob storage", "https://acct.blob.core.windows.net/c", "list the container", status, code
+        )
         assert code in str(error) and why in str(error) and "\n" not in str(error)
         assert ("refused the credentials" in str(error)) == (kind == "refused")
         assert error.permanent == (kind != "busy")
 
 
-@pytest.mark.parametrize("status, code, words, permanent", [
-    (403, "SomeNewAuthorizationCode", "refused the credentials to read x (SomeNewAuthorizationCode): check", True),
-    (401, "", "refused the credentials to read x (401)", True),
-    (404, "", "could not read x: it does not exist (404)", True),
-    (404, "SomeNewNotFound", "could not read x: it does not exist (SomeNewNotFound)", True),
-    (412, "ConditionNotMet", "refused to read x: 412 ConditionNotMet", False),
-    (400, "InvalidHeaderValue", "refused to read x: 400 InvalidHeaderValue", True),
-])
+@pytest.mark.parametrize(
+    "status, code, words, permanent",
+    [
+        (403, "SomeNewAuthorizationCode", "refused the credentials to read x (SomeNewAuthorizationCode): check", True),
+        (401, "", "refused the credentials to read x (401)", True),
+        (404, "", "could not read x: it does not exist (404)", True),
+        (404, "SomeNewNotFound", "could not read x: it does not exist (SomeNewNotFound)", True),
+        (412, "ConditionNotMet", "refused to read x: 412 ConditionNotMet", False),
+        (400, "InvalidHeaderValue", "refused to read x: 400 InvalidHeaderValue", True),
+    ],
+)
 def test_an_unknown_code_falls_back_to_its_status(status, code, words, permanent):
     error = storage_error("Azure Files", "https://acct.file.core.windows.net/s", "read x", status, code)
     assert words in str(error) and error.permanent == permanent
@@ -100,7 +105,8 @@ def test_an_unknown_code_falls_back_to_its_status(status, code, words, permanent
 
 def test_the_missing_share_and_container_say_which_setting_to_check():
     share = storage_error("Azure Files", "https://a.file.core.windows.net/scripts", "write a", 404, "ShareNotFound")
-    container = storage_error("blob storage", "https://a.blob.core.windows.net/c", "list the container", 404,
-                              "ContainerNotFound")
+    container = storage_error(
+        "blob storage", "https://a.blob.core.windows.net/c", "list the container", 404, "ContainerNotFound"
+    )
     assert "check fileshare.share" in str(share) and "check storage.container" in str(container)
     assert "refused" not in str(share) + str(container)

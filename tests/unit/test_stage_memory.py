@@ -4,12 +4,12 @@ one-device build, the per-stage checkpoint files merged into the single-device m
 import pytest
 import torch
 
-from flows.bench.common import spread
-from flows.bench.parallel import compared, deeper_runs, row
-from infra.trainer import TrainingConfig, TrainingMetrics
+from benchmarks.common import spread
+from benchmarks.parallel import compared, deeper_runs, row
+from infra.engines.contract import TrainingConfig, TrainingMetrics
 from trainer import checkpoint, metrics
 from trainer.models import build_model, build_on_meta, forget, materialise
-from trainer.pipeline import split_model, parameter_costs, blocks_of, state_names
+from trainer.pipeline import blocks_of, parameter_costs, split_model, state_names
 
 
 @pytest.mark.parametrize("name", ["resnet18", "vgg11", "mobilenet_v3_small", "efficientnet_b0"])
@@ -35,7 +35,9 @@ def test_materialising_one_stage_holds_that_stage_and_nothing_else():
     names = state_names(model, modules[1])
     materialise(model, names, recipe, torch.device("cpu"))
     held = {k for k, v in model.state_dict().items() if not v.is_meta}
-    assert held == names and metrics.held(model)[0] == split.params[1] == sum(p.numel() for p in modules[1].parameters())
+    assert held == names and metrics.held(model)[0] == split.params[1] == sum(
+        p.numel() for p in modules[1].parameters()
+    )
     assert all(torch.equal(model.state_dict()[k], real.state_dict()[k]) for k in names)
     forget(model, names)
     assert metrics.held(model) == (0, 0)
@@ -58,13 +60,19 @@ def stage_files(folder, step: int) -> list:
     first = sum(1 for k, _ in whole.named_parameters() if keys.index(k) < cut)
 
     def part(key_range, index_range):
-        return {"model": {k: whole.state_dict()[k] for k in keys[key_range]},
-                "optimizer": {"state": {i: state["state"][i] for i in range(params)[index_range]},
-                              "param_groups": [{**state["param_groups"][0], "params": list(range(params)[index_range])}]}}
+        return {
+            "model": {k: whole.state_dict()[k] for k in keys[key_range]},
+            "optimizer": {
+                "state": {i: state["state"][i] for i in range(params)[index_range]},
+                "param_groups": [{**state["param_groups"][0], "params": list(range(params)[index_range])}],
+            },
+        }
 
     path = checkpoint.checkpoint_path(folder, step)
     checkpoint.save_torch(checkpoint.stage_path(path, 1), part(slice(cut, None), slice(first, None)))
-    checkpoint.save_checkpoint(folder, {**part(slice(0, cut), slice(0, first)), "stages": 2, "step": step}, step, keep=2)
+    checkpoint.save_checkpoint(
+        folder, {**part(slice(0, cut), slice(0, first)), "stages": 2, "step": step}, step, keep=2
+    )
     return [whole, optimizer]
 
 
@@ -83,14 +91,27 @@ def test_old_checkpoints_go_with_their_stage_files(tmp_path):
     for step in (1, 2, 3):
         stage_files(tmp_path, step)
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "step-000000002.pt", "step-000000002.stage-1.pt", "step-000000003.pt", "step-000000003.stage-1.pt"]
+        "step-000000002.pt",
+        "step-000000002.stage-1.pt",
+        "step-000000003.pt",
+        "step-000000003.stage-1.pt",
+    ]
 
 
 def metrics_of(images_per_sec: float, peaks: list[float], params: list[int]) -> TrainingMetrics:
     """A run's metrics whose training added all but 200 MB (the runtime) of each rank's peak."""
-    return TrainingMetrics(status="complete", model="m", world_size=len(peaks), backend="ddp", wall_seconds=1.0,
-                           images_per_sec=images_per_sec, steady_images_per_sec=images_per_sec, peak_memory_mb=peaks,
-                           parameters_per_rank=params, training_memory_mb=[p - 200 for p in peaks])
+    return TrainingMetrics(
+        status="complete",
+        model="m",
+        world_size=len(peaks),
+        backend="ddp",
+        wall_seconds=1.0,
+        images_per_sec=images_per_sec,
+        steady_images_per_sec=images_per_sec,
+        peak_memory_mb=peaks,
+        parameters_per_rank=params,
+        training_memory_mb=[p - 200 for p in peaks],
+    )
 
 
 def test_the_parallel_bench_gives_medians_with_their_spread_per_rank():
@@ -98,9 +119,20 @@ def test_the_parallel_bench_gives_medians_with_their_spread_per_rank():
     data = TrainingConfig(workers=2, batch_size=8, launcher="torchrun")
     four = deeper_runs(TrainingConfig(batch_size=16, launcher="torchrun"))
     assert [(c.workers, c.stages, c.microbatches, c.batch_size) for _, c in four] == [(4, 4, 4, 16)]
-    rows = compared([row("data-parallel", data, [metrics_of(10, [1000, 900], [8, 8]), metrics_of(12, [1100, 950], [8, 8]),
-                                                  metrics_of(11, [1050, 960], [8, 8])]),
-                     row("4 stages M=4", four[0][1], [metrics_of(5, [300, 310, 320, 330], [2, 2, 2, 2])] * 3)])
+    rows = compared(
+        [
+            row(
+                "data-parallel",
+                data,
+                [
+                    metrics_of(10, [1000, 900], [8, 8]),
+                    metrics_of(12, [1100, 950], [8, 8]),
+                    metrics_of(11, [1050, 960], [8, 8]),
+                ],
+            ),
+            row("4 stages M=4", four[0][1], [metrics_of(5, [300, 310, 320, 330], [2, 2, 2, 2])] * 3),
+        ]
+    )
     assert rows[0]["peak_memory_mb_per_rank"][1] == {"median": 950, "min": 900, "max": 960, "all": [900, 950, 960]}
     assert rows[1]["vs_data_parallel"] == 5 / 11 and rows[1]["memory_vs_data_parallel"] == 330 / 1050
     assert rows[1]["training_memory_mb_per_rank"][3]["median"] == 130

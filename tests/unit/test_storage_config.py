@@ -8,8 +8,8 @@ import yaml
 from pydantic import ValidationError
 
 from flows.config import ConfigError, FlowConfig, load_config, secret_homes, section_type
-from infra.blobstore import StorageConfig, is_loopback, require_https_unless_loopback
-from infra.redact import redact
+from infra.core.redact import redact
+from infra.storage.blobstore import StorageConfig, is_loopback, require_https_unless_loopback
 
 SAS = "sv=2024-05-04&ss=b&srt=co&sp=rwdlac&se=2031-01-01T00:00:00Z&spr=https&sig=R4nd0mS1gn4tur3%2Fw1th%3D"
 # Seeded: the keys are in test ids, which must be the same in every pytest-xdist worker.
@@ -36,11 +36,18 @@ def test_invalid_container_in_a_config_file_names_the_setting(tmp_path):
         load_config(path, {}, environ={})
 
 
-@pytest.mark.parametrize("url, ok", [
-    ("https://acct.blob.core.windows.net", True), ("http://127.0.0.1:10000/devstoreaccount1", True),
-    ("http://localhost:1/x", True), ("http://[::1]:1/x", True), ("http://acct.blob.core.windows.net", False),
-    ("http://10.0.0.4/x", False), ("ftp://127.0.0.1/x", False),
-])
+@pytest.mark.parametrize(
+    "url, ok",
+    [
+        ("https://acct.blob.core.windows.net", True),
+        ("http://127.0.0.1:10000/devstoreaccount1", True),
+        ("http://localhost:1/x", True),
+        ("http://[::1]:1/x", True),
+        ("http://acct.blob.core.windows.net", False),
+        ("http://10.0.0.4/x", False),
+        ("ftp://127.0.0.1/x", False),
+    ],
+)
 def test_plain_http_only_to_loopback(url, ok):
     if ok:
         require_https_unless_loopback(url)
@@ -61,10 +68,16 @@ def test_redact_hides_signatures_and_keys():
 def test_a_sas_in_the_account_url_is_refused_naming_where_it_belongs_without_showing_it():
     with pytest.raises(ValidationError, match="must not carry a query string"):
         StorageConfig(backend="azure", account_url="https://a.blob.core.windows.net/?sv=1&sig=abc")
-    with pytest.raises(ConfigError, match=r"storage.account_url holds what looks like a SAS signature.*name it in "
-                                          r"storage.sas_token_env.*not shown") as failure:
-        load_config(None, {"storage": {"backend": "azure", "account_url": f"https://a.blob.core.windows.net/c?{SAS}"}},
-                    environ={})
+    with pytest.raises(
+        ConfigError,
+        match=r"storage.account_url holds what looks like a SAS signature.*name it in "
+        r"storage.sas_token_env.*not shown",
+    ) as failure:
+        load_config(
+            None,
+            {"storage": {"backend": "azure", "account_url": f"https://a.blob.core.windows.net/c?{SAS}"}},
+            environ={},
+        )
     assert "R4nd0mS1gn4tur3" not in str(failure.value) and "sig=" not in str(failure.value)
 
 
@@ -90,14 +103,29 @@ def overriding(setting: str, value) -> dict:
 
 
 @pytest.mark.parametrize("setting", secret_homes(FlowConfig))
-@pytest.mark.parametrize("pasted", [SAS, ACCOUNT_KEY, CONNECTION, JWT, "hunter2", "my-registry-token",
-                                    "ghp_" + "x1Y2" * 9, "AZURE STORAGE KEY", "9LIVES", ""])
+@pytest.mark.parametrize(
+    "pasted",
+    [
+        SAS,
+        ACCOUNT_KEY,
+        CONNECTION,
+        JWT,
+        "hunter2",
+        "my-registry-token",
+        "ghp_" + "x1Y2" * 9,
+        "AZURE STORAGE KEY",
+        "9LIVES",
+        "",
+    ],
+)
 def test_a_value_pasted_where_a_variable_name_belongs_is_refused_without_echoing_it(setting, pasted):
     with pytest.raises(ConfigError) as failure:
         load_config(None, overriding(setting, pasted), environ={})
     default = FlowConfig().model_dump()[setting.split(".")[0]][setting.split(".")[1]]
-    assert str(failure.value) == (f"{setting} must name an environment variable such as {default}, not hold its "
-                                  "value; the value given is not shown")
+    assert str(failure.value) == (
+        f"{setting} must name an environment variable such as {default}, not hold its "
+        "value; the value given is not shown"
+    )
     assert pasted not in str(failure.value) or pasted == ""
 
 
@@ -109,14 +137,17 @@ def test_valid_variable_names_are_accepted(setting, name):
 
 
 @pytest.mark.parametrize("source", ["file", "environment"])
-@pytest.mark.parametrize("setting, value, belongs", [
-    ("dataset", CONNECTION, "storage.sas_token_env, storage.account_key_env, storage.connection_string_env"),
-    ("training.model", JWT, "fileshare.sas_token_env"),
-    ("storage.container", f"x;AccountKey={ACCOUNT_KEY}", "storage.connection_string_env"),
-    ("fileshare.share", f"scripts?{SAS}", "fileshare.sas_token_env or fileshare.account_key_env"),
-    ("workdir", f"/tmp/{ACCOUNT_KEY}", "image.password_env"),
-    ("image.username", "bob:Password=hunter2;", "image.password_env"),
-])
+@pytest.mark.parametrize(
+    "setting, value, belongs",
+    [
+        ("dataset", CONNECTION, "storage.sas_token_env, storage.account_key_env, storage.connection_string_env"),
+        ("training.model", JWT, "fileshare.sas_token_env"),
+        ("storage.container", f"x;AccountKey={ACCOUNT_KEY}", "storage.connection_string_env"),
+        ("fileshare.share", f"scripts?{SAS}", "fileshare.sas_token_env or fileshare.account_key_env"),
+        ("workdir", f"/tmp/{ACCOUNT_KEY}", "image.password_env"),
+        ("image.username", "bob:Password=hunter2;", "image.password_env"),
+    ],
+)
 def test_no_setting_anywhere_accepts_a_secret_shaped_value(tmp_path, source, setting, value, belongs):
     """The whole config is stored by Prefect as the flow's parameters: a secret in any setting is refused."""
     if source == "file":
@@ -139,7 +170,10 @@ def test_validation_messages_show_ordinary_values_and_never_secret_ones():
     with pytest.raises(ConfigError, match=r"training.epochs holds what looks like a secret.*not shown") as failure:
         load_config(None, {"training": {"epochs": f"token={JWT}"}}, environ={})
     assert JWT not in str(failure.value)
-    with pytest.raises(ConfigError, match=r"storage.sas_token holds what looks like a SAS signature.*name it in "
-                                          r"storage.sas_token_env") as failure:
+    with pytest.raises(
+        ConfigError,
+        match=r"storage.sas_token holds what looks like a SAS signature.*name it in "
+        r"storage.sas_token_env",
+    ) as failure:
         load_config(None, {"storage": {"sas_token": SAS}}, environ={})  # the secret under a setting of its own making
     assert "R4nd0mS1gn4tur3" not in str(failure.value)

@@ -13,7 +13,7 @@ from azure.core.exceptions import AzureError
 import infra
 from flows.cli import configure
 from flows.config import ConfigError, load_config
-from infra.errors import BadInput, TrainflowError, exit_code, is_permanent
+from infra.core.errors import BadInput, TrainflowError, exit_code, is_permanent
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -50,7 +50,10 @@ def test_the_trainer_imports_nothing_of_the_orchestrator():
 def test_commands_without_data_get_the_digits_settings_and_an_absolute_workdir(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     digits = configure(None, None, Path("work"))
-    assert digits.workdir == tmp_path / "work" and (digits.training.model, digits.training.image_size) == ("resnet18", 32)
+    assert digits.workdir == tmp_path / "work" and (digits.training.model, digits.training.image_size) == (
+        "resnet18",
+        32,
+    )
     real = configure(None, "/data/imagenet", None)
     assert (real.training.model, real.training.image_size, real.training.epochs) == ("resnet50", 224, 90)
 

@@ -10,8 +10,8 @@ import time
 import pytest
 
 from flows.report import data_wait_lines, tracking_lines
-from infra.tracking import client, engine_uri, flat, run_page, start_run, store_uri, TrackingConfig
-from infra.trainer import TrainingConfig, trainer_script
+from infra.engines.contract import TrainingConfig, trainer_script
+from infra.runs.tracking import TrackingConfig, client, engine_uri, flat, run_page, start_run, store_uri
 from tasks.progress import eta_seconds, eta_text, progress_markdown, read_step
 from tasks.track_run import ended_if_unfinished, tracked_training
 from trainer.metrics import Throughput, wait_share
@@ -71,7 +71,10 @@ def test_the_progress_line_gives_the_step_of_all_and_the_eta_follows_the_pace():
 
 def test_the_engine_logs_where_it_reaches_the_store_and_the_flow_hands_it_the_run(tmp_path):
     uri = store_uri(TrackingConfig(), tmp_path)
-    assert uri == f"sqlite:///{tmp_path}/mlflow/mlflow.db" and store_uri(TrackingConfig(uri="http://m:5000"), tmp_path) == "http://m:5000"
+    assert (
+        uri == f"sqlite:///{tmp_path}/mlflow/mlflow.db"
+        and store_uri(TrackingConfig(uri="http://m:5000"), tmp_path) == "http://m:5000"
+    )
     assert engine_uri(uri, in_image=False) == uri and engine_uri(uri, in_image=True) == ""
     assert engine_uri("azureml://x", in_image=True) == "azureml://x"
     training = TrainingConfig()
@@ -83,17 +86,27 @@ def test_the_engine_logs_where_it_reaches_the_store_and_the_flow_hands_it_the_ru
 
 
 def test_the_summary_shows_each_ranks_wait_and_the_mlflow_run():
-    assert data_wait_lines([0.0312, 0.25]) == ["- waiting for data (share of each training step, last epoch): "
-                                               "rank 0 3.1%, rank 1 25.0%"]
+    assert data_wait_lines([0.0312, 0.25]) == [
+        "- waiting for data (share of each training step, last epoch): rank 0 3.1%, rank 1 25.0%"
+    ]
     assert data_wait_lines(None) == [] and tracking_lines(None) == []
     tracked = {"uri": "sqlite:////w/mlflow/mlflow.db", "experiment_id": "1", "run_id": "abc"}
     assert run_page(tracked, "http://127.0.0.1:5000") == "http://127.0.0.1:5000/#/experiments/1/runs/abc"
-    assert "([open](http://127.0.0.1:5000/#/experiments/1/runs/abc) with `trainflow mlflow-ui`)" in tracking_lines(tracked)[0]
+    assert (
+        "([open](http://127.0.0.1:5000/#/experiments/1/runs/abc) with `trainflow mlflow-ui`)"
+        in tracking_lines(tracked)[0]
+    )
 
 
 def test_epoch_metrics_name_each_ranks_wait_and_the_highest():
-    row = {"epoch": 1, "train_loss": 0.5, "val_top1": 0.9, "val_top5": 1.0, "images_per_sec": 10.0,
-           "data_wait_share": [0.1, 0.3]}
+    row = {
+        "epoch": 1,
+        "train_loss": 0.5,
+        "val_top1": 0.9,
+        "val_top5": 1.0,
+        "images_per_sec": 10.0,
+        "data_wait_share": [0.1, 0.3],
+    }
     logged = epoch_metrics(row)
     assert logged["data_wait_share"] == 0.3 and logged["data_wait_share/rank1"] == 0.3
     assert logged["val_top1"] == 0.9 and logged["epoch_images_per_sec"] == 10.0
@@ -101,15 +114,33 @@ def test_epoch_metrics_name_each_ranks_wait_and_the_highest():
 
 @pytest.mark.timeout(120)
 def test_a_tracking_uri_without_mlflow_is_refused_in_one_line(tmp_path):
-    hide = ("import runpy, sys; sys.modules['mlflow'] = None; sys.argv = sys.argv[1:]; "  # as if not installed
-            "runpy.run_path(sys.argv[0], run_name='__main__')")
-    done = subprocess.run([sys.executable, "-c", hide, str(trainer_script()), "--data", "synthetic", "--out",
-                           str(tmp_path / "out"), "--tracking-uri", "sqlite:///x.db", "--check"],
-                          capture_output=True, text=True)
+    hide = (
+        "import runpy, sys; sys.modules['mlflow'] = None; sys.argv = sys.argv[1:]; "  # as if not installed
+        "runpy.run_path(sys.argv[0], run_name='__main__')"
+    )
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            hide,
+            str(trainer_script()),
+            "--data",
+            "synthetic",
+            "--out",
+            str(tmp_path / "out"),
+            "--tracking-uri",
+            "sqlite:///x.db",
+            "--check",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 2
-    assert done.stdout.strip().endswith("error: --tracking-uri sqlite:///x.db needs MLflow in the engine's Python, "
-                                        "which lacks it: pip install mlflow-skinny==3.17.2, or leave --tracking-uri "
-                                        "out to train without tracking")
+    assert done.stdout.strip().endswith(
+        "error: --tracking-uri sqlite:///x.db needs MLflow in the engine's Python, "
+        "which lacks it: pip install mlflow-skinny==3.17.2, or leave --tracking-uri "
+        "out to train without tracking"
+    )
     assert not (tmp_path / "out").exists()
 
 

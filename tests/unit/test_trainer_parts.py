@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from infra.backends.base import first_missing, remove_if_empty
+from infra.compute.base import first_missing, remove_if_empty
 from tests.conftest import write_image
 from trainer import metrics
 from trainer.distributed import detect_backend
@@ -23,14 +23,17 @@ def parse(*extra: str) -> argparse.Namespace:
     return build_parser().parse_args(["--data", "synthetic", "--out", "/tmp/x", *extra])
 
 
-@pytest.mark.parametrize("flag, value, message", [
-    ("--batch-size", "0", "--batch-size must be at least 1"),
-    ("--epochs", "0", "--epochs must be at least 1"),
-    ("--lr", "-1", "--lr must be positive"),
-    ("--min-crop-scale", "1.5", "--min-crop-scale must be in"),
-    ("--lr-decay-epochs", "30,x", "comma-separated numbers"),
-    ("--loader-workers", "-2", "must not be negative"),
-])
+@pytest.mark.parametrize(
+    "flag, value, message",
+    [
+        ("--batch-size", "0", "--batch-size must be at least 1"),
+        ("--epochs", "0", "--epochs must be at least 1"),
+        ("--lr", "-1", "--lr must be positive"),
+        ("--min-crop-scale", "1.5", "--min-crop-scale must be in"),
+        ("--lr-decay-epochs", "30,x", "comma-separated numbers"),
+        ("--loader-workers", "-2", "must not be negative"),
+    ],
+)
 def test_bad_options_are_named(flag, value, message):
     with pytest.raises(UsageError, match=message):
         check_args(parse(flag, value))
@@ -80,9 +83,14 @@ def symlink_loop(root: Path) -> Path:
     return root
 
 
-@pytest.mark.parametrize("make, message", [(one_class, "has 1 class \\(only\\) under train/"),
-                                           (data_file, "is a file, not a folder"),
-                                           (symlink_loop, "train/b/up is a symlink loop")])
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (one_class, "has 1 class \\(only\\) under train/"),
+        (data_file, "is a file, not a folder"),
+        (symlink_loop, "train/b/up is a symlink loop"),
+    ],
+)
 def test_a_refused_check_leaves_no_output_folder(tmp_path, capsys, make, message):
     data, out = make(tmp_path / "data"), tmp_path / "results" / "run"
     assert engine_main(["--data", str(data), "--out", str(out), "--model", "resnet18", "--check"]) == 2
@@ -131,12 +139,15 @@ def test_parameter_digest_sees_any_change():
     assert all(0 <= c < 2**20 for c in metrics.digest_chunks(metrics.parameter_digest(a.named_parameters())))
 
 
-@pytest.mark.parametrize("env, backend", [
-    ({}, "single"),
-    ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0"}, "ddp"),
-    ({"HOROVOD_RANK": "1"}, "horovod"),
-    ({"OMPI_COMM_WORLD_RANK": "0"}, "horovod"),
-])
+@pytest.mark.parametrize(
+    "env, backend",
+    [
+        ({}, "single"),
+        ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0"}, "ddp"),
+        ({"HOROVOD_RANK": "1"}, "horovod"),
+        ({"OMPI_COMM_WORLD_RANK": "0"}, "horovod"),
+    ],
+)
 def test_backend_follows_the_launcher(env, backend):
     assert detect_backend(env) == backend
 

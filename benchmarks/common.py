@@ -1,0 +1,95 @@
+"""What every benchmark shares: fresh outputs, timing, repetitions, counting, quiet logs, the JSON file."""
+
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+from rich.progress import Progress, TaskID, TimeElapsedColumn
+
+from infra.core.jsonfiles import write_json as keep_json
+from infra.engines.contract import TrainingConfig
+from trainer.metrics import installed_versions, library_versions
+
+REPEATS = 3  # rounds of every configuration in every bench: figures are the median with its min-max
+RESTARTS = "fast+restarts"  # bench loader's run of the fast loader on the JPEGs rewritten with restart markers
+
+
+def over_defaults(defaults: dict, training: TrainingConfig) -> TrainingConfig:
+    """`defaults` for every training setting the config file and environment left unset (only those named stay
+    set, so that a bench called with the result applies its own defaults to the rest)."""
+    return TrainingConfig(**{**defaults, **training.model_dump(include=training.model_fields_set)})
+
+
+def clear_checkpoints(out: Path) -> None:
+    """A benchmark run starts fresh: an earlier run's checkpoints would be resumed otherwise."""
+    for path in (out / "checkpoints").glob("*.pt"):
+        path.unlink()
+
+
+def time_call(fn) -> float:
+    """Seconds that fn() takes."""
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
+
+
+def spread(values: list[float]) -> dict:
+    """The median of repeated measurements with their smallest and largest."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "all": values}
+
+
+def shown(figure: dict, fmt: str) -> str:
+    """median (min-max)."""
+    return f"{figure['median']:{fmt}} ({figure['min']:{fmt}}–{figure['max']:{fmt}})"
+
+
+def bench_progress() -> Progress:
+    """The progress bar every bench shows: the default columns and the time elapsed."""
+    return Progress(*Progress.get_default_columns(), TimeElapsedColumn())
+
+
+def run_ended(progress: Progress, bar: TaskID) -> Callable[[str], None]:
+    """Print a run's figure above the bar as the run ends (a bench stopped by a time limit keeps what it printed) and
+    move the bar on."""
+
+    def said(line: str) -> None:
+        progress.console.print(line, soft_wrap=True)  # one line, whatever the width: grep finds it
+        progress.advance(bar)
+
+    return said
+
+
+def machine() -> dict:
+    """What the figures were measured on: cores, memory, the platform and the versions that matter (the trainer's
+    record of its own, and the orchestrator's)."""
+    versions = {**library_versions(), **installed_versions("prefect", "azure-storage-blob")}
+    return {
+        "cores": len(os.sched_getaffinity(0)),
+        "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "versions": versions,
+    }
+
+
+def count_files(folder: Path) -> tuple[int, int]:
+    """Files under a folder and their total size."""
+    sizes = [p.stat().st_size for p in folder.rglob("*") if p.is_file()]
+    return len(sizes), sum(sizes)
+
+
+def log_quietly(line: str) -> None:
+    """Build output: only the step headers and the push's layer lines, so progress stays readable."""
+    if line.startswith(("Step ", "pushing", "pushed", "building")):
+        print(line, flush=True)
+
+
+def write_json(result: dict, json_out: Path | None) -> None:
+    """The figures as JSON, with the machine they were measured on, when asked for; written whole (a bench that
+    writes it after every run and is stopped leaves the last whole file)."""
+    if json_out:
+        keep_json(json_out, {**result, "machine": machine()}, indent=2)

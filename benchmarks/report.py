@@ -1,0 +1,229 @@
+"""The benchmarks' report: one markdown file with, per benchmark, a plot (an SVG beside it), a table of every figure as
+median (min-max) and the ratios the benchmark computes within its rounds, from the benchmarks' own JSON.
+
+`trainflow bench all` writes it after running them; `trainflow bench report` writes it from JSON files made earlier.
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt
+
+from benchmarks.common import RESTARTS, shown
+from flows.config import ConfigError
+
+
+@dataclass
+class Chart:
+    """What one benchmark's plot and table show: bars of repeated figures (or single values) in one unit, and the
+    lines of ratios under the table."""
+
+    title: str
+    unit: str
+    bars: list[tuple[str, dict | float]]
+    ratios: list[str]
+    log: bool = False
+
+
+def figure_of(value: dict | float) -> dict:
+    """A repeated figure as it is; a single measurement as a figure whose min and max are itself."""
+    return value if isinstance(value, dict) else {"median": value, "min": value, "max": value, "all": [value]}
+
+
+def staging_chart(r: dict) -> Chart:
+    """Seconds of each staging path; trainflow's speed-ups."""
+    return Chart(
+        f"staging {r['files']:,} files ({r['bytes'] / 1e6:.0f} MB) through Azurite to the file server",
+        "seconds (lower is better)",
+        [(path, f["seconds"]) for path, f in r["paths"].items()],
+        [
+            f"trainflow vs per file, one at a time: {shown(r['speedup_vs_one_at_a_time'], '.1f')}x faster",
+            f"trainflow vs per file, {r['upload_concurrency']} threads: {shown(r['speedup_vs_thread_pool'], '.1f')}x"
+            " faster",
+            f"unchanged re-run: {shown(r['rerun_fraction'], '.3f')} of the first",
+        ],
+    )
+
+
+def training_chart(r: dict) -> Chart:
+    """Steady images/s of every launcher and worker count and of the ceiling's runs; the efficiencies."""
+    s = r["settings"]
+    bars = [
+        (f"{run['backend']}, {run['workers']} worker{'s' * (run['workers'] > 1)}", run["images_per_sec"])
+        for run in r["runs"]
+    ]
+    bars += [
+        ("one process alone", r["alone_images_per_sec"]),
+        ("two independent processes", r["independent_2x1_images_per_sec"]),
+    ]
+    ratios = [
+        f"scaling efficiency at 2 workers, {b}: {shown(f, '.2f')}, {shown(r['of_the_ceiling'][b], '.2f')} of the "
+        "machine's ceiling"
+        for b, f in r["scaling_efficiency"].items()
+    ]
+    steps = [
+        f"{b} per step: 1 worker {shown(ms['step_ms_1_worker'], '.0f')} ms, 2 workers "
+        f"{shown(ms['step_ms_2_workers'], '.0f')} ms, of which the machine {shown(ms['machine_ms'], '.0f')} ms and "
+        f"communication {shown(ms['communication_ms'], '.0f')} ms"
+        for b, ms in r["per_step_ms"].items()
+    ]
+    return Chart(
+        f"synthetic training: {s['model']}, {s['image_size']} px, batch {s['batch_size']} per worker",
+        "steady images/s (higher is better)",
+        bars,
+        ratios + [f"the machine's ceiling: {shown(r['machine_ceiling_efficiency'], '.2f')}"] + steps,
+    )
+
+
+def parallel_chart(r: dict) -> Chart:
+    """Steady images/s of every layout; each one's memory against the data-parallel worker's."""
+    s = r["settings"]
+    return Chart(
+        f"data-parallel against pipelines: {s['model']}, {s['image_size']} px, global batch {s['global_batch']}",
+        "steady images/s (higher is better)",
+        [(run["run"], run["images_per_sec"]) for run in r["runs"]],
+        [
+            f"{run['run']}: {run['vs_data_parallel']:.2f}x the images/s, largest rank's training memory "
+            f"{run['training_memory_vs_data_parallel']:.2f} of a data-parallel worker's"
+            for run in r["runs"][1:]
+        ],
+    )
+
+
+def flow_chart(r: dict) -> Chart:
+    """Wall seconds of both commands and of the fixed cost's parts; the overhead."""
+    s = r["settings"]
+    return Chart(
+        f"`trainflow run` against torchrun: {s['model']}, {s['workers']} workers, {s['epochs']} epochs",
+        "wall seconds (lower is better)",
+        list(r["seconds"].items()),
+        [
+            f"overhead of `trainflow run`: {shown(r['overhead_seconds'], '.1f')} s, "
+            f"{shown(r['overhead_fraction'], '.0%')} of the direct run"
+        ],
+    )
+
+
+def images_chart(r: dict) -> Chart:
+    """Seconds of an unchanged rebuild and push, both ways, and the first build (once)."""
+    cache = "no layer cache" if r["first_without_layer_cache"] else "the engine's layer cache"
+    return Chart(
+        "training image: build and push",
+        "seconds, log scale (lower is better)",
+        [
+            (f"first build and push, once ({cache})", r["first_seconds"]),
+            ("trainflow, unchanged context", r["trainflow_unchanged_seconds"]),
+            ("docker build (layer cache) + docker push", r["docker_build_push_seconds"]),
+        ],
+        [f"unchanged context: trainflow {shown(r['speedup'], '.1f')}x faster than docker build + push"],
+        log=True,
+    )
+
+
+def scale_chart(r: dict) -> Chart:
+    """Microseconds per file of every stage at every size (one run each)."""
+    bars = [
+        (f"{stage}, {p['files']:,} files", s["seconds"] / p["files"] * 1e6)
+        for p in r["points"]
+        for stage, s in p["stages"].items()
+    ]
+    return Chart(
+        "staging and training start-up as the data set grows (one run per size)",
+        "µs per file, log scale (flat across sizes is the goal)",
+        bars,
+        [],
+        log=True,
+    )
+
+
+def loader_label(name: str) -> str:
+    """How a loader run is named: its --loader, and for the fast loader's second run the JPEGs it read."""
+    return "--loader fast, JPEGs with restart markers" if name == RESTARTS else f"--loader {name}"
+
+
+def loader_chart(r: dict) -> Chart:
+    """Images/s per core of each loader on 1 core and on all; each loader's speed-up per core over pil."""
+    bars = [
+        (f"{loader_label(key.split('/')[0])}, {key.split('/')[1]} core(s)", f["per_core"])
+        for key, f in r["runs"].items()
+    ]
+    return Chart(
+        f"loaders on {r['images']} ImageNet-like JPEGs, random-resized-crop to {r['image_size']} px",
+        "images/s per core (higher is better)",
+        bars,
+        [
+            f"{loader} against pil, per core, {n} core(s): {shown(f, '.2f')}x"
+            for loader, by_cores in r["speedup_per_core"].items()
+            for n, f in by_cores.items()
+        ],
+    )
+
+
+CHARTS = {
+    "loader": loader_chart,
+    "staging": staging_chart,
+    "train": training_chart,
+    "parallel": parallel_chart,
+    "flow": flow_chart,
+    "images": images_chart,
+    "scale": scale_chart,
+}
+
+
+def draw(chart: Chart, path: Path) -> None:
+    """A horizontal bar per figure at its median, with a whisker from its min to its max, as an SVG."""
+    figures = [figure_of(value) for _, value in chart.bars]
+    medians = [f["median"] for f in figures]
+    whiskers = [[m - f["min"] for m, f in zip(medians, figures)], [f["max"] - m for m, f in zip(medians, figures)]]
+    fig, ax = plt.subplots(figsize=(10, 0.45 * len(figures) + 1.4))
+    ax.barh(range(len(figures)), medians, xerr=whiskers, color="#4c72b0", ecolor="#333333", capsize=3)
+    ax.set_yticks(range(len(figures)), [label for label, _ in chart.bars])
+    ax.invert_yaxis()
+    ax.set_xscale("log" if chart.log else "linear")
+    ax.set_xlabel(f"{chart.unit}\nbar: median; whisker: min to max", fontsize=9)
+    ax.set_title(chart.title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, format="svg")
+    plt.close(fig)
+
+
+def section(name: str, chart: Chart, plot: Path) -> list[str]:
+    """A benchmark's part of the report: heading, plot, table, ratios."""
+    lines = [f"## {name}: {chart.title}", "", f"![{name}]({plot.name})", "", f"| what | {chart.unit} |", "|---|---|"]
+    for label, value in chart.bars:
+        figure = figure_of(value)
+        lines.append(
+            f"| {label} | {shown(figure, '.3g') if len(figure['all']) > 1 else format(figure['median'], '.3g')} |"
+        )
+    return lines + [""] + [f"- {ratio}" for ratio in chart.ratios] + [""]
+
+
+def write_report(results: dict[str, dict], report: Path, command: str, machine: dict) -> Path:
+    """The markdown report of `results` (bench name -> its figures), measured on `machine` (benchmarks/common.py),
+    at `report`, each plot an SVG beside it."""
+    unknown = sorted(set(results) - set(CHARTS))
+    if unknown:
+        raise ConfigError(f"no chart for benchmark {unknown[0]}: report one of {', '.join(CHARTS)}")
+    lines = [
+        "# trainflow benchmarks",
+        "",
+        f"`{command}`",
+        "",
+        f"Machine: {machine['cores']} cores, {machine['memory_gb']} GB, {machine['platform']}, "
+        f"Python {machine['python']}; versions: "
+        + ", ".join(f"{k} {v}" for k, v in sorted(machine["versions"].items())),
+        "",
+        "Every figure is the median (min-max) of the benchmark's repetitions unless it says once; ratios are "
+        "computed within each round.",
+        "",
+    ]
+    for name, result in results.items():
+        chart = CHARTS[name](result)
+        plot = report.with_name(f"{report.stem}-{name}.svg")
+        draw(chart, plot)
+        lines += section(name, chart, plot)
+    report.write_text("\n".join(lines))
+    return report

@@ -1,0 +1,280 @@
+"""What every compute backend provides, and the code that runs a job on any of them.
+
+A backend (one module in this package, registered in `infra/compute/__init__.py`) owns its pool, its
+job, and where the trainer, the scripts and the data are on its nodes:
+
+    class Backend(Protocol):
+        name: str                       # pool.backend in the config
+        needs_image: bool               # its nodes run the pushed training image
+        settings: type | None           # its own config section (named after it), if any
+        def check(cfg) -> None          # refuse a config it cannot run (ValueError naming the settings)
+        def nodes(pool) -> int          # nodes the pool has
+        def billing(cfg) -> tuple       # (VM size of its nodes or None for this machine, low-priority, most
+                                        # attempts of a training job): what infra/runs/ledger.py prices
+        def scripts_root(cfg) -> Path   # where its nodes find the file share's scripts/<version>
+        def sync_where(cfg) -> str      # who syncs Blob to the file server: "here" (the flow), "pool" (a job
+                                        # on the pool: pool.sync_job()), "nodes" (each node, as the job starts)
+        def pool(cfg, run, image) -> Pool          # this run's pool, not yet created
+        def specs(cfg, run, image) -> dict[str, str]  # what it would send a service, for the dry run
+
+A `Pool` is created, waited for, described and deleted, and makes the run's `Job`; a job is checked,
+submitted, streamed, polled and cancelled, describes its command (which the dry run prints), and lists
+the attempts it made itself (a backend that resubmits after a pre-emption; [] where the Prefect task's
+retry is the only one).
+"""
+
+import os
+import shutil
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from queue import Queue
+from typing import Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from infra.core.errors import TrainflowError
+from infra.engines.contract import SYNTHETIC, TrainingMetrics, read_metrics
+from infra.engines.launchers import LaunchError, route_output
+from infra.storage.fileshare import local_root
+
+
+class PoolError(TrainflowError):
+    """A pool could not be created or used."""
+
+
+class JobTimedOut(LaunchError):
+    """The job ran past job.timeout_s and was stopped; another attempt would too, so it is not retried."""
+
+    permanent = True
+
+
+class JobConfig(BaseModel):
+    """How long a training job may run."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    timeout_s: float = Field(172800, ge=0)
+    """Seconds before the job is stopped and fails (0: no limit). ResNet-50 on ImageNet takes about a day on 8 GPUs."""
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """A run's folders as this machine sees them: the file server's data set version (or synthetic), the
+    scripts version on the file share (scripts/<version>), the run's results; and the run's id and data set."""
+
+    run_id: str
+    data: Path
+    scripts: Path
+    out: Path
+    dataset: str = ""
+
+    @property
+    def synthetic(self) -> bool:
+        """Whether the trainer generates its data (nothing to mount)."""
+        return str(self.data) == SYNTHETIC
+
+
+@dataclass(frozen=True)
+class NodePaths:
+    """Where a backend's workers find the trainer, the data and the results folder."""
+
+    trainer: str
+    data: str
+    out: str
+
+
+class Job(Protocol):
+    """The one interface every backend's job has."""
+
+    def describe(self) -> str: ...
+
+    def check(self) -> None: ...
+
+    def submit(self) -> None: ...
+
+    def lines(self) -> Iterator[str]: ...
+
+    def poll(self) -> int | None: ...
+
+    def cancel(self) -> None: ...
+
+    def attempts(self) -> list[dict]: ...
+
+
+class Pool(Protocol):
+    """The one interface every backend's pool has."""
+
+    run_id: str
+
+    def create(self) -> None: ...
+
+    def wait_until_ready(self) -> None: ...
+
+    def describe(self) -> dict: ...
+
+    def delete(self) -> None: ...
+
+    def delete_leftovers(self, keep: set[str]) -> list[str]: ...
+
+    def job(self, training, timeout_s: float) -> Job: ...
+
+
+class LocalBackend:
+    """What the backends on this machine share: they read the local file share, and send no service a spec."""
+
+    needs_image = False
+    settings = None
+
+    def check(self, cfg) -> None:
+        if cfg.fileshare.backend != "local":
+            raise ValueError(
+                f"the {self.name} pool runs the scripts from the local file share, but fileshare.backend "
+                "is azure; set fileshare.backend: local to train on this machine"
+            )
+
+    def nodes(self, pool) -> int:
+        return pool.nodes
+
+    def billing(self, cfg) -> tuple[str | None, bool, int]:
+        """This machine (priced as cost.this_machine); a job makes one attempt and run-training retries it once."""
+        return None, False, 2
+
+    def scripts_root(self, cfg) -> Path:
+        return local_root(cfg.workdir)
+
+    def sync_where(self, cfg) -> str:
+        """The file server is a folder of this machine: the flow syncs it."""
+        return "here"
+
+    def specs(self, cfg, run: RunPaths, image: str | None) -> dict[str, str]:
+        return {}
+
+
+class OneAttempt:
+    """A job that makes one attempt: a retry is the Prefect task's, which resumes from the checkpoints."""
+
+    def attempts(self) -> list[dict]:
+        return []
+
+
+def owner() -> str:
+    """This process, as host:pid: what a pool records, so a later run can tell a crashed run's pool."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def owner_alive(label: str) -> bool:
+    """Whether the process named by an owner label still runs (owners on other hosts are assumed alive)."""
+    host, _, pid = label.rpartition(":")
+    if host != socket.gethostname():
+        return True
+    try:
+        os.kill(int(pid), 0)
+        return True
+    except (ProcessLookupError, ValueError):
+        return False
+    except PermissionError:
+        return True
+
+
+def run_job(job: Job, log_dir: Path, echo: Callable[[str], None], timeout_s: float) -> int:
+    """Check and submit `job`, stream its output into log_dir and `echo`, and wait; cancel it past `timeout_s`
+    (0: none)."""
+    job.check()
+    job.submit()
+    timed_out = threading.Event()
+
+    def expire() -> None:
+        timed_out.set()
+        job.cancel()
+
+    timer = threading.Timer(timeout_s, expire) if timeout_s else None
+    if timer:
+        timer.daemon = True
+        timer.start()
+    try:
+        return route_output(job.lines(), lambda: wait_for(job), log_dir, echo)
+    except LaunchError as exc:
+        if timed_out.is_set():
+            raise JobTimedOut(
+                f"the job ran past its timeout of {timeout_s:g} s and was stopped; "
+                f"raise job.timeout_s or train for less. {exc}"
+            ) from None
+        raise
+    except BaseException:  # cancelled (Prefect cancellation, Ctrl-C): stop the workers too
+        job.cancel()
+        raise
+    finally:
+        if timer:
+            timer.cancel()
+
+
+def train_on_pool(
+    pool: Pool, training, out: Path, echo: Callable[[str], None], timeout_s: float = 0
+) -> TrainingMetrics:
+    """Create the pool, run the training job on it, and delete it whatever happens; the run's metrics. A run that
+    fails leaves no empty folder of its own making where its results would be."""
+    created = first_missing(out)
+    try:
+        pool.create()
+        pool.wait_until_ready()
+        run_job(pool.job(training, timeout_s), out / "logs", echo, timeout_s)
+    except BaseException:
+        if created:
+            remove_if_empty(created)
+        raise
+    finally:
+        pool.delete()
+    return read_metrics(out)
+
+
+def first_missing(path: Path) -> Path | None:
+    """The highest folder of `path` that does not exist yet (None when it exists): where a run's creating begins."""
+    missing = None
+    for folder in [path, *path.parents]:
+        if os.path.lexists(folder):
+            return missing
+        missing = folder
+    return missing
+
+
+def remove_if_empty(folder: Path) -> None:
+    """Remove `folder` if it holds no file, only (nested) empty folders."""
+    if folder.is_dir() and not any(not p.is_dir() or p.is_symlink() for p in folder.rglob("*")):
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def wait_for(job: Job, interval: float = 0.2) -> int:
+    """Poll until the job ends; its exit status."""
+    while (status := job.poll()) is None:
+        threading.Event().wait(interval)
+    return status
+
+
+def merged_lines(sources: list[Iterator[str]], ended: Callable[[int], None]) -> Iterator[str]:
+    """The lines of every source as they come; `ended(i)` is called when source i has no more."""
+    if len(sources) == 1:
+        yield from sources[0]
+        ended(0)
+        return
+    queue: Queue[tuple[int, str | None]] = Queue()
+
+    def read(index: int) -> None:
+        try:
+            for line in sources[index]:
+                queue.put((index, line))
+        finally:
+            queue.put((index, None))
+
+    for index in range(len(sources)):
+        threading.Thread(target=read, args=(index,), daemon=True).start()
+    remaining = len(sources)
+    while remaining:
+        index, line = queue.get()
+        if line is None:
+            remaining -= 1
+            ended(index)
+        else:
+            yield line

@@ -1,0 +1,176 @@
+"""The docker backend: one container of the pushed training image per node, on a Docker network of its own.
+
+Each node mounts the file share (its scripts versions at /scripts), the file server's data set version
+read-only at /data, and the run's results folder at /results (infra/compute/docker_nodes.py). The job is
+horovodrun on node0 (starting the other nodes' workers over SSH) or one torchrun per node; a node whose
+command fails stops the others. Everything carries the run's label, so a later run finds and removes
+what a crashed one left behind.
+"""
+
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from infra.compute.base import LocalBackend, NodePaths, OneAttempt, PoolError, RunPaths, merged_lines, owner_alive
+from infra.compute.docker_nodes import (
+    DATA,
+    LABEL,
+    NODE_ENV,
+    OWNER,
+    RESULTS,
+    SCRIPTS,
+    ContainerNodes,
+    Mount,
+    commands_on_nodes,
+    remove_nodes,
+    split_lines,
+    start_nodes,
+    torchrun_layout,
+)
+from infra.engines.contract import SYNTHETIC, TRAINER
+from infra.images.registry import DockerEngine
+
+
+@dataclass
+class DockerPool:
+    """Container nodes of the training image; the data, scripts and results folders are mounted into each."""
+
+    pool: object  # PoolConfig
+    run: RunPaths
+    image: str
+    docker_url: str | None = None
+    nodes: ContainerNodes | None = field(default=None, repr=False)
+    _engine: DockerEngine | None = field(default=None, repr=False)
+
+    @property
+    def run_id(self) -> str:
+        return self.run.run_id
+
+    @property
+    def engine(self) -> DockerEngine:
+        """The Docker engine, reached on first use (the dry run makes a pool without one)."""
+        if self._engine is None:
+            self._engine = DockerEngine(self.docker_url)
+        return self._engine
+
+    @property
+    def names(self) -> list[str]:
+        return [f"node{i}" for i in range(self.pool.nodes)]
+
+    def mounts(self) -> list[Mount]:
+        """The scripts share, the results folder and (unless the data is synthetic) the data set version."""
+        self.run.out.mkdir(parents=True, exist_ok=True)
+        mounts = [Mount(self.run.scripts.parent, SCRIPTS), Mount(self.run.out, RESULTS, read_only=False)]
+        return mounts + ([] if self.run.synthetic else [Mount(self.run.data, DATA)])
+
+    def create(self) -> None:
+        self.nodes = start_nodes(
+            self.engine, self.image, self.pool.nodes, self.run_id, self.mounts(), self.pool.shm_size
+        )
+
+    def wait_until_ready(self) -> None:
+        if self.nodes is None or len(self.nodes.names) != self.pool.nodes:
+            raise PoolError(f"docker pool {self.run_id} is not running")
+
+    def describe(self) -> dict:
+        containers = self.engine.client.containers.list(all=True, filters={"label": f"{LABEL}={self.run_id}"})
+        return {
+            "backend": "docker",
+            "run_id": self.run_id,
+            "image": self.image,
+            "slots": self.pool.slots_per_node * self.pool.nodes,
+            "nodes": sorted(c.name for c in containers),
+            "state": ",".join(sorted({c.status for c in containers})),
+        }
+
+    def delete(self) -> None:
+        remove_nodes(self.engine, self.run_id)
+
+    def delete_leftovers(self, keep: set[str]) -> list[str]:
+        """Remove the containers of runs whose owning process is gone (crashed runs), other than `keep`."""
+        found = set()
+        for container in self.engine.client.containers.list(all=True, filters={"label": LABEL}):
+            if not owner_alive(container.labels.get(OWNER, "")):
+                found.add(container.labels[LABEL])
+        gone = sorted(found - keep - {self.run_id})
+        for run_id in gone:
+            remove_nodes(self.engine, run_id)
+        return gone
+
+    def node_paths(self) -> NodePaths:
+        """The trainer of the scripts version under /scripts, the data at /data (or synthetic), results at /results."""
+        return NodePaths(
+            f"{SCRIPTS}/{self.run.scripts.name}/{TRAINER}", SYNTHETIC if self.run.synthetic else DATA, RESULTS
+        )
+
+    def job(self, training, timeout_s: float = 0) -> "ContainerJob":
+        commands = commands_on_nodes(training, self.names, self.pool.slots_per_node, self.node_paths())
+        return ContainerJob(self, commands)
+
+
+@dataclass
+class ContainerJob(OneAttempt):
+    """The launcher commands on a docker pool, the i-th on node i. A node whose command fails stops the others."""
+
+    pool: DockerPool
+    commands: list[list[str]]
+    execs: list[str] = field(default_factory=list, repr=False)
+    streams: list[Iterator[bytes]] = field(default_factory=list, repr=False)
+
+    @property
+    def nodes(self) -> ContainerNodes:
+        return self.pool.nodes
+
+    def describe(self) -> str:
+        return " | ".join(" ".join([f"node{i}:", *argv]) for i, argv in enumerate(self.commands))
+
+    def check(self) -> None:
+        """Nothing to check here: the trainer checks its input on the nodes, where the data is."""
+
+    def submit(self) -> None:
+        for index, command in enumerate(self.commands):
+            exec_id, stream = self.nodes.start(index, command, NODE_ENV)
+            self.execs.append(exec_id)
+            self.streams.append(stream)
+
+    def lines(self) -> Iterator[str]:
+        return merged_lines([split_lines(stream) for stream in self.streams], self._stop_others_if_failed)
+
+    def _stop_others_if_failed(self, index: int) -> None:
+        """Called when node `index`'s output ends: a failed node fails the job at once."""
+        for _ in range(100):  # its exit status follows the end of its output within moments
+            if (code := self._exit_code(self.execs[index])) is not None:
+                break
+            threading.Event().wait(0.05)
+        if code and any(self._exit_code(e) is None for e in self.execs):
+            self.cancel()
+
+    def _exit_code(self, exec_id: str) -> int | None:
+        state = self.nodes.engine.api.exec_inspect(exec_id)
+        return None if state["Running"] else state["ExitCode"]
+
+    def poll(self) -> int | None:
+        codes = [self._exit_code(e) for e in self.execs]
+        return None if None in codes else next((c for c in codes if c), 0)
+
+    def cancel(self) -> None:
+        # On every node: SIGTERM to every process but the node's init (sshd), so launchers and workers stop.
+        for index in range(len(self.nodes.names)):
+            self.nodes.engine.api.exec_start(
+                self.nodes.engine.api.exec_create(self.nodes.container(index), ["sh", "-c", "kill -TERM -1"])["Id"]
+            )
+
+
+class DockerBackend(LocalBackend):
+    """Containers of the training image as nodes, on this machine's Docker engine."""
+
+    name = "docker"
+    needs_image = True
+
+    def check(self, cfg) -> None:
+        super().check(cfg)
+        if cfg.training.launcher == "torchrun":
+            torchrun_layout(cfg.training.workers, cfg.pool.slots_per_node)
+
+    def pool(self, cfg, run: RunPaths, image: str | None) -> DockerPool:
+        return DockerPool(cfg.pool, run, image or "<image>", cfg.image.engine)

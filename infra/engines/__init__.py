@@ -1,0 +1,1 @@
+"""Training frameworks (engines): placeholder until the registry lands."""

@@ -1,0 +1,160 @@
+"""Lineage: each run's receipt (what exactly it trained from and what it produced), the list of past runs under a
+workdir, and what differed between two of them.
+
+A run folder (<workdir>/runs/<run id>/) holds, beside run.json (infra/runs/record.py) and metrics.json (the trainer's):
+
+    receipt.json   data set and its manifest hash (the staged version: a hash of every path and content), scripts
+                   version, image digest, config hash, the run's inputs fingerprint (the key a re-run resumes
+                   by), seed, world size, final parameter digest (the trainer's, of rank 0's parameters)
+    config.json    the whole FlowConfig of the run (it holds no secret: the config refuses them)
+    ledger.json    the cost ledger (infra/runs/ledger.py)
+"""
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+
+from infra.core.errors import BadInput
+from infra.core.jsonfiles import read_json, write_json
+from infra.runs.ledger import LEDGER
+from infra.runs.record import RECORD, fingerprint
+
+RECEIPT, CONFIG = "receipt.json", "config.json"
+MANIFEST = ".manifest.jsonl"  # a file server version's copy of its manifest (trainer/datasets.py)
+METRICS_COMPARED = (
+    "status",
+    "model",
+    "world_size",
+    "backend",
+    "device",
+    "precision",
+    "global_batch_size",
+    "global_step",
+    "final_val_top1",
+    "final_val_top5",
+    "images_per_sec",
+    "wall_seconds",
+    "resumed_from_steps",
+    "parameters_in_sync",
+)
+
+
+def manifest_hash(data: str) -> str | None:
+    """The staged version's manifest hash of the folder training read (`v-<hash>` on the file server), None where
+    it cannot be read here (synthetic data; a file server only the pool reaches)."""
+    folder = Path(data)
+    header = first_line(folder / MANIFEST)
+    if header.get("version"):
+        return header["version"]
+    return folder.name[2:] if folder.name.startswith("v-") else None
+
+
+def first_line(path: Path) -> dict:
+    """The JSON object on a file's first line ({} when there is none)."""
+    try:
+        with open(path) as f:
+            return json.loads(f.readline())
+    except (OSError, ValueError):
+        return {}
+
+
+def make_receipt(cfg, run_id: str, inputs: str, scripts: str, data: str, image: str | None, metrics: dict) -> dict:
+    """A finished run's receipt."""
+    return {
+        "run_id": run_id,
+        "dataset": cfg.dataset_name(),
+        "data_manifest": manifest_hash(data),
+        "data": data,
+        "scripts": scripts,
+        "image": image,
+        "config_hash": config_hash(cfg),
+        "inputs": inputs,
+        "seed": cfg.training.seed,
+        "world_size": metrics.get("world_size"),
+        "parameter_digest": metrics.get("parameter_digest"),
+        "written": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+
+
+def config_hash(cfg) -> str:
+    """A short hash of the whole config."""
+    return fingerprint(cfg.model_dump(mode="json"))
+
+
+def write_receipt(out: Path, cfg, receipt: dict) -> dict:
+    """receipt.json and config.json in the run folder; the receipt."""
+    write_json(out / CONFIG, cfg.model_dump(mode="json"))
+    write_json(out / RECEIPT, receipt)
+    return receipt
+
+
+def run_row(folder: Path) -> dict:
+    """One past run as `trainflow runs` shows it: status, when, model, data, accuracy, time, cost, receipt."""
+    record, metrics = read_json(folder / RECORD), read_json(folder / "metrics.json")
+    receipt, ledger = read_json(folder / RECEIPT), read_json(folder / LEDGER)
+    total = ledger.get("total", {})
+    updated = datetime.fromtimestamp((folder / RECORD).stat().st_mtime)  # as it started, then as it ended
+    return {
+        "run_id": folder.name,
+        "status": record.get("status") or metrics.get("status") or "unknown",
+        "updated": updated.isoformat(sep=" ", timespec="seconds"),
+        "model": metrics.get("model"),
+        "dataset": receipt.get("dataset"),
+        "world_size": metrics.get("world_size"),
+        "val_top1": metrics.get("final_val_top1"),
+        "seconds": metrics.get("wall_seconds"),
+        "node_hours": round(total["node_seconds"] / 3600, 4) if "node_seconds" in total else None,
+        "gpu_hours": total.get("gpu_hours"),
+        "cost": total.get("cost"),
+        "currency": ledger.get("currency"),
+        "lost_gpu_hours": ledger.get("lost_gpu_hours"),
+        "receipt": receipt or None,
+    }
+
+
+def list_runs(runs: Path) -> list[dict]:
+    """Every run folder under `runs`, by when its record was last written (as the run ended, or began)."""
+    folders = [f for f in runs.glob("*/") if (f / RECORD).exists()] if runs.exists() else []
+    return [run_row(f) for f in sorted(folders, key=lambda f: ((f / RECORD).stat().st_mtime, f.name))]
+
+
+def find_run(runs: Path, given: str) -> Path:
+    """The run folder a run id or an unambiguous prefix of one names; BadInput otherwise."""
+    ids = sorted(f.name for f in runs.glob("*/") if (f / RECORD).exists()) if runs.exists() else []
+    matches = [i for i in ids if i == given] or [i for i in ids if i.startswith(given)]
+    if len(matches) == 1:
+        return runs / matches[0]
+    if matches:
+        raise BadInput(f"run {given!r} is ambiguous: it begins {', '.join(matches)}; give more of the id")
+    raise BadInput(f"no run {given!r} under {runs}; `trainflow runs --workdir {runs.parent}` lists the runs there")
+
+
+def flat(values, prefix: str = "") -> dict:
+    """Nested mappings as {"a.b": value}."""
+    if not isinstance(values, dict):
+        return {prefix: values}
+    out = {}
+    for key, value in values.items():
+        out.update(flat(value, f"{prefix}.{key}" if prefix else str(key)))
+    return out
+
+
+def compared(folder: Path) -> dict:
+    """What `runs diff` compares of a run: its receipt, its config and the metrics that sum it up."""
+    metrics = read_json(folder / "metrics.json")
+    return {
+        **flat(read_json(folder / RECEIPT), "receipt"),
+        **flat(read_json(folder / CONFIG), "config"),
+        **flat({k: metrics.get(k) for k in METRICS_COMPARED if k in metrics}, "metrics"),
+        **flat(read_json(folder / LEDGER).get("total", {}), "ledger"),
+    }
+
+
+def diff_runs(a: Path, b: Path) -> list[dict]:
+    """Every field of the two runs' receipts, configs, metrics and ledgers that differs: {field, a, b}."""
+    left, right = compared(a), compared(b)
+    return [
+        {"field": key, "a": left.get(key), "b": right.get(key)}
+        for key in sorted(set(left) | set(right))
+        if left.get(key) != right.get(key) and key != "receipt.written"
+    ]

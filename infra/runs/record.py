@@ -1,0 +1,86 @@
+"""Run records: which training run a run folder holds, who runs it, how it ended, and which run a re-run resumes.
+
+Each run folder (<workdir>/runs/<run id>/) holds run.json: the inputs' fingerprint (training settings, pool,
+data set version, scripts version), the owning process and the status: running, complete, failed or
+interrupted. A run whose owner is gone while it says running was killed outright: the next run marks it
+interrupted. A run started with the same inputs as an interrupted or failed one takes over its folder and its
+run id, so the trainer resumes from the newest checkpoint there (on Azure ML too: its jobs write
+runs/<run id>/ in Blob storage) instead of starting again from step 0.
+"""
+
+import hashlib
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from infra.compute.base import owner, owner_alive
+from infra.core.jsonfiles import read_json, write_json
+
+RECORD = "run.json"
+UNFINISHED = ("interrupted", "failed")
+
+
+def fingerprint(*inputs) -> str:
+    """A short hash of a run's inputs (anything JSON can write)."""
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def read_record(folder: Path) -> dict:
+    """A run folder's record ({} when it has none or it cannot be read)."""
+    return read_json(folder / RECORD)
+
+
+def write_record(folder: Path, record: dict) -> None:
+    """Replace a run folder's record in one step (a reader never sees half of it); an unfinished run's metrics.json
+    that still says running says so too, so that no file in the folder looks alive."""
+    write_json(folder / RECORD, record)
+    metrics = read_json(folder / "metrics.json")
+    if record["status"] in UNFINISHED and metrics.get("status") == "running":
+        write_json(folder / "metrics.json", {**metrics, "status": record["status"]})
+
+
+def mark_stale(root: Path) -> list[str]:
+    """Mark runs that say running but whose owner is gone as interrupted; their ids."""
+    stale = []
+    for folder in sorted(root.glob("*/")) if root.exists() else []:
+        record = read_record(folder)
+        if record.get("status") == "running" and not owner_alive(record.get("owner", "")):
+            write_record(folder, {**record, "status": "interrupted"})
+            stale.append(folder.name)
+    return stale
+
+
+def resumable(root: Path, inputs: str) -> str | None:
+    """The newest unfinished run (interrupted or failed) with these inputs, if any: the run a re-run resumes."""
+    records = {folder: read_record(folder) for folder in root.glob("*/")} if root.exists() else {}
+    folders = [
+        f for f, record in records.items() if record.get("fingerprint") == inputs and record.get("status") in UNFINISHED
+    ]
+    return max(folders, key=lambda f: (f / RECORD).stat().st_mtime).name if folders else None
+
+
+@contextmanager
+def tracked_run(root: Path, run_id: str, inputs: str) -> Iterator[tuple[str, bool]]:
+    """Record the run under `root` for the block: yields (run id, resumed), the id being that of the unfinished
+    run with the same inputs when there is one; the record says how the block ended."""
+    mark_stale(root)
+    previous = resumable(root, inputs)
+    run_id = previous or run_id
+    record = {
+        **read_record(root / run_id),
+        "run_id": run_id,
+        "fingerprint": inputs,
+        "owner": owner(),
+        "status": "running",
+    }
+    write_record(root / run_id, record)
+    status = "failed"
+    try:
+        yield run_id, previous is not None
+        status = "complete"
+    except KeyboardInterrupt:
+        status = "interrupted"
+        raise
+    finally:
+        write_record(root / run_id, {**record, "status": status})

@@ -1,0 +1,72 @@
+"""Prefect's server for one trainflow command: the API (no UI) on a free loopback port, its database under the
+workdir, started and stopped by trainflow like its other services.
+
+Prefect's own embedded server is a child in the terminal's process group: Ctrl-C kills it first, and the
+interrupted flow then cannot record its end (its client retries a dead server for minutes). Started here, on a
+leash in its own session, it outlives the interrupt long enough for the flow run to be marked crashed, and dies
+with the command however it ends. It is the same server: the same app factory and settings as Prefect's
+`SubprocessASGIServer` (prefect/server/api/server.py), which this mirrors.
+"""
+
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from urllib.request import urlopen
+
+from infra.services.supervise import ServiceError, free_port, running_service
+
+
+def api_answers(url: str) -> bool:
+    """Whether the Prefect API at `url` reports itself healthy."""
+    try:
+        with urlopen(f"{url}/health", timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def server_command(port: int) -> list[str]:
+    """uvicorn serving Prefect's API app, as Prefect starts its own embedded server."""
+    return [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "--factory",
+        "prefect.server.api.server:create_app",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-level",
+        "error",
+        "--lifespan",
+        "on",
+    ]
+
+
+@contextmanager
+def running_prefect_server(home: Path, startup_seconds: float = 120) -> Iterator[str]:
+    """Prefect's API with its state in `home` for the block; yields its URL (what PREFECT_API_URL names)."""
+    home.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/api"
+    env = {
+        **{k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"},
+        "PREFECT_HOME": str(home),
+        "PREFECT_UI_ENABLED": "0",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT__SERVER_EPHEMERAL": "1",
+        "PREFECT__SERVER_FINAL": "1",
+    }
+    with running_service(
+        server_command(port),
+        home / "server.log",
+        lambda: api_answers(url),
+        "Prefect's server",
+        startup_seconds,
+        ServiceError,
+        env,
+    ):
+        yield url

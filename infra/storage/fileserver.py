@@ -1,0 +1,43 @@
+"""The file server every node mounts: versions of each data set, published atomically.
+
+Locally the export is a folder under the workdir that the local workers read; on Azure it is the NFS
+share the pool mounts (written by the sync job on the cluster, see infra/compute/azureml.py). The
+layout and the version logic are the nodes' too, so they live in trainer/datasets.py; this module adds
+the orchestrator's errors:
+
+    <export>/datasets/<name>/v-<version>/   one complete copy (train/, val/, .manifest.jsonl, .verified.json)
+    <export>/datasets/<name>/current        symlink to the newest complete version: what training reads
+"""
+
+import errno
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from infra.core.errors import TrainflowError
+from trainer import datasets
+from trainer.datasets import MANIFEST  # noqa: F401
+
+
+class FileServerError(TrainflowError):
+    """The file server cannot take the data (disk full, not writable): a retry would meet it again."""
+
+    permanent = True
+
+
+class FileServer(datasets.FileServer):
+    """Data set versions under one export folder; a failed write says what is wrong with the file server."""
+
+    @contextmanager
+    def new_version(self, name: str, manifest: datasets.Manifest) -> Iterator[Path]:
+        """Yield a temporary folder to fill; on success it becomes the current version, on error it goes."""
+        try:
+            with super().new_version(name, manifest) as tmp:
+                yield tmp
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise FileServerError(
+                    f"the file server at {self.export} is full ({manifest.header['bytes'] / 1e6:.1f} MB "
+                    "needed); free space there or point fileserver.export elsewhere"
+                ) from None
+            raise FileServerError(f"cannot write to the file server at {self.export} ({exc.strerror})") from None
