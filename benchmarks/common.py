@@ -11,17 +11,17 @@ import psutil
 from rich.progress import Progress, TaskID, TimeElapsedColumn
 
 from infra.core.jsonfiles import write_json as keep_json
-from infra.engines.contract import TrainingConfig
+from infra.engines.pytorch import PyTorchTraining
 from trainer.metrics import installed_versions, library_versions
 
 REPEATS = 3  # rounds of every configuration in every bench: figures are the median with its min-max
 RESTARTS = "fast+restarts"  # bench loader's run of the fast loader on the JPEGs rewritten with restart markers
 
 
-def over_defaults(defaults: dict, training: TrainingConfig) -> TrainingConfig:
+def over_defaults(defaults: dict, training: PyTorchTraining) -> PyTorchTraining:
     """`defaults` for every training setting the config file and environment left unset (only those named stay
     set, so that a bench called with the result applies its own defaults to the rest)."""
-    return TrainingConfig(**{**defaults, **training.model_dump(include=training.model_fields_set)})
+    return PyTorchTraining(**{**defaults, **training.model_dump(include=training.model_fields_set)})
 
 
 def clear_checkpoints(out: Path) -> None:

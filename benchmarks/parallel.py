@@ -24,7 +24,8 @@ from rich.table import Table
 from benchmarks.common import REPEATS, bench_progress, clear_checkpoints, shown, spread, write_json
 from flows.config import FlowConfig
 from infra.compute.process import train_here
-from infra.engines.contract import TrainingConfig, TrainingMetrics
+from infra.engines.contract import TrainingMetrics
+from infra.engines.pytorch import PyTorchTraining
 
 # Small enough for 2 CPU cores; the config file's training section overrides any of these.
 PARALLEL_BENCH_DEFAULTS = dict(
@@ -44,8 +45,8 @@ MICROBATCHES = (1, 2, 4, 8)
 
 
 def planned_runs(
-    base: TrainingConfig, microbatches: tuple[int, ...] = MICROBATCHES
-) -> list[tuple[str, TrainingConfig]]:
+    base: PyTorchTraining, microbatches: tuple[int, ...] = MICROBATCHES
+) -> list[tuple[str, PyTorchTraining]]:
     """(label, settings) of each run: data-parallel on 2 workers, then the 2-stage pipelines."""
     data = base.model_copy(
         update={"workers": 2, "parallel": "data", "stages": 1, "microbatches": 1, "batch_size": base.batch_size // 2}
@@ -54,12 +55,12 @@ def planned_runs(
     return [("data-parallel", data), *pipes]
 
 
-def deeper_runs(base: TrainingConfig) -> list[tuple[str, TrainingConfig]]:
+def deeper_runs(base: PyTorchTraining) -> list[tuple[str, PyTorchTraining]]:
     """The 4-stage pipeline (4 workers, M = 4): how memory per rank falls with more stages."""
     return [("4 stages M=4", pipeline(base, 4, 4))]
 
 
-def pipeline(base: TrainingConfig, stages: int, microbatches: int) -> TrainingConfig:
+def pipeline(base: PyTorchTraining, stages: int, microbatches: int) -> PyTorchTraining:
     """`base` as one pipeline replica of `stages` workers."""
     return base.model_copy(
         update={"workers": stages, "parallel": "pipeline", "stages": stages, "microbatches": microbatches}
@@ -70,7 +71,7 @@ def bench_parallel(
     cfg: FlowConfig, json_out: Path | None, microbatches: tuple[int, ...] = MICROBATCHES, repeats: int = REPEATS
 ) -> dict:
     """Run every planned configuration `repeats` times on synthetic data; print and return the figures."""
-    base = TrainingConfig(
+    base = PyTorchTraining(
         **{**PARALLEL_BENCH_DEFAULTS, **cfg.training.model_dump(include=cfg.training.model_fields_set)}
     )
     base = base.model_copy(update={"threads": base.threads or max(1, len(os.sched_getaffinity(0)) // 2)})
@@ -96,7 +97,7 @@ def bench_parallel(
     return result
 
 
-def row(label: str, cfg: TrainingConfig, runs: list[TrainingMetrics]) -> dict:
+def row(label: str, cfg: PyTorchTraining, runs: list[TrainingMetrics]) -> dict:
     """One configuration's figures over its repetitions, from their metrics.json."""
     facts = [m.model_dump() for m in runs]
     pipeline = facts[0].get("pipeline") or {}

@@ -19,8 +19,9 @@ from rich.table import Table
 from benchmarks.common import REPEATS, bench_progress, clear_checkpoints, over_defaults, shown, spread, write_json
 from flows.config import ConfigError, FlowConfig
 from infra.compute.process import train_here
-from infra.engines.contract import TrainingConfig, read_metrics, trainer_argv
+from infra.engines.contract import read_metrics, trainer_argv
 from infra.engines.launchers import LaunchError
+from infra.engines.pytorch import PyTorchTraining
 
 # Small enough for 2 CPU cores; any of these can be set in the config file's training section.
 TRAIN_BENCH_DEFAULTS = dict(
@@ -68,7 +69,7 @@ def bench_training(
     return result
 
 
-def one_round(base: TrainingConfig, data: str, root: Path, launched: list[tuple[str, int]], advance) -> dict:
+def one_round(base: PyTorchTraining, data: str, root: Path, launched: list[tuple[str, int]], advance) -> dict:
     """Steady images/s of each launcher and worker count, of one single process alone and of two at once."""
     rates, cpu = {}, {}
     for launcher, workers in launched:
@@ -91,7 +92,7 @@ def one_round(base: TrainingConfig, data: str, root: Path, launched: list[tuple[
     return {"rates": rates, "cpu": cpu, "alone": alone, "together": together}
 
 
-def independent_throughput(cfg: TrainingConfig, data: str, root: Path, n: int) -> float:
+def independent_throughput(cfg: PyTorchTraining, data: str, root: Path, n: int) -> float:
     """Steady images/s of n single-process trainings run at once, with no communication between them."""
     procs = []
     for i in range(n):
@@ -138,7 +139,7 @@ def ceiling(r: dict) -> float:
     return r["together"] / (2 * r["alone"])
 
 
-def summarise(rounds: list[dict], base: TrainingConfig, data: str) -> dict:
+def summarise(rounds: list[dict], base: PyTorchTraining, data: str) -> dict:
     """Every figure over the rounds; efficiencies, the ceiling, their ratio (the issue's goal: 0.9 or more) and the
     step's breakdown computed within each round."""
     efficiencies = [scaling_efficiency(r["rates"]) for r in rounds]

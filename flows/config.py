@@ -17,8 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from infra.compute import JobConfig, PoolConfig, backend_of, backend_sections
 from infra.core.errors import BadInput, first_line
 from infra.core.redact import ENV_NAME_ERROR, names_a_variable, redact, secret_shapes
-from infra.data.sample_data import DIGITS_TRAINING
-from infra.engines.contract import SYNTHETIC, TrainingConfig
+from infra.engines import TrainingConfig, default_training
+from infra.engines.contract import SYNTHETIC
 from infra.images.registry import ImageConfig
 from infra.runs.ledger import CostConfig
 from infra.runs.tracking import TrackingConfig
@@ -26,6 +26,12 @@ from infra.storage.blobstore import StorageConfig
 from infra.storage.fileshare import FileShareConfig
 
 ENV_PREFIX = "TRAINFLOW_"
+DEMO = Path(__file__).parent / "configs" / "demo.yaml"
+# The digits recipe (its one home is the demo config): the training settings that fit the digits set, which a
+# config that names neither data nor a model trains with; the demo's launcher and workers are not part of it.
+DIGITS_TRAINING = {
+    k: v for k, v in yaml.safe_load(DEMO.read_text())["training"].items() if k not in ("launcher", "workers")
+}
 STAGED = "staged"  # data: train on the data set already in Blob storage under `dataset`
 LOCAL_DATA_FREE = (SYNTHETIC, STAGED)  # values of `data` that name no local folder
 
@@ -47,10 +53,10 @@ class FlowSettings(BaseModel):
     data: str | None = None
     """ImageNet-layout folder; "synthetic"; "staged": the data set already in Blob under `dataset`, nothing
     uploaded (scheduled runs on a machine without the local copy); unset: the small digits set, written under
-    workdir on first use, with training defaults that fit it (a run of minutes; see infra/data/sample_data.py)."""
+    workdir on first use, with training defaults that fit it (a run of minutes: flows/configs/demo.yaml's recipe)."""
     dataset: str | None = None
     """Name of the data set in Blob and on the file server; unset: the data folder's name."""
-    training: TrainingConfig = TrainingConfig()
+    training: TrainingConfig = Field(default_factory=default_training)
     """How the trainer runs (every option of containers/trainer/train.py, the launcher and the workers)."""
     storage: StorageConfig = StorageConfig()
     """Blob storage for the data set."""

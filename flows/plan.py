@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 
 from flows.config import STAGED, SYNTHETIC, FlowConfig
-from infra import manifest as mf
+from infra.data import manifest as mf
 from infra.compute import RunPaths, backend_of, check_fits, slots
 from infra.images.build_context import wheel_cache
 from infra.storage.fileserver import FileServer

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from azure.core.credentials import TokenCredential
 
 from flows.config import STAGED, FlowConfig
-from infra import blobstore, fileshare
+from infra.storage import blobstore, fileshare
 from infra.core.errors import BadInput
 from infra.data.manifest import manifest_blob
 

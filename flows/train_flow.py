@@ -13,7 +13,7 @@ from infra.compute import RunPaths, backend_of
 from infra.images.build_context import wheel_cache
 from infra.runs.ledger import check_budget, cost_basis, estimate_key
 from infra.runs.lineage import make_receipt, write_receipt
-from infra.runs.record import tracked_run
+from infra.runs.record import run_inputs, tracked_run
 from infra.runs.workdir import workdir_lock
 from tasks.build_image import build_image_task
 from tasks.track_run import ended_if_unfinished, finish_tracking_task, start_tracking_task, tracked_training
@@ -23,7 +23,6 @@ from tasks.train_on_pool import (
     data_version,
     delete_pool_task,
     plan_pool,
-    run_inputs,
     run_paths,
     run_training_task,
 )

@@ -14,7 +14,7 @@ from pathlib import Path
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from infra import manifest as mf
+from infra.data import manifest as mf
 from infra.compute import Pool, run_job
 from infra.core.errors import BadInput
 from infra.storage.blobstore import BlobStore, StorageConfig, StorageError, open_store

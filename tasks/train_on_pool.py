@@ -13,7 +13,6 @@ from prefect.cache_policies import NO_CACHE
 
 from infra.compute import Pool, RunPaths, backend_of, check_fits, run_job
 from infra.engines.contract import SYNTHETIC, read_metrics
-from infra.runs.record import fingerprint
 from infra.storage.blobstore import StorageConfig, open_store
 from infra.storage.fileshare import FileShareConfig, open_share
 from tasks.progress import training_progress
@@ -35,14 +34,6 @@ def run_paths(cfg, run_id: str, scripts: str, data: Path) -> RunPaths:
         backend_of(cfg.pool).scripts_root(cfg) / scripts,
         cfg.workdir / "runs" / run_id,
         cfg.dataset_name(),
-    )
-
-
-def run_inputs(cfg, scripts: str, data: Path) -> str:
-    """The fingerprint of what a run trains: its settings, pool, data set version and scripts version (a re-run
-    with the same fingerprint resumes an unfinished run)."""
-    return fingerprint(
-        cfg.training.model_dump(), cfg.pool.model_dump(), cfg.job.model_dump(), cfg.dataset_name(), str(data), scripts
     )
 
 

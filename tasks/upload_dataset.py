@@ -14,7 +14,7 @@ from prefect import task
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from infra import manifest as mf
+from infra.data import manifest as mf
 from infra.core.errors import BadInput
 from infra.storage.blobstore import BlobStore, StorageConfig, open_store
 from infra.storage.transfers import Transfer, in_parallel, step_plan, transfer_progress

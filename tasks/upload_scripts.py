@@ -14,7 +14,7 @@ from prefect import task
 
 from infra.core.errors import BadInput
 from infra.data.manifest import sha256_file
-from infra.engines.contract import trainer_script
+from infra.engines.contract import PACKAGE
 from infra.storage.fileshare import FileShare, FileShareConfig, open_share
 from infra.storage.transfers import Transfer, step_plan, transfer_progress
 from tasks.retry import unless_permanent
@@ -24,7 +24,7 @@ LATEST = "scripts/LATEST"
 
 def package_files(extra_files: list[Path]) -> dict[str, Path]:
     """Relative path on the share -> local file: the training package plus the extra files."""
-    package = trainer_script().parent
+    package = PACKAGE
     files = {f"trainer/{p.relative_to(package)}": p for p in sorted(package.rglob("*.py"))}
     for extra in extra_files:
         if not extra.is_file():

@@ -31,6 +31,8 @@ from pathlib import Path
 
 from trainer.errors import UsageError
 
+SYNTHETIC = "synthetic"  # --data synthetic: batches generated on the device, no files (every framework's trainer)
+
 # PIL and numpy are imported inside the functions that decode: listing a data set (what the staging
 # step asks of this program on every run) needs neither, and skipping them halves its start-up.
 
@@ -446,3 +448,19 @@ def without(split: Split | None, bad: set[str]) -> Split | None:
     if split is None:
         return None
     return Split(classes=split.classes, samples=[s for s in split.samples if s[0] not in bad])
+
+
+def nearest_existing(path: Path) -> Path:
+    """`path`, or the nearest folder above it that exists: where a folder to be made at `path` would be made."""
+    return next((p for p in [path, *path.parents] if os.path.lexists(p)), Path("."))
+
+
+def cannot_write_in(folder: Path) -> str | None:
+    """Why no file can be made in `folder` (None when one can): a file is made there and removed."""
+    probe = folder / f".write-test-{os.getpid()}"
+    try:
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        return exc.strerror
+    return None

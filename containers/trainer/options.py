@@ -5,9 +5,9 @@ import os
 from pathlib import Path
 
 from trainer.errors import UsageError
+from trainer.layout import cannot_write_in, nearest_existing
 from trainer.tracking import check_trackers
 
-SYNTHETIC = "synthetic"
 LOADERS = ("fast", "pil", "dali")  # --loader: see data.py and dali.py
 GRAD_COMPRESSIONS = ("none", "fp16", "bf16")  # --grad-compression: see distributed.py
 
@@ -250,19 +250,3 @@ def check_output_folder(out: Path) -> None:
         )
     if why := cannot_write_in(existing):
         raise UsageError(f"output folder {out} is not writable ({why}); pass a writable --out")
-
-
-def nearest_existing(path: Path) -> Path:
-    """`path`, or the nearest folder above it that exists: where a folder to be made at `path` would be made."""
-    return next((p for p in [path, *path.parents] if os.path.lexists(p)), Path("."))
-
-
-def cannot_write_in(folder: Path) -> str | None:
-    """Why no file can be made in `folder` (None when one can): a file is made there and removed."""
-    probe = folder / f".write-test-{os.getpid()}"
-    try:
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as exc:
-        return exc.strerror
-    return None

@@ -44,9 +44,10 @@ import torch
 from trainer import checkpoint, data, layout, metrics, tracking
 from trainer.distributed import Backend, leave_process_group, make_backend, pick_device
 from trainer.errors import UsageError
+from trainer.layout import SYNTHETIC
 from trainer.memory import peak_resident_mb, resident_mb
 from trainer.models import build_model, build_on_meta, check_model_name
-from trainer.options import SYNTHETIC, build_parser, check_args, check_layout, check_output_folder, decay_epochs
+from trainer.options import build_parser, check_args, check_layout, check_output_folder, decay_epochs
 from trainer.pipeline import Pipeline, blocks_of, parameter_costs, partition, theoretical_bubble
 from trainer.schedule import Schedule, lr_factor
 

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from infra.compute.base import PoolError, RunPaths
 from infra.core.errors import first_line
-from infra.engines.contract import ERROR_LINE, SYNTHETIC, TRAINER, trainer_argv
+from infra.engines.contract import ERROR_LINE, SYNTHETIC, trainer_argv
 from infra.engines.launchers import LaunchError, torchrun_options
 from infra.images.registry import registry_password
 from trainer.datasets import BAD_INPUT, dataset_prefix
@@ -223,7 +223,7 @@ def registry_connection_spec(registry: str, username: str, password: str):
 
 def launch_command(training, pool, data: str) -> str:
     """The command each node runs: the trainer under MPI (Horovod) or under torchrun (one per node)."""
-    trainer = " ".join(trainer_argv(training, data, RESULTS_OUTPUT, script=f"{SCRIPTS_INPUT}/{TRAINER}"))
+    trainer = " ".join(trainer_argv(training, data, RESULTS_OUTPUT, SCRIPTS_INPUT))
     if training.launcher == "horovodrun":  # Azure ML's mpirun starts gpus_per_node of these per node
         return f"python {trainer}"
     # Azure ML's PyTorch distribution sets MASTER_ADDR, MASTER_PORT and NODE_RANK on every node

@@ -79,9 +79,10 @@ class RunPaths:
 
 @dataclass(frozen=True)
 class NodePaths:
-    """Where a backend's workers find the trainer, the data and the results folder."""
+    """Where a backend's workers find the scripts version (the folder that holds trainer/), the data and the
+    results folder."""
 
-    trainer: str
+    scripts: str
     data: str
     out: str
 

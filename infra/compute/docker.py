@@ -27,7 +27,7 @@ from infra.compute.docker_nodes import (
     start_nodes,
     torchrun_layout,
 )
-from infra.engines.contract import SYNTHETIC, TRAINER
+from infra.engines.contract import SYNTHETIC
 from infra.images.registry import DockerEngine
 
 
@@ -100,7 +100,7 @@ class DockerPool:
     def node_paths(self) -> NodePaths:
         """The trainer of the scripts version under /scripts, the data at /data (or synthetic), results at /results."""
         return NodePaths(
-            f"{SCRIPTS}/{self.run.scripts.name}/{TRAINER}", SYNTHETIC if self.run.synthetic else DATA, RESULTS
+            f"{SCRIPTS}/{self.run.scripts.name}", SYNTHETIC if self.run.synthetic else DATA, RESULTS
         )
 
     def job(self, training, timeout_s: float = 0) -> "ContainerJob":

@@ -185,7 +185,7 @@ def horovod_on_nodes(training, hosts: str, paths: NodePaths) -> list[str]:
         "-p",
         str(SSH_PORT),
         "python",
-        *trainer_argv(training, paths.data, paths.out, paths.trainer),
+        *trainer_argv(training, paths.data, paths.out, paths.scripts),
     ]
 
 
@@ -205,7 +205,7 @@ def torchrun_layout(workers: int, slots: int) -> tuple[int, int]:
 def torchrun_on_nodes(training, slots: int, paths: NodePaths) -> list[list[str]]:
     """One torchrun per node (the i-th for node i), meeting at node0; Gloo over the nodes' network (eth0)."""
     nodes, per_node = torchrun_layout(training.workers, slots)
-    trainer = trainer_argv(training, paths.data, paths.out, paths.trainer)
+    trainer = trainer_argv(training, paths.data, paths.out, paths.scripts)
     return [
         [
             "python",

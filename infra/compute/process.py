@@ -26,7 +26,7 @@ from infra.compute.base import (
     owner_alive,
     train_on_pool,
 )
-from infra.engines.contract import TRAINER, TrainingMetrics, preflight, trainer_argv, trainer_script
+from infra.engines.contract import PACKAGE, TrainingMetrics, preflight, trainer_argv
 from infra.engines.launchers import LaunchError, local_command
 from infra.services.supervise import spawn
 
@@ -83,7 +83,7 @@ class ProcessPool:
 
     def node_paths(self) -> NodePaths:
         """The workers run on this machine: the scripts version's trainer, the data and results folders as they are."""
-        return NodePaths(str(self.run.scripts / TRAINER), str(self.run.data), str(self.run.out))
+        return NodePaths(str(self.run.scripts), str(self.run.data), str(self.run.out))
 
     def job(self, training, timeout_s: float = 0) -> "ProcessJob":
         return ProcessJob(self, training)
@@ -123,7 +123,7 @@ class ProcessJob(OneAttempt):
         paths, training = self.pool.node_paths(), self.training
         workers = training.model_copy(update={"verify_images": False}) if training.preflight_images else training
         return local_command(
-            training.launcher, training.workers, trainer_argv(workers, paths.data, paths.out, paths.trainer)
+            training.launcher, training.workers, trainer_argv(workers, paths.data, paths.out, paths.scripts)
         )
 
     def describe(self) -> str:
@@ -133,7 +133,7 @@ class ProcessJob(OneAttempt):
         if not Path(self.command[0]).exists():
             raise LaunchError(f"{self.command[0]} is missing; run `make setup` to install Horovod", permanent=True)
         paths = self.pool.node_paths()
-        preflight(self.training, paths.data, Path(paths.out), script=paths.trainer)
+        preflight(self.training, paths.data, Path(paths.out), paths.scripts)
 
     def submit(self) -> None:
         self.proc = spawn(self.command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
@@ -160,7 +160,7 @@ class ProcessJob(OneAttempt):
 def train_here(training, data: str, out: Path, pools: Path, echo: Callable[[str], None]) -> TrainingMetrics:
     """`training` on a process pool of this machine with this checkout's trainer (`trainflow train`, the
     benchmarks); the run's metrics. An `out` that holds checkpoints is resumed."""
-    run = RunPaths(out.name, Path(data), trainer_script().parents[1], out)
+    run = RunPaths(out.name, Path(data), PACKAGE.parent, out)
     return train_on_pool(ProcessPool(training.workers, run, pools), training, out, echo)
 
 

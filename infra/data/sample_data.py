@@ -23,23 +23,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from infra.core.errors import BadInput
 from infra.core.jsonfiles import read_json, write_json
 
-# Training settings that fit the digits set (32x32 PNGs, 1,438 training images): ResNet-18 for 8 epochs, about
-# 2 minutes on 2 CPU cores. The flow uses them, under the user's own settings, when no data is named.
-DIGITS_TRAINING = dict(
-    model="resnet18",
-    epochs=8,
-    batch_size=32,
-    lr=0.02,
-    warmup_epochs=1,
-    image_size=32,
-    min_crop_scale=0.5,
-    hflip=False,
-    loader_workers=1,
-    checkpoint_every=50,
-    log_every=10,
-)
-
-
 @contextmanager
 def written_whole(dest: Path) -> Iterator[Path]:
     """A temporary sibling of `dest` to fill: renamed to `dest` when the block ends well, removed otherwise, so

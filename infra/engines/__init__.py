@@ -1,1 +1,52 @@
-"""Training frameworks (engines): placeholder until the registry lands."""
+"""Training frameworks (engines): which trainer runs, with which settings. One module per framework, registered
+here, and nothing outside this package names one.
+
+    pytorch   containers/trainer/train.py under torchrun or horovodrun    (infra/engines/pytorch.py)
+
+A framework module owns its section of the config (`training`, chosen by training.framework): its options,
+defaults, help and checks, its trainer's entry point (ENTRY), the launchers that start it (training.launcher) and
+its command line (`trainer_args`). Its trainer writes the one output format of contract.py, so progress, tracking,
+the ledger and the reports are the same for every framework. Adding a framework is one module with a subclass of
+`TrainingSettings` (`framework: Literal["<name>"]`) and one line in ENGINES below.
+
+May import: infra.core, and of the trainer its contract modules and the options of each framework's trainer.
+"""
+
+from typing import TYPE_CHECKING, Annotated, Any, Union
+
+from pydantic import Discriminator, Tag
+
+from infra.engines.contract import TrainingSettings
+from infra.engines.pytorch import PyTorchTraining
+
+ENGINES: dict[str, type[TrainingSettings]] = {"pytorch": PyTorchTraining}
+DEFAULT = "pytorch"
+
+__all__ = ["DEFAULT", "ENGINES", "TrainingConfig", "default_training"]
+
+
+def one_of(engines: dict[str, type[TrainingSettings]]) -> Any:
+    """The type of the training section: the one engine's section, or a union of them told apart by framework
+    (a section that names none is the default framework's)."""
+    if len(engines) == 1:
+        return next(iter(engines.values()))
+    tagged = tuple(Annotated[section, Tag(name)] for name, section in engines.items())
+    return Annotated[Union[tagged], Discriminator(framework_of)]  # noqa: UP007 - Union of a tuple made at run time
+
+
+def framework_of(section: Any) -> str:
+    """The framework a training section names (a mapping from a config, or a section), else the default."""
+    if isinstance(section, dict):
+        return section.get("framework") or DEFAULT
+    return getattr(section, "framework", DEFAULT)
+
+
+if TYPE_CHECKING:
+    TrainingConfig = TrainingSettings
+else:
+    TrainingConfig = one_of(ENGINES)
+
+
+def default_training() -> TrainingSettings:
+    """The training section when a config names none: the default framework's defaults."""
+    return ENGINES[DEFAULT]()

@@ -1,58 +1,60 @@
-"""The trainer's contract: everything the orchestrator knows about containers/trainer/train.py.
+"""The trainer's contract: what the orchestrator knows of any framework's trainer, and what every trainer keeps.
 
-- Its options. `TrainingConfig` is made from the trainer's own argument parser (trainer/options.py):
-  every option is a setting with the trainer's default, choices and help, and the trainer's own checks
-  (`check_args`, `check_layout`) validate it. Two settings are the orchestrator's: the launcher and
-  the number of workers; `preflight_images` says whether the preflight decodes every image.
-- Its command line (`trainer_argv`) and its preflight (`train.py --check`, one process, before any worker).
-- Its output: every line starts with `[rank N]`, an input error is `... ERROR error: MESSAGE`, the progress
-  line every training.log_every steps is `PROGRESS_LINE` (tasks/progress.py shows it live), and rank 0
+- Its settings. Each framework's section (`TrainingSettings` and the fields its engine module adds) holds the
+  orchestrator's own settings (framework, launcher, workers, preflight) and the trainer's options, with the
+  trainer's defaults, choices, help and checks.
+- Its command line: `python <scripts>/<ENTRY> --data D --out O <options>` (`trainer_argv`), and its preflight:
+  the same with `--check` in one process, before any worker (`preflight`).
+- Its output, one format for every framework, so that progress, tracking, the ledger and the reports never ask
+  which framework trained: every line starts with `[rank N]`, an input error is `... ERROR error: MESSAGE`, the
+  progress line every training.log_every steps is `PROGRESS_LINE` (tasks/progress.py shows it live), and rank 0
   writes metrics.json (`TrainingMetrics`).
 
-The trainer never imports this module or anything else of the orchestrator.
+Of the trainer package, the orchestrator imports only its contract modules (trainer.errors, trainer.layout,
+trainer.datasets, trainer.tracking, trainer.jpeg_crop) and, in each engine module, that framework's options; the
+trainer never imports the orchestrator (both are import-linter contracts in pyproject.toml).
 """
 
-import argparse
 import re
 import subprocess
 import sys
-from argparse import Namespace
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from infra.core.errors import BadInput
-from trainer.errors import UsageError
-from trainer.options import SYNTHETIC, build_parser, check_args, check_layout
+from trainer.layout import SYNTHETIC
 
 REPO = Path(__file__).resolve().parents[2]
-TRAINER = "trainer/train.py"  # the entry point inside the training package (a scripts version, an image)
+PACKAGE = REPO / "containers" / "trainer"  # the training package: every framework's trainer, uploaded as one
 RANK_LINE = re.compile(r"\[rank (\d+)\]")
 ERROR_LINE = re.compile(r"\[rank (\d+)\].* ERROR error: (.*)")
 # The progress line, every training.log_every steps: epoch, global step, (step in epoch/steps per epoch), images/s.
 PROGRESS_LINE = re.compile(r"epoch (\d+) step (\d+) \((\d+)/(\d+)\) loss \S+ lr \S+, ([\d.]+) images/s")
-# Set by the flow for each run, or the preflight's own: not settings.
-PER_RUN = {"help", "data", "out", "check", "check_workers"}
-FLAG = re.compile(r"--([a-z][a-z-]*)")
 
 __all__ = [
     "SYNTHETIC",
-    "TrainingConfig",
+    "TrainingSettings",
     "TrainingMetrics",
     "trainer_argv",
     "check_command",
     "preflight",
     "read_metrics",
-    "trainer_script",
 ]
 
 
-class LauncherSettings(BaseModel):
-    """The orchestrator's own settings of a training run; the trainer's options are added from its parser."""
+class TrainingSettings(BaseModel):
+    """The settings of a training run that the orchestrator owns, whatever the framework; each engine module
+    adds its trainer's options (and says where its trainer starts, ENTRY, and which launchers start it)."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
+    ENTRY: ClassVar[str]
+    """The trainer's entry point inside the training package (a scripts version, an image), e.g. trainer/train.py."""
+
+    framework: str
+    """The training framework (an engine of infra/engines)."""
     launcher: Literal["torchrun", "horovodrun"] = "torchrun"
     """torchrun (torch.distributed) or horovodrun (Horovod over Gloo locally, MPI/NCCL on GPU nodes)."""
     workers: int = Field(2, ge=1)
@@ -61,68 +63,14 @@ class LauncherSettings(BaseModel):
     """The preflight (process pool and `trainflow train`) decodes every image once before the workers start,
     so a corrupt file fails fast, by name; the other checks always run."""
 
-    @model_validator(mode="after")
-    def _the_trainer_accepts_it(self) -> "LauncherSettings":
-        args = self.namespace()
-        if self.launcher == "horovodrun" and args.backend == "auto":
-            args.backend = "horovod"
-        try:
-            check_args(args)
-            if self.parallel == "pipeline":
-                check_layout(self.workers, self.stages, self.batch_size, self.microbatches)
-        except UsageError as exc:
-            raise ValueError(setting_names(str(exc))) from None
-        return self
+    if TYPE_CHECKING:  # an engine adds its trainer's options as fields made from the trainer's own parser, which
+        # the type checker cannot see: to it, they are Any
 
-    def namespace(self) -> Namespace:
-        """These settings as the trainer's parsed arguments."""
-        return Namespace(**self.model_dump(exclude=set(LauncherSettings.model_fields)))
+        def __getattr__(self, name: str) -> Any: ...
 
     def trainer_args(self) -> list[str]:
-        """The trainer's command-line options for these settings (launcher and workers excluded)."""
-        args = []
-        for name, value in vars(self.namespace()).items():
-            flag = "--" + name.replace("_", "-")
-            if value == "":  # unset (--tracking-uri): the trainer's default
-                continue
-            if isinstance(value, bool):
-                args.append(flag if value else f"--no-{flag[2:]}")
-            else:
-                args += [flag, str(value)]
-        return args
-
-
-def setting_names(message: str) -> str:
-    """A trainer message with its option names (--batch-size) as the config's (training.batch_size); the world
-    size is training.workers."""
-    message = message.replace("the world size", "training.workers")
-    return FLAG.sub(lambda m: "training." + m.group(1).replace("-", "_"), message)
-
-
-def option_fields(parser: argparse.ArgumentParser) -> dict[str, tuple]:
-    """(type, Field) of every trainer option that is a setting: its default, its choices, its help."""
-    fields = {}
-    for action in parser._actions:
-        if action.dest in PER_RUN:
-            continue
-        if action.choices:
-            kind = Literal[tuple(action.choices)]
-        elif isinstance(action, argparse.BooleanOptionalAction):
-            kind = bool
-        else:
-            kind = action.type or str
-        fields[action.dest] = (kind, Field(action.default, description=action.help))
-    return fields
-
-
-TrainingConfig = create_model(
-    "TrainingConfig", __base__=LauncherSettings, __module__=__name__, **option_fields(build_parser())
-)
-TrainingConfig.__doc__ = (
-    "How the trainer runs: the launcher, the workers, and every option of train.py "
-    "(`python containers/trainer/train.py --help`), with its defaults: the ResNet-50-on-ImageNet "
-    "reference case."
-)
+        """The trainer's command-line options for these settings (the orchestrator's own settings excluded)."""
+        raise NotImplementedError
 
 
 class TrainingMetrics(BaseModel):
@@ -165,27 +113,30 @@ def read_metrics(out: Path) -> TrainingMetrics:
     return TrainingMetrics.model_validate_json((out / "metrics.json").read_text())
 
 
-def trainer_script() -> Path:
-    """The trainer's entry point in this checkout."""
-    return REPO / "containers" / TRAINER
-
-
-def trainer_argv(cfg: LauncherSettings, data: str, out: Path | str, script: str | None = None) -> list[str]:
-    """The trainer script (this checkout's, or `script` where the workers see it) and its arguments."""
-    return [script or str(trainer_script()), "--data", data, "--out", str(out), *cfg.trainer_args()]
+def trainer_argv(
+    training: TrainingSettings, data: str, out: Path | str, scripts: str | Path = PACKAGE.parent
+) -> list[str]:
+    """The trainer's entry point under `scripts` (the folder that holds trainer/: this checkout's, or where the
+    workers see the scripts version) and its arguments."""
+    return [f"{scripts}/{training.ENTRY}", "--data", data, "--out", str(out), *training.trainer_args()]
 
 
 def check_command(
-    cfg: LauncherSettings, data: str, out: Path | str, python: str = sys.executable, script: str | None = None
+    training: TrainingSettings,
+    data: str,
+    out: Path | str,
+    python: str = sys.executable,
+    scripts: str | Path = PACKAGE.parent,
 ) -> list[str]:
     """One process that checks the arguments, output folder, data and model before any worker starts."""
-    decode = ["--verify-images"] if cfg.preflight_images else []
-    return [python, *trainer_argv(cfg, data, out, script), "--check", "--check-workers", str(cfg.workers), *decode]
+    decode = ["--verify-images"] if training.preflight_images else []
+    argv = trainer_argv(training, data, out, scripts)
+    return [python, *argv, "--check", "--check-workers", str(training.workers), *decode]
 
 
-def preflight(cfg: LauncherSettings, data: str, out: Path, script: str | None = None) -> None:
+def preflight(training: TrainingSettings, data: str, out: Path, scripts: str | Path = PACKAGE.parent) -> None:
     """Run the trainer's own checks in one process; raise BadInput with its one-line message."""
-    proc = subprocess.run(check_command(cfg, data, out, script=script), capture_output=True, text=True)
+    proc = subprocess.run(check_command(training, data, out, scripts=scripts), capture_output=True, text=True)
     if proc.returncode != 0:
         errors = [m.group(2) for m in map(ERROR_LINE.search, proc.stdout.splitlines()) if m]
         raise BadInput(errors[-1] if errors else f"training check failed:\n{proc.stdout}{proc.stderr}")

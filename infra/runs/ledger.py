@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from infra.compute import backend_of
 from infra.core.errors import BadInput
 from infra.core.jsonfiles import read_json, write_json
-from infra.runs.record import RECORD, fingerprint
+from infra.runs.record import RECORD, settings_fingerprint
 
 LEDGER = "ledger.json"
 POOL_STEPS = ("run-training",)  # steps that run on the pool; the pool's sync job adds sync-to-file-server
@@ -146,13 +146,7 @@ def make_ledger(basis: dict, durations: dict[str, float], attempts: list[dict]) 
 
 def estimate_key(cfg) -> str:
     """The settings that set how long a run trains: runs with the same key are expected to take as long."""
-    return fingerprint(
-        cfg.training.model_dump(),
-        cfg.pool.model_dump(),
-        cfg.job.model_dump(),
-        cfg.dataset_name(),
-        backend_of(cfg.pool).billing(cfg),
-    )
+    return settings_fingerprint(cfg, backend_of(cfg.pool).billing(cfg))
 
 
 def measured_training(runs: Path, key: str) -> tuple[str, float] | None:

@@ -26,6 +26,21 @@ def fingerprint(*inputs) -> str:
     return hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def settings_fingerprint(cfg, *more) -> str:
+    """The one fingerprint of a run's settings: what it trains (training), where (pool), for how long (job) and on
+    which data set, then `more`. A re-run resumes an unfinished run with the same settings, data set version and
+    scripts version (`run_inputs`); the ledger expects runs with the same settings and billing to take as long
+    (`ledger.estimate_key`)."""
+    return fingerprint(
+        cfg.training.model_dump(), cfg.pool.model_dump(), cfg.job.model_dump(), cfg.dataset_name(), *more
+    )
+
+
+def run_inputs(cfg, scripts: str, data: Path) -> str:
+    """The fingerprint of what a run trains: its settings, data set version and scripts version."""
+    return settings_fingerprint(cfg, str(data), scripts)
+
+
 def read_record(folder: Path) -> dict:
     """A run folder's record ({} when it has none or it cannot be read)."""
     return read_json(folder / RECORD)

@@ -15,7 +15,7 @@ from azure.ai.ml.exceptions import MlException
 from azure.core.exceptions import HttpResponseError
 
 from flows.config import load_config
-from infra import manifest as mf
+from infra.data import manifest as mf
 from infra.compute import PoolError, RunPaths, run_job
 from infra.compute.azureml import AzureMLPool, compute_spec, nfs_mount
 from infra.engines.contract import REPO, SYNTHETIC

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from infra import manifest as mf
+from infra.data import manifest as mf
 from infra.core.errors import BadInput
 from infra.services.azurite import connection_string
 from infra.services.supervise import free_port

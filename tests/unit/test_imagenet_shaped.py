@@ -11,7 +11,7 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from flows.cli import app
-from infra import sample_data
+from infra.data import sample_data
 from infra.core.errors import BadInput
 from infra.data.sample_data import ImagenetShape, write_imagenet_shaped
 from trainer.layout import index_folder

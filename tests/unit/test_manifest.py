@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from infra import manifest as mf
+from infra.data import manifest as mf
 from infra.core.errors import BadInput
 from tests.conftest import write_image
 from trainer.errors import UsageError
