@@ -14,12 +14,12 @@ LAUNCHER ?= torchrun
 TORCH_PINS := $(shell grep -oE '"torch(vision)?==[^"]+"' pyproject.toml | tr -d '"')
 BIN := $(VENV)/bin
 
-# checkov (the Bicep lint of tests/unit/test_azure_templates.py) has its own venv: its pins (packaging<24,
+# checkov (the Bicep lint of tests/unit/infra/compute/test_azure_templates.py) has its own venv: its pins (packaging<24,
 # networkx<2.7, cachetools<6) conflict with the project's (pytest and wheel need packaging>=24).
 TOOLS_VENV ?= .venv-tools
 CHECKOV ?= checkov==3.3.30
 
-.PHONY: setup docker-setup tools demo test bench clean
+.PHONY: setup docker-setup tools demo lint test bench clean
 # The four parts at once (the venv's install is one process; npm, apt and the tools' venv wait on the network and
 # the disk meanwhile): measured from a clean clone, see the README.
 SETUP_PARTS := $(VENV)/.installed node_modules/.installed docker-setup tools
@@ -63,10 +63,19 @@ node_modules/.installed: package.json package-lock.json
 demo: setup
 	TRAINFLOW_TRAINING__LAUNCHER=$(LAUNCHER) $(BIN)/trainflow run --config flows/configs/demo.yaml --workdir $(WORKDIR)
 
+# The project's own checks (also run by `make test`, and before each commit by .pre-commit-config.yaml): ruff's lint
+# and format, the type checker, and the import contracts of pyproject.toml (the layers of the house).
+LINT_ENV := PYTHONPATH=.:containers
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(LINT_ENV) $(BIN)/mypy
+	$(LINT_ENV) $(BIN)/lint-imports --no-cache
+
 # Two test processes (pytest-xdist): while one waits on a service, a launcher or the network, the other computes.
 # tests/conftest.py keeps every Docker test on one of them. TEST_WORKERS=0 runs the suite in this one process.
 TEST_WORKERS ?= 2
-test: setup
+test: setup lint
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 bench: setup

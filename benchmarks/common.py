@@ -14,7 +14,6 @@ from infra.core.jsonfiles import write_json as keep_json
 from infra.engines.pytorch import PyTorchTraining
 from trainer.metrics import installed_versions, library_versions
 
-REPEATS = 3  # rounds of every configuration in every bench: figures are the median with its min-max
 RESTARTS = "fast+restarts"  # bench loader's run of the fast loader on the JPEGs rewritten with restart markers
 
 

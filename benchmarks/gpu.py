@@ -16,8 +16,8 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from benchmarks import REPEATS
 from benchmarks.common import (
-    REPEATS,
     RESTARTS,
     bench_progress,
     clear_checkpoints,
@@ -27,11 +27,13 @@ from benchmarks.common import (
     spread,
     write_json,
 )
-from benchmarks.loader import restart_marked_copy, training_split
+from benchmarks.loader import installed_loaders, restart_marked_copy, training_split
 from flows.config import ConfigError, FlowConfig
 from infra.compute.process import train_here
 from infra.data.sample_data import write_imagenet_like
 from trainer import jpeg_crop
+from trainer.dali import INSTALL
+from trainer.options import LOADERS
 
 RESNET50_TRAIN_GFLOP = 24.3  # per image, forward + backward (3 x the forward's ~8.1 GFLOP at 224 px)
 # Dense bf16 tensor-core peak, TFLOP/s, by the name torch.cuda.get_device_name() gives (NVIDIA datasheets).
@@ -113,18 +115,30 @@ def runs(loaders: tuple[str, ...], restarts: bool) -> list[tuple[str, str, dict]
     ] + jpegs
 
 
+def check_loaders(loaders: list[str]) -> None:
+    """Refuse a loader the trainer lacks, or one not installed here, before any run (not after the first)."""
+    if unknown := sorted(set(loaders) - set(LOADERS)):
+        raise ConfigError(f"--loader {unknown[0]} is not a loader: pass one of {', '.join(LOADERS)}")
+    if missing := sorted(set(loaders) - set(installed_loaders())):
+        raise ConfigError(
+            f"--loader {missing[0]} needs NVIDIA DALI, which is not installed here: {INSTALL}, or leave "
+            "--loader out (every loader installed here)"
+        )
+
+
 def bench_gpu(
     cfg: FlowConfig,
     json_out: Path | None,
-    loaders: tuple[str, ...],
+    loaders: tuple[str, ...] = (),
     given_peak: float | None = None,
     repeats: int = REPEATS,
 ) -> dict:
-    """Every run `repeats` rounds on GPU 0; print the table and return the figures."""
+    """Every run `repeats` rounds on GPU 0 (the JPEGs through `loaders`, by default every loader installed here);
+    print the table and return the figures."""
     gpu = gpu_facts()
     base = over_defaults({**GPU_DEFAULTS, "loader_workers": max(1, len(os.sched_getaffinity(0)) - 1)}, cfg.training)
     root = cfg.workdir.resolve() / "bench" / "gpu"
-    plan = runs(loaders, jpeg_crop.library() is not None)
+    plan = runs(tuple(loaders) or installed_loaders(), jpeg_crop.library() is not None)
     folders = run_data(root, {data for _, data, _ in plan})
     peak = peak_tflops(gpu["name"], given_peak)
     head = {"gpu": gpu, "peak_bf16_tflops": peak, "settings": base.model_dump() | {"repeats": repeats}}

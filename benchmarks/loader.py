@@ -29,7 +29,8 @@ from rich.console import Console
 from rich.table import Table
 from torch.utils.data import RandomSampler, default_collate
 
-from benchmarks.common import REPEATS, RESTARTS, bench_progress, run_ended, shown, spread, write_json
+from benchmarks import REPEATS
+from benchmarks.common import RESTARTS, bench_progress, run_ended, shown, spread, write_json
 from flows.config import ConfigError, FlowConfig
 from infra.core.jsonfiles import read_json
 from infra.core.jsonfiles import write_json as keep_json

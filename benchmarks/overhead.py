@@ -18,8 +18,10 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks.common import REPEATS, bench_progress, shown, spread, time_call, write_json
+from benchmarks import REPEATS
+from benchmarks.common import bench_progress, shown, spread, time_call, write_json
 from flows.config import FlowConfig
+from flows.dataset import with_data
 from infra.engines.contract import trainer_argv
 from infra.engines.launchers import LaunchError, local_command
 from infra.services.azurite import running_azurite
@@ -29,7 +31,9 @@ TRAINFLOW = str(Path(sys.executable).with_name("trainflow"))
 
 
 def bench_flow(cfg: FlowConfig, json_out: Path | None, repeats: int = REPEATS) -> dict:
-    """`repeats` rounds of the same training by torchrun and by `trainflow run`, after one unmeasured run."""
+    """`repeats` rounds of the same training by torchrun and by `trainflow run`, after one unmeasured run, on the
+    config's data (the digits set when it names none)."""
+    cfg = with_data(cfg)
     root = cfg.workdir.resolve() / "bench" / "flow"
     shutil.rmtree(root, ignore_errors=True)
     config = root / "config.yaml"

@@ -21,7 +21,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks.common import REPEATS, bench_progress, clear_checkpoints, shown, spread, write_json
+from benchmarks import REPEATS
+from benchmarks.common import bench_progress, clear_checkpoints, shown, spread, write_json
 from flows.config import FlowConfig
 from infra.compute.process import train_here
 from infra.engines.contract import TrainingMetrics

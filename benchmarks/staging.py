@@ -16,7 +16,8 @@ from azure.storage.blob import BlobServiceClient, ContainerClient
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks.common import REPEATS, bench_progress, count_files, shown, spread, time_call, write_json
+from benchmarks import REPEATS
+from benchmarks.common import bench_progress, count_files, shown, spread, time_call, write_json
 from flows.config import FlowConfig
 from infra.data.sample_data import write_imagenet_like
 from infra.services.azurite import connection_string, running_azurite

@@ -6,9 +6,11 @@ Training settings the config file names win over these sizes, as in every bench.
 """
 
 from pathlib import Path
+from pkgutil import resolve_name
 
 from rich.console import Console
 
+from benchmarks import BENCHES
 from benchmarks.common import machine, over_defaults, write_json
 from benchmarks.report import write_report
 from flows.config import ConfigError, FlowConfig
@@ -17,12 +19,12 @@ from flows.config import ConfigError, FlowConfig
 FLOW_TRAINING = dict(
     model="resnet18", image_size=32, epochs=1, batch_size=16, workers=2, warmup_epochs=0, loader_workers=0
 )
-SIZES = {
+SIZES = {  # per benchmark, the options of its function, and under `training` the training settings it defaults to
     "small": {
         "loader": dict(files=512),
         "staging": dict(files=500, classes=10),
         "scale": dict(sizes=[1_000, 10_000]),
-        "flow": dict(steps_per_epoch=20),
+        "flow": dict(training={**FLOW_TRAINING, "steps_per_epoch": 20}),
         "train": {},
         "parallel": {},
     },
@@ -30,18 +32,19 @@ SIZES = {
         "loader": dict(files=64),
         "staging": dict(files=40, classes=4),
         "scale": dict(sizes=[300]),
-        "flow": dict(steps_per_epoch=2),
-        "train": dict(steps_per_epoch=3, batch_size=8, epochs=1),
-        "parallel": dict(steps_per_epoch=2, epochs=1),
+        "flow": dict(training={**FLOW_TRAINING, "steps_per_epoch": 2}),
+        "train": dict(training=dict(steps_per_epoch=3, batch_size=8, epochs=1)),
+        "parallel": dict(training=dict(steps_per_epoch=2, epochs=1)),
     },
 }
 ORDER = ("loader", "staging", "train", "parallel", "flow", "images", "scale")
 
 
-def bench_all(cfg: FlowConfig, json_out: Path, only: tuple[str, ...] = (), size: str = "small") -> Path:
-    """Run the benchmarks `only` names (all by default) at `size`; write their JSON and the report; its path."""
-    if unknown := sorted(set(only) - set(ORDER)):
-        raise ConfigError(f"--only {unknown[0]} is not a benchmark: pass one of {', '.join(ORDER)}")
+def bench_all(cfg: FlowConfig, json_out: Path | None, only: tuple[str, ...] = (), size: str = "small") -> Path:
+    """Run the benchmarks `only` names (all by default) at `size`; write their JSON (by default
+    WORKDIR/bench/all.json) and the report; its path."""
+    check_choices(only, size)
+    json_out = json_out or cfg.workdir / "bench" / "all.json"
     results = {}
     for name in [n for n in ORDER if n in only] or ORDER:
         Console().rule(f"bench {name}")
@@ -66,33 +69,15 @@ def with_training(cfg: FlowConfig, defaults: dict) -> FlowConfig:
     return cfg.model_copy(update={"training": over_defaults(defaults, cfg.training)})
 
 
+def check_choices(only: tuple[str, ...], size: str) -> None:
+    """Refuse a size that is not one of SIZES, or a benchmark that is not one of ORDER."""
+    if size not in SIZES:
+        raise ConfigError(f"--size {size} is not a size: pass {' or '.join(SIZES)}")
+    if unknown := sorted(set(only) - set(ORDER)):
+        raise ConfigError(f"--only {unknown[0]} is not a benchmark: pass one of {', '.join(ORDER)}")
+
+
 def run_one(name: str, cfg: FlowConfig, size: dict) -> dict:
-    """One benchmark at its size; its figures."""
-    if name == "staging":
-        from benchmarks.staging import bench_staging
-
-        return bench_staging(cfg, None, size["files"], size["classes"])
-    if name == "loader":
-        from benchmarks.loader import bench_loader
-
-        return bench_loader(cfg, None, size["files"])
-    if name == "scale":
-        from benchmarks.scale import bench_scale
-
-        return bench_scale(cfg, size["sizes"], None)
-    if name == "images":
-        from benchmarks.images import bench_images
-
-        return bench_images(cfg, None)
-    if name == "flow":
-        from benchmarks.overhead import bench_flow
-        from flows.cli import with_data
-
-        return bench_flow(with_data(with_training(cfg, {**FLOW_TRAINING, **size})), None)
-    if name == "train":
-        from benchmarks.training import bench_training
-
-        return bench_training(with_training(cfg, size), None)
-    from benchmarks.parallel import bench_parallel
-
-    return bench_parallel(with_training(cfg, size), None)
+    """One benchmark at its size (its options, and its training settings under `training`); its figures."""
+    options = {key: value for key, value in size.items() if key != "training"}
+    return resolve_name(BENCHES[name])(with_training(cfg, size.get("training", {})), None, **options)

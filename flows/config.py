@@ -9,12 +9,15 @@ environment variables that the *_env settings name, and a secret-shaped value an
 
 import os
 import re
+import types
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Annotated, Any, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from infra.compute import JobConfig, PoolConfig, backend_of, backend_sections
+from infra.compute import JobConfig, PoolConfig, ProcessPoolConfig, backend_of, refuse_backend_sections
 from infra.core.errors import BadInput, first_line
 from infra.core.redact import ENV_NAME_ERROR, names_a_variable, redact, secret_shapes
 from infra.engines import TrainingConfig, default_training
@@ -43,8 +46,8 @@ class ConfigError(BadInput):
         super().__init__(redact(message))  # a value quoted from a file or option may hold a secret
 
 
-class FlowSettings(BaseModel):
-    """Everything one run of the flow needs; each compute backend with settings of its own adds its section."""
+class FlowConfig(BaseModel):
+    """Everything one run of the flow needs."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
@@ -62,8 +65,8 @@ class FlowSettings(BaseModel):
     """Blob storage for the data set."""
     fileshare: FileShareConfig = FileShareConfig()
     """The file share for the training scripts."""
-    pool: PoolConfig = PoolConfig()
-    """Where the workers run: the compute backend and its size."""
+    pool: PoolConfig = ProcessPoolConfig()
+    """Where the workers run: the compute backend (`backend`), the pool's size and that backend's own settings."""
     job: JobConfig = JobConfig()
     """The training job's limits."""
     image: ImageConfig = ImageConfig()
@@ -81,6 +84,15 @@ class FlowSettings(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
+    def _no_backend_sections(cls, values):
+        # the format before each backend's settings moved into its pool section: one line saying where they went
+        # (defined before _no_secrets, so it runs after it: pydantic runs "before" validators last-defined first)
+        if isinstance(values, dict):
+            refuse_backend_sections(values)
+        return values
+
+    @model_validator(mode="before")
+    @classmethod
     def _no_secrets(cls, values):
         # before every other check, so none quotes a secret: Prefect stores the whole config with every run
         if isinstance(values, dict):
@@ -88,12 +100,12 @@ class FlowSettings(BaseModel):
         return values
 
     @model_validator(mode="after")
-    def _the_backend_can_run_it(self) -> "FlowSettings":
+    def _the_backend_can_run_it(self) -> "FlowConfig":
         backend_of(self.pool).check(self)
         return self
 
     @model_validator(mode="after")
-    def _staged_data_is_named(self) -> "FlowSettings":
+    def _staged_data_is_named(self) -> "FlowConfig":
         if self.data == STAGED and not self.dataset:
             raise ValueError(
                 "data: staged trains on a data set already in Blob storage; name it with dataset: NAME "
@@ -113,10 +125,6 @@ class FlowSettings(BaseModel):
     def export_dir(self) -> Path:
         """The file server's export folder."""
         return self.fileserver_export or self.workdir / "fileserver"
-
-
-FlowConfig = create_model("FlowConfig", __base__=FlowSettings, __module__=__name__, **backend_sections())
-FlowConfig.__doc__ = FlowSettings.__doc__
 
 
 def smoke_config(cfg: FlowConfig) -> FlowConfig:
@@ -218,9 +226,19 @@ def deep_merge(base: dict, top: dict) -> dict:
 
 
 def section_type(field) -> type[BaseModel] | None:
-    """The model of a setting that is a section of settings (training, storage, ...), else None."""
-    kind = field.annotation
-    return kind if isinstance(kind, type) and issubclass(kind, BaseModel) else None
+    """The model of a setting that is a section of settings (training, storage, ...), else None; for a section that
+    is one of several (pool: the section of the backend it names), the model they all derive from."""
+    kinds = one_of_sections(field) or [field.annotation]
+    if not all(isinstance(kind, type) and issubclass(kind, BaseModel) for kind in kinds):
+        return None
+    return next(base for base in kinds[0].__mro__ if all(issubclass(kind, base) for kind in kinds))
+
+
+def one_of_sections(field) -> list:
+    """The types of a setting that is one of several (a union, its members unwrapped from Annotated), else []."""
+    if get_origin(field.annotation) not in (Union, types.UnionType):
+        return []
+    return [get_args(kind)[0] if get_origin(kind) is Annotated else kind for kind in get_args(field.annotation)]
 
 
 def checked_sections(values: dict, source: str, model: type[BaseModel] | None = None, where: tuple = ()) -> dict:
@@ -325,7 +343,36 @@ def default_at(loc: tuple):
 def describe(exc: ValidationError, path: Path | None) -> str:
     """One line naming each invalid setting, its value unless it may be a secret, and what is allowed."""
     source = f" (from {path}, TRAINFLOW_* variables or options)" if path else ""
-    return "; ".join(explain(err) for err in exc.errors()) + source
+    return "; ".join(explain(as_setting(err)) for err in exc.errors()) + source
+
+
+def as_setting(err: Mapping[str, Any]) -> dict:
+    """A pydantic error as one about a setting: its location without the tag that picks a section of several
+    (pool.azureml.max_nodes is pool.max_nodes), and a tag no section has as the value of the setting that names it
+    (pool.backend = 'slurm')."""
+    found = {**err, "loc": setting_path(err["loc"])}
+    named = found.get("ctx", {}).get("discriminator", "")
+    if found["type"] != "union_tag_invalid" or not named.startswith("'"):  # a callable picks: no setting to name
+        return found
+    message = f"Input should be {either(found['ctx']['expected_tags'].split(', '))}"
+    where, tag = (*found["loc"], named.strip("'")), found["ctx"]["tag"]
+    return {**found, "type": "literal_error", "loc": where, "input": tag, "msg": message}
+
+
+def setting_path(loc: tuple) -> tuple:
+    """A pydantic error location in FlowConfig without the tags pydantic adds after a section that is one of several."""
+    model: type[BaseModel] | None = FlowConfig
+    path, parts = [], list(loc)
+    while parts:
+        part = parts.pop(0)
+        path.append(part)
+        field = model.model_fields.get(part) if model and isinstance(part, str) else None
+        if field is None:
+            return (*path, *parts)
+        if one_of_sections(field) and parts:
+            parts.pop(0)  # the tag
+        model = section_type(field)
+    return tuple(path)
 
 
 def explain(err: dict) -> str:

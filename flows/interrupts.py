@@ -53,7 +53,7 @@ def interrupted_step(tb: TracebackType | None) -> str | None:
     while tb is not None:
         frame = tb.tb_frame
         runnable = frame.f_globals.get(frame.f_code.co_name)
-        if getattr(getattr(runnable, "fn", None), "__code__", None) is frame.f_code:
+        if runnable is not None and getattr(getattr(runnable, "fn", None), "__code__", None) is frame.f_code:
             step = runnable.name
         tb = tb.tb_next
     return step

@@ -15,9 +15,9 @@ from collections.abc import Mapping
 from azure.core.credentials import TokenCredential
 
 from flows.config import STAGED, FlowConfig
-from infra.storage import blobstore, fileshare
 from infra.core.errors import BadInput
 from infra.data.manifest import manifest_blob
+from infra.storage import blobstore, fileshare
 
 
 def check_access(

@@ -115,6 +115,7 @@ def build_and_push(
 def use_existing(engine: DockerEngine, cfg: ImageConfig, password: str | None, log: Log) -> dict:
     """The ready-made image of cfg.use, by digest when it is in a registry; a permanent ImageError when it is
     missing."""
+    assert cfg.use is not None  # the step calls it only when image.use is set
     host, name, tag, digest = parse_reference(cfg.use)
     if host is None:
         if not engine.has_image(cfg.use):

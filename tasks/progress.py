@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import cast
 from uuid import UUID
 
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
@@ -71,8 +72,11 @@ class ProgressArtifact:
     def __init__(self, epochs: int, interval: float = 2.0, clock: Callable[[], float] = time.monotonic):
         self.epochs, self.interval, self.clock = epochs, interval, clock
         self.first: tuple[float, int] | None = None
-        self.updated, self.last = float("-inf"), None
-        self.id: UUID = create_progress_artifact(0.0, key=KEY, description="**training**: starting")
+        self.updated = float("-inf")
+        self.last: StepSeen | None = None
+        # prefect's async_dispatch types the result as UUID or a coroutine: called from the (sync) training step it
+        # runs the sync version, a UUID
+        self.id = cast(UUID, create_progress_artifact(0.0, key=KEY, description="**training**: starting"))
 
     def see(self, line: str) -> None:
         """Read a line of the job; a progress line moves the artifact (if `interval` has passed)."""

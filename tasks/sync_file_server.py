@@ -10,13 +10,15 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import Protocol, cast
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from infra.data import manifest as mf
-from infra.compute import Pool, run_job
+from infra.compute import Pool, RunPaths, run_job
+from infra.compute.base import Job
 from infra.core.errors import BadInput
+from infra.data import manifest as mf
 from infra.storage.blobstore import BlobStore, StorageConfig, StorageError, open_store
 from infra.storage.fileserver import FileServer
 from infra.storage.transfers import Transfer, step_plan, transfer_progress
@@ -103,6 +105,24 @@ def sync_to_file_server_task(
     return {**transfer.row(), "path": str(current), "plan": transfer.plan}
 
 
+class NamedJob(Job, Protocol):
+    """A job that names the attempt it runs."""
+
+    @property
+    def name(self) -> str: ...
+
+
+class SyncingPool(Pool, Protocol):
+    """A pool whose backend syncs Blob to the file server by a job of its own (its sync_where is "pool")."""
+
+    @property
+    def run(self) -> RunPaths: ...
+
+    def sync_job(self) -> NamedJob: ...
+
+    def synced_folder(self) -> str: ...
+
+
 @task(
     name="sync-to-file-server",
     retries=1,
@@ -113,6 +133,7 @@ def sync_to_file_server_task(
 def sync_on_pool_task(pool: Pool, name: str, timeout_s: float) -> dict:
     """Prefect step, where only the pool reaches the file server (an NFS share inside a VNet): the pool's own
     sync job (trainer/datasets.py on one node) brings it to the staged version while the flow waits."""
+    pool = cast(SyncingPool, pool)  # the step runs only where the backend syncs on its pool (nothing here names one)
     pool.create()
     pool.wait_until_ready()
     job = pool.sync_job()

@@ -28,7 +28,9 @@ def start_tracking_task(cfg, run_id: str, data: Path, scripts: str, image: str |
         "dataset": cfg.dataset_name(),
     }
     tracked = start_run(cfg.tracking, cfg.workdir, run_id, cfg.model_dump(mode="json"), tags)
-    return {**tracked, **engine_tracking(cfg, tracked["run_id"])}
+    engine = engine_tracking(cfg, tracked["run_id"])
+    assert engine is not None  # None only with tracking.enabled false, returned above
+    return {**tracked, **engine}
 
 
 def engine_tracking(cfg, mlflow_run_id: str) -> dict | None:

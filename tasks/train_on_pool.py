@@ -31,7 +31,7 @@ def run_paths(cfg, run_id: str, scripts: str, data: Path) -> RunPaths:
     return RunPaths(
         run_id,
         data,
-        backend_of(cfg.pool).scripts_root(cfg) / scripts,
+        backend_of(cfg.pool).scripts_root(cfg.workdir) / scripts,
         cfg.workdir / "runs" / run_id,
         cfg.dataset_name(),
     )

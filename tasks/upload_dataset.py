@@ -14,8 +14,8 @@ from prefect import task
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from infra.data import manifest as mf
 from infra.core.errors import BadInput
+from infra.data import manifest as mf
 from infra.storage.blobstore import BlobStore, StorageConfig, open_store
 from infra.storage.transfers import Transfer, in_parallel, step_plan, transfer_progress
 from tasks.retry import unless_permanent
@@ -75,7 +75,7 @@ class UploadPlan:
 
     def unchanged(self) -> bool:
         """Whether the stored manifest already describes this data set."""
-        return bool(self.previous) and self.previous.get("version") == self.version
+        return bool(self.previous and self.previous.get("version") == self.version)
 
     def row(self, name: str) -> dict:
         """The step's decision: what it sends, or why it sends nothing."""
@@ -187,7 +187,13 @@ def unreferenced(store: BlobStore, plan: UploadPlan, name: str, workdir: Path) -
 
 
 def send_shards(
-    store: BlobStore, index: mf.Index, data_dir: Path, name: str, todo: dict, workdir: Path, advance
+    store: BlobStore,
+    index: mf.Index,
+    data_dir: Path,
+    name: str,
+    todo: dict[str, tuple[int, int]],
+    workdir: Path,
+    advance,
 ) -> None:
     """Build each shard in a temporary file and upload it, store.concurrency at a time."""
 

@@ -89,7 +89,9 @@ def upload_scripts(share: FileShare, files: dict[str, Path]) -> tuple[Transfer, 
 def previous_hashes(share: FileShare) -> dict[str, tuple[str, str]]:
     """Relative path -> (folder, hash) of the latest complete version, if any."""
     latest = share.read_text(LATEST)
-    text = share.read_text(f"scripts/{latest.strip()}/.hashes.json") if latest else None
+    if not latest:
+        return {}
+    text = share.read_text(f"scripts/{latest.strip()}/.hashes.json")
     if not text:
         return {}
     return {rel: (f"scripts/{latest.strip()}", digest) for rel, digest in json.loads(text).items()}

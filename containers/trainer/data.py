@@ -30,20 +30,21 @@ from torchvision.transforms.functional import pil_to_tensor
 
 from trainer import dali, jpeg_crop
 from trainer.errors import UsageError
-from trainer.layout import (
+from trainer.layout import (  # the data API: the layout's names, used here or by train.py and the tests
     SHOWN,
     VERIFIED,
     Split,
     Verified,
     find_bad_images,
-    index_folder,  # noqa: F401 - the
+    index_folder,  # noqa: F401 - part of the data API
     load_rgb,
     opened,
     read_record,
     read_verified,
+    verify_images,  # noqa: F401 - part of the data API
     without,
     write_record,
-)  # data API
+)
 from trainer.options import LOADERS  # noqa: F401 - the loaders the data API builds
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)

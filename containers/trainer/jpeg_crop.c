@@ -1,5 +1,5 @@
 /* Decode only a rectangle of a JPEG: the fast loader's random-resized crop, drawn from the header's size, is
- * all that is decoded. Two ways, the same pixels (those of a whole decode, cropped: tests/unit/test_jpeg_crop.py
+ * all that is decoded. Two ways, the same pixels (those of a whole decode, cropped: tests/unit/trainer/test_jpeg_crop.py
  * compares them):
  *
  * - Any JPEG: libjpeg-turbo's partial decoding (jpeg_crop_scanline, jpeg_skip_scanlines, libjpeg-turbo 1.5 and

@@ -5,64 +5,85 @@ this package names one.
     docker    containers of the training image as nodes        (infra/compute/docker.py)
     azureml   an Azure ML compute cluster and a command job     (infra/compute/azureml.py)
 
-A fourth backend (Azure Batch, Kubernetes, ...) is one module with a class that has the `Backend`
-interface of infra/compute/base.py, and one line in BACKENDS below; its own settings, if any, become a
-config section named after it.
+A fourth backend (Azure Batch, Kubernetes, ...) is one module with a class that has the `Backend` interface of
+infra/compute/base.py and a pool section of its own (a `PoolSection` with `backend: Literal["<name>"]` and its
+settings), registered below: the class in `registered`, the section in `PoolConfig`.
 """
 
-from typing import Literal
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BeforeValidator, Field
 
-from infra.compute.azureml import AzureMLBackend
-from infra.compute.base import JobConfig, JobTimedOut, Pool, PoolError, RunPaths, run_job, train_on_pool
-from infra.compute.docker import DockerBackend
-from infra.compute.process import ProcessBackend
+from infra.compute.azureml import AzureMLBackend, AzureMLPoolConfig
+from infra.compute.base import (
+    Backend,
+    JobConfig,
+    JobTimedOut,
+    Pool,
+    PoolError,
+    PoolSection,
+    RunConfig,
+    RunPaths,
+    run_job,
+    train_on_pool,
+)
+from infra.compute.docker import DockerBackend, DockerPoolConfig
+from infra.compute.process import ProcessBackend, ProcessPoolConfig
 from infra.core.errors import BadInput
-
-BACKENDS = {backend.name: backend for backend in (ProcessBackend(), DockerBackend(), AzureMLBackend())}
 
 __all__ = [
     "BACKENDS",
-    "PoolConfig",
+    "AzureMLPoolConfig",
+    "Backend",
+    "DockerPoolConfig",
     "JobConfig",
     "JobTimedOut",
     "Pool",
+    "PoolConfig",
     "PoolError",
+    "PoolSection",
+    "ProcessPoolConfig",
+    "RunConfig",
     "RunPaths",
     "backend_of",
+    "refuse_backend_sections",
     "run_job",
     "train_on_pool",
 ]
 
 
-class PoolConfig(BaseModel):
-    """Where the workers run."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
-
-    backend: Literal[tuple(BACKENDS)] = "process"
-    """process: local worker processes; docker: one container per node from the training image;
-    azureml: an Azure ML compute cluster (settings in the azureml section)."""
-    nodes: int = Field(1, ge=1)
-    """Nodes in the pool (the process pool is always this one machine)."""
-    slots_per_node: int = Field(2, ge=1)
-    """Workers one node runs at most (azureml: GPUs per node, the processes each node starts)."""
-    shm_size: str = "1g"
-    """/dev/shm of each container node (data loaders share batches through it)."""
+def registered() -> tuple[Backend[ProcessPoolConfig], Backend[DockerPoolConfig], Backend[AzureMLPoolConfig]]:
+    """Every backend, each checked by the type checker against the interface with its own pool section."""
+    return ProcessBackend(), DockerBackend(), AzureMLBackend()
 
 
-def backend_of(pool: PoolConfig):
+BACKENDS: dict[str, Backend[Any]] = {backend.name: backend for backend in registered()}
+
+
+def process_unless_named(pool: object) -> object:
+    """A pool section that names no backend is the process pool's (the default, as before pool had sections)."""
+    return {"backend": ProcessBackend.name, **pool} if isinstance(pool, dict) else pool
+
+
+PoolConfig = Annotated[
+    ProcessPoolConfig | DockerPoolConfig | AzureMLPoolConfig,
+    Field(discriminator="backend"),
+    BeforeValidator(process_unless_named),
+]
+"""The pool section: the section of the backend that `backend` names (process when it names none)."""
+
+
+def backend_of(pool: PoolSection) -> Backend[Any]:
     """The backend of a pool's config."""
     return BACKENDS[pool.backend]
 
 
-def slots(pool: PoolConfig) -> int:
+def slots(pool: PoolSection) -> int:
     """Workers the whole pool can run."""
     return backend_of(pool).nodes(pool) * pool.slots_per_node
 
 
-def check_fits(pool: PoolConfig, workers: int) -> None:
+def check_fits(pool: PoolSection, workers: int) -> None:
     """Refuse more workers than the pool has slots, before anything starts."""
     if workers > slots(pool):
         raise BadInput(
@@ -72,6 +93,11 @@ def check_fits(pool: PoolConfig, workers: int) -> None:
         )
 
 
-def backend_sections() -> dict[str, tuple]:
-    """(type, default) of each backend's own config section, by backend name."""
-    return {name: (b.settings, b.settings()) for name, b in BACKENDS.items() if b.settings is not None}
+def refuse_backend_sections(values: dict) -> None:
+    """Refuse a section named after a backend (the config format before its settings moved into `pool`)."""
+    named = [name for name in BACKENDS if name in values]
+    if named:
+        raise ValueError(
+            f"there is no {named[0]}: section: the {named[0]} pool's settings now live under pool:, with backend: "
+            f"{named[0]} (TRAINFLOW_POOL__<SETTING>, not TRAINFLOW_{named[0].upper()}__<SETTING>); move them there"
+        )

@@ -6,7 +6,7 @@ it. The clients around them are thin: create the cluster or reuse it as it is, r
 (the NFS file server is only reachable inside the VNet), submit the training job as attempts (each its
 own job name; a pre-empted or failed one is followed by the next, which resumes from the checkpoints all
 attempts keep in one Blob datastore path), stream logs, map statuses, cancel, download the results,
-scale the cluster to zero or delete it. tests/azureml_standin.py is the service these run against here.
+scale the cluster to zero or delete it. tests/fakes/azureml.py is the service these run against here.
 """
 
 import queue
@@ -19,15 +19,15 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from infra.compute.base import PoolError, RunPaths
+from infra.compute.base import Billing, PoolError, PoolSection, RunConfig, RunPaths, SyncWhere
 from infra.core.errors import first_line
-from infra.engines.contract import ERROR_LINE, SYNTHETIC, trainer_argv
+from infra.engines.contract import ERROR_LINE, SYNTHETIC, TrainingSettings, trainer_argv
 from infra.engines.launchers import LaunchError, torchrun_options
-from infra.images.registry import registry_password
+from infra.images.registry import ImageConfig, registry_password
 from trainer.datasets import BAD_INPUT, dataset_prefix
 
 # Azure ML job statuses that end a job, and the exit status each maps to.
@@ -38,11 +38,11 @@ NFS_MOUNT = "/mnt/fileserver"
 SCRIPTS_INPUT, SHARDS_INPUT, RESULTS_OUTPUT = "${{inputs.scripts}}", "${{inputs.shards}}", "${{outputs.results}}"
 
 
-class AzureMLConfig(BaseModel):
-    """The Azure ML workspace, the cluster (the pool), how jobs reach data, scripts and results, and retries."""
+class AzureMLPoolConfig(PoolSection):
+    """The azureml pool: the Azure ML workspace, the cluster, how jobs reach data, scripts and results, and retries;
+    the job starts nodes x slots_per_node (GPUs per node) processes."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
-
+    backend: Literal["azureml"] = "azureml"
     subscription_id: str = ""
     """Azure subscription id of the workspace."""
     resource_group: str = ""
@@ -109,10 +109,10 @@ STEP_LINE = re.compile(r"epoch \d+ step (\d+) ")  # the trainer's progress line 
 CHECKPOINT_LINE = re.compile(r"checkpoint step (\d+) saved|resumed from step-(\d+)\.pt")
 
 
-def check_complete(cfg: AzureMLConfig, reads_nfs: bool) -> None:
+def check_complete(cfg: AzureMLPoolConfig, reads_nfs: bool) -> None:
     """Refuse an azureml section that lacks what a run needs, naming the settings."""
     needed = ["subscription_id", "resource_group", "workspace"] + (["nfs_export"] if reads_nfs else [])
-    missing = [f"azureml.{name}" for name in needed if not getattr(cfg, name)]
+    missing = [f"pool.{name}" for name in needed if not getattr(cfg, name)]
     if missing:
         raise ValueError(
             f"the azureml pool needs {', '.join(missing)}; infra/compute/azure/deploy.sh prints them "
@@ -120,23 +120,30 @@ def check_complete(cfg: AzureMLConfig, reads_nfs: bool) -> None:
         )
     if not cfg.node_public_ip and not cfg.subnet:
         raise ValueError(
-            "azureml.node_public_ip false needs azureml.subnet (a subnet of a VNet with a workspace "
+            "pool.node_public_ip false needs pool.subnet (a subnet of a VNet with a workspace "
             "private endpoint, as infra/compute/azure/main.bicep makes)"
         )
 
 
-def check_registry(cfg: AzureMLConfig, image_cfg) -> None:
-    """Refuse a registry connection holding an Entra access token: it expires in about 3 h, and a later
-    attempt's nodes pull the image again."""
-    if cfg.registry_access == "connection" and image_cfg.username == ENTRA_TOKEN_USER:
+def check_registry(cfg: AzureMLPoolConfig, image_cfg: ImageConfig) -> None:
+    """Refuse a registry connection without a registry and user, or holding an Entra access token: it expires in
+    about 3 h, and a later attempt's nodes pull the image again."""
+    if cfg.registry_access != "connection":
+        return
+    if not (image_cfg.registry and image_cfg.username):
         raise ValueError(
-            "azureml.registry_access connection with an Entra access token (image.username "
+            "pool.registry_access connection needs image.registry and image.username (the user whose "
+            "password the connection holds); set them, or use registry_access: workspace"
+        )
+    if image_cfg.username == ENTRA_TOKEN_USER:
+        raise ValueError(
+            "pool.registry_access connection with an Entra access token (image.username "
             f"{ENTRA_TOKEN_USER}) breaks pulls after about 3 h; use registry_access: workspace (the "
             "cluster's identity has AcrPull) or an ACR token (az acr token create) as image.username"
         )
 
 
-def infiniband(cfg: AzureMLConfig) -> bool:
+def infiniband(cfg: AzureMLPoolConfig) -> bool:
     """Whether the nodes have InfiniBand (by config, or by the VM size's features)."""
     if cfg.infiniband != "auto":
         return cfg.infiniband == "on"
@@ -144,7 +151,7 @@ def infiniband(cfg: AzureMLConfig) -> bool:
     return bool(match and "r" in match.group(1))
 
 
-def nccl_environment(cfg: AzureMLConfig) -> dict[str, str]:
+def nccl_environment(cfg: AzureMLPoolConfig) -> dict[str, str]:
     """NCCL settings for the nodes; InfiniBand on when the VM has it."""
     env = {"NCCL_DEBUG": "WARN", "NCCL_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1"}
     if infiniband(cfg):
@@ -152,7 +159,7 @@ def nccl_environment(cfg: AzureMLConfig) -> dict[str, str]:
     return {**env, "NCCL_IB_DISABLE": "1"}
 
 
-def check_world(pool, workers: int) -> None:
+def check_world(pool: AzureMLPoolConfig, workers: int) -> None:
     """Refuse a world size other than nodes x processes per node (Azure ML starts exactly that many)."""
     slots = pool.nodes * pool.slots_per_node
     if slots != workers:
@@ -163,7 +170,7 @@ def check_world(pool, workers: int) -> None:
         )
 
 
-def compute_spec(cfg: AzureMLConfig, nodes: int, min_nodes: int | None = None):
+def compute_spec(cfg: AzureMLPoolConfig, nodes: int, min_nodes: int | None = None):
     """The whole AmlCompute cluster, grown to at least `nodes` nodes: a PUT replaces a cluster, so nothing is
     left out (the system identity holds AcrPull; the subnet goes by its full id)."""
     from azure.ai.ml.entities import AmlCompute, IdentityConfiguration, NetworkSettings
@@ -186,8 +193,8 @@ def compute_spec(cfg: AzureMLConfig, nodes: int, min_nodes: int | None = None):
 def fixed_settings_differ(spec, found) -> list[str]:
     """The settings an existing cluster cannot change in place that the spec asks to change."""
     wanted = {
-        "azureml.vm_size": (spec.size.lower(), (found.size or "").lower()),
-        "azureml.low_priority": (spec.tier, found.tier),
+        "pool.vm_size": (spec.size.lower(), (found.size or "").lower()),
+        "pool.low_priority": (spec.tier, found.tier),
     }
     return [f"{name} ({old!r} there, {new!r} asked)" for name, (new, old) in wanted.items() if new != old]
 
@@ -209,10 +216,12 @@ def environment_spec(image: str):
     return Environment(image=image, description="trainflow training image (pushed by build-image)")
 
 
-def registry_connection_spec(registry: str, username: str, password: str):
-    """The workspace connection through which Azure ML pulls from a registry that is not the workspace's."""
+def registry_connection_spec(image_cfg: ImageConfig, password: str):
+    """The workspace connection through which Azure ML pulls from a registry that is not the workspace's, as
+    image.username (check_registry refuses a connection without a registry or a user)."""
     from azure.ai.ml.entities import UsernamePasswordConfiguration, WorkspaceConnection
 
+    registry, username = image_cfg.registry or "", image_cfg.username or ""
     return WorkspaceConnection(
         name=f"trainflow-{registry.split('.')[0].split(':')[0]}",
         type="container_registry",
@@ -221,7 +230,7 @@ def registry_connection_spec(registry: str, username: str, password: str):
     )
 
 
-def launch_command(training, pool, data: str) -> str:
+def launch_command(training: TrainingSettings, pool: AzureMLPoolConfig, data: str) -> str:
     """The command each node runs: the trainer under MPI (Horovod) or under torchrun (one per node)."""
     trainer = " ".join(trainer_argv(training, data, RESULTS_OUTPUT, SCRIPTS_INPUT))
     if training.launcher == "horovodrun":  # Azure ML's mpirun starts gpus_per_node of these per node
@@ -231,7 +240,7 @@ def launch_command(training, pool, data: str) -> str:
     return f"torchrun {' '.join(options)} {trainer}"
 
 
-def nfs_mount(cfg: AzureMLConfig, options: str) -> str:
+def nfs_mount(cfg: AzureMLPoolConfig, options: str) -> str:
     """Shell that mounts the NFS file server once per node: the first rank mounts under a node-wide lock, the
     others wait for the lock and find it mounted (`mountpoint -q`). Needs nfs-common (mount.nfs) in the image and
     a job container allowed to mount (root, as Azure ML runs it; not documented either way)."""
@@ -248,7 +257,7 @@ def fetch_command(source: str, export: str, dataset: str) -> str:
     return f"python {SCRIPTS_INPUT}/trainer/datasets.py --source {source} --export {export} --dataset {dataset} && "
 
 
-def data_input(cfg: AzureMLConfig, run: RunPaths) -> tuple[str, dict, str]:
+def data_input(cfg: AzureMLPoolConfig, run: RunPaths) -> tuple[str, dict, str]:
     """(shell prefix, inputs, --data path): the NFS file server mounted once per node, or the staged shards from
     the Blob datastore unpacked to each node's local disk."""
     from azure.ai.ml import Input
@@ -278,13 +287,15 @@ def attempt_name(run_id: str, attempt: int, kind: str = "train") -> str:
     return f"trainflow-{run_id}-{kind}-{attempt}"
 
 
-def job_spec(training, cfg: AzureMLConfig, pool, run: RunPaths, image: str, timeout_s: float, attempt: int = 1):
+def job_spec(
+    training: TrainingSettings, pool: AzureMLPoolConfig, run: RunPaths, image: str, timeout_s: float, attempt: int = 1
+):
     """The Azure ML command job of one attempt; every attempt of a run shares runs/<run id>/ in the Blob
     datastore, so a new attempt resumes from the newest checkpoint there."""
     from azure.ai.ml import MpiDistribution, Output, PyTorchDistribution, command
 
     check_world(pool, training.workers)
-    prefix, inputs, data = data_input(cfg, run)
+    prefix, inputs, data = data_input(pool, run)
     distribution = (
         MpiDistribution(process_count_per_instance=pool.slots_per_node)
         if training.launcher == "horovodrun"
@@ -293,34 +304,34 @@ def job_spec(training, cfg: AzureMLConfig, pool, run: RunPaths, image: str, time
     return command(
         name=attempt_name(run.run_id, attempt),
         display_name=f"trainflow {run.run_id} attempt {attempt}",
-        experiment_name=cfg.experiment,
+        experiment_name=pool.experiment,
         command=prefix + launch_command(training, pool, data),
         environment=environment_spec(image),
-        compute=cfg.compute,
+        compute=pool.compute,
         instance_count=pool.nodes,
         distribution=distribution,
-        shm_size=cfg.shm_size,
-        environment_variables=nccl_environment(cfg),
-        inputs={"scripts": scripts_input(cfg, run), **inputs},
-        outputs={"results": Output(type="uri_folder", path=results_path(cfg, run.run_id), mode="rw_mount")},
+        shm_size=pool.shm_size,
+        environment_variables=nccl_environment(pool),
+        inputs={"scripts": scripts_input(pool, run), **inputs},
+        outputs={"results": Output(type="uri_folder", path=results_path(pool, run.run_id), mode="rw_mount")},
         timeout=int(timeout_s) or None,
         tags={"trainflow.run": run.run_id, "trainflow.attempt": str(attempt)},
     )
 
 
-def scripts_input(cfg: AzureMLConfig, run: RunPaths):
+def scripts_input(cfg: AzureMLPoolConfig, run: RunPaths):
     """The scripts version on the file share's datastore, mounted read-only."""
     from azure.ai.ml import Input
 
     return Input(type="uri_folder", path=datastore_path(cfg.datastore, run.scripts.as_posix()), mode="ro_mount")
 
 
-def results_path(cfg: AzureMLConfig, run_id: str) -> str:
+def results_path(cfg: AzureMLPoolConfig, run_id: str) -> str:
     """Where every attempt of a run writes checkpoints and results: one stable Blob datastore path."""
     return datastore_path(cfg.blob_datastore, f"runs/{run_id}")
 
 
-def sync_spec(cfg: AzureMLConfig, run: RunPaths, image: str, attempt: int = 1):
+def sync_spec(cfg: AzureMLPoolConfig, run: RunPaths, image: str, attempt: int = 1):
     """The job that syncs the staged data set from the Blob datastore to the NFS file server, on one node of the
     cluster (inside the VNet, where the file server is), so the flow itself may run anywhere."""
     from azure.ai.ml import Input, command
@@ -354,7 +365,7 @@ def yaml_text(entity) -> str:
     return buffer.getvalue()
 
 
-def ml_client(cfg: AzureMLConfig):
+def ml_client(cfg: AzureMLPoolConfig):
     """An MLClient for the workspace, authenticated with DefaultAzureCredential (az login, managed identity, ...)."""
     from azure.ai.ml import MLClient
     from azure.identity import DefaultAzureCredential
@@ -368,12 +379,11 @@ class AzureMLPool:
     """An AmlCompute cluster as the pool: created if missing, else reused as it is (updated only where its
     changeable settings differ from the config, refused where its fixed ones do); scaled to zero or deleted."""
 
-    pool: object  # PoolConfig
+    pool: AzureMLPoolConfig
     run: RunPaths
-    azure: AzureMLConfig
     image: str
-    image_cfg: object  # ImageConfig: the registry connection's user and password
-    _client: object = field(default=None, repr=False)
+    image_cfg: ImageConfig  # the registry connection's user and password
+    _client: Any = field(default=None, repr=False)
 
     @property
     def run_id(self) -> str:
@@ -383,26 +393,23 @@ class AzureMLPool:
     def client(self):
         """The workspace's MLClient, made on first use (the dry run makes a pool without one)."""
         if self._client is None:
-            self._client = ml_client(self.azure)
+            self._client = ml_client(self.pool)
         return self._client
 
     def create(self) -> None:
-        if self.azure.registry_access == "connection":
-            self.client.connections.create_or_update(
-                registry_connection_spec(
-                    self.image_cfg.registry, self.image_cfg.username, registry_password(self.image_cfg)
-                )
-            )
-        spec, found = compute_spec(self.azure, self.pool.nodes), self.find()
+        if self.pool.registry_access == "connection":
+            password = registry_password(self.image_cfg) or ""  # None only without a user, which check_registry refuses
+            self.client.connections.create_or_update(registry_connection_spec(self.image_cfg, password))
+        spec, found = compute_spec(self.pool, self.pool.nodes), self.find()
         if found is None:
             self.put(spec)
             return
         differ = fixed_settings_differ(spec, found)
         if differ:
             raise PoolError(
-                f"Azure ML compute {self.azure.compute} exists with other fixed settings: "
+                f"Azure ML compute {self.pool.compute} exists with other fixed settings: "
                 f"{'; '.join(differ)}. Azure ML cannot change them in place: set them as they are, name "
-                "another azureml.compute, or delete the cluster",
+                "another pool.compute, or delete the cluster",
                 permanent=True,
             )
         if needs_update(spec, found):
@@ -413,7 +420,7 @@ class AzureMLPool:
         from azure.core.exceptions import ResourceNotFoundError
 
         try:
-            return self.client.compute.get(self.azure.compute)
+            return self.client.compute.get(self.pool.compute)
         except ResourceNotFoundError:
             return None
 
@@ -422,16 +429,16 @@ class AzureMLPool:
         self.client.compute.begin_create_or_update(spec).result()
 
     def wait_until_ready(self) -> None:
-        state = self.client.compute.get(self.azure.compute).provisioning_state
+        state = self.client.compute.get(self.pool.compute).provisioning_state
         if state != "Succeeded":
             raise PoolError(
-                f"Azure ML compute {self.azure.compute} is {state}, not Succeeded; see its provisioning "
-                "errors in Azure ML studio (quota for azureml.vm_size is the usual cause)",
+                f"Azure ML compute {self.pool.compute} is {state}, not Succeeded; see its provisioning "
+                "errors in Azure ML studio (quota for pool.vm_size is the usual cause)",
                 permanent=True,
             )
 
     def describe(self) -> dict:
-        found = self.client.compute.get(self.azure.compute)
+        found = self.client.compute.get(self.pool.compute)
         return {
             "backend": "azureml",
             "run_id": self.run_id,
@@ -445,29 +452,29 @@ class AzureMLPool:
     def delete(self) -> None:
         """at_end delete: delete the cluster; scale_to_zero: nothing while min nodes is 0 (idle nodes go after
         idle_seconds), else the whole spec again with min nodes 0 (never the fetched one: see compute_spec)."""
-        if self.azure.at_end == "delete":
-            self.client.compute.begin_delete(self.azure.compute).result()
+        if self.pool.at_end == "delete":
+            self.client.compute.begin_delete(self.pool.compute).result()
             return
         found = self.find()
         if found is not None and found.min_instances:
-            self.put(compute_spec(self.azure, self.pool.nodes, min_nodes=0))
+            self.put(compute_spec(self.pool, self.pool.nodes, min_nodes=0))
 
     def delete_leftovers(self, keep: set[str]) -> list[str]:
         """Nothing: the cluster is shared by every run and scales down by itself."""
         return []
 
-    def job(self, training, timeout_s: float = 0) -> "AzureMLJob":
+    def job(self, training: TrainingSettings, timeout_s: float = 0) -> "AzureMLJob":
         """The run's training job: attempt after attempt, each resuming from the checkpoints of the one before."""
         return AzureMLJob(
             self,
-            lambda n: job_spec(training, self.azure, self.pool, self.run, self.image, timeout_s, n),
+            lambda n: job_spec(training, self.pool, self.run, self.image, timeout_s, n),
             gpus=self.pool.nodes * self.pool.slots_per_node,
             on_complete=self.download_results,
         )
 
     def sync_job(self) -> "AzureMLJob":
         """The job that syncs Blob to the NFS file server on one node of the cluster (one GPU-node's worth of time)."""
-        return AzureMLJob(self, lambda n: sync_spec(self.azure, self.run, self.image, n), gpus=self.pool.slots_per_node)
+        return AzureMLJob(self, lambda n: sync_spec(self.pool, self.run, self.image, n), gpus=self.pool.slots_per_node)
 
     def synced_folder(self) -> str:
         """Where the nodes read the data set the sync job wrote: the NFS file server's current version."""
@@ -557,7 +564,7 @@ class AzureMLJob:
     (not bad input, not cancelled) is followed by the next while attempts and GPU-hours last."""
 
     pool: AzureMLPool
-    make_spec: Callable[[int], object]  # attempt number -> command job
+    make_spec: Callable[[int], Any]  # attempt number -> command job
     gpus: int
     on_complete: Callable[[str], None] = lambda name: None
     poll_seconds: float = 10.0
@@ -582,7 +589,7 @@ class AzureMLJob:
         return self.history[-1].name if self.history else ""
 
     def describe(self) -> str:
-        cfg, spec = self.pool.azure, self.spec
+        cfg, spec = self.pool.pool, self.spec
         later = (
             (
                 f" (then {spec.name.rsplit('-', 1)[0]}-2 ... -{cfg.max_attempts} if pre-empted or failed, each "
@@ -679,15 +686,15 @@ class AzureMLJob:
 
     def refusal(self, attempt: Attempt) -> str | None:
         """Why no new attempt may follow this one, or None."""
-        cfg, spent = self.pool.azure, sum(a.gpu_hours for a in self.history)
+        cfg, spent = self.pool.pool, sum(a.gpu_hours for a in self.history)
         if attempt.status == "Canceled" or self._cancelled.is_set():
             return "cancelled: not retried"
         if attempt.bad_input:
             return "bad input: not retried"
         if self.number >= cfg.max_attempts:
-            return f"no attempts left (azureml.max_attempts {cfg.max_attempts})"
+            return f"no attempts left (pool.max_attempts {cfg.max_attempts})"
         if cfg.max_gpu_hours and spent >= cfg.max_gpu_hours:
-            return f"GPU-hours spent: {spent:.2f} of azureml.max_gpu_hours {cfg.max_gpu_hours:g}"
+            return f"GPU-hours spent: {spent:.2f} of pool.max_gpu_hours {cfg.max_gpu_hours:g}"
         return None
 
     def lines(self) -> Iterator[str]:
@@ -751,56 +758,60 @@ class AzureMLBackend:
 
     name = "azureml"
     needs_image = True
-    settings = AzureMLConfig
+    settings = AzureMLPoolConfig
 
-    def check(self, cfg) -> None:
-        check_world(cfg.pool, cfg.training.workers)
-        check_complete(cfg.azureml, reads_nfs=cfg.azureml.data_source == "nfs" and cfg.data != SYNTHETIC)
-        check_registry(cfg.azureml, cfg.image)
+    def check(self, cfg: RunConfig[AzureMLPoolConfig]) -> None:
+        pool = cfg.pool
+        check_world(pool, cfg.training.workers)
+        check_complete(pool, reads_nfs=pool.data_source == "nfs" and cfg.data != SYNTHETIC)
+        check_registry(pool, cfg.image)
         if cfg.fileshare.backend != "azure":
             raise ValueError(
                 "the azureml pool reads the scripts from the Azure Files share; set fileshare.backend: "
-                "azure (and azureml.datastore to the datastore registered for that share)"
+                "azure (and pool.datastore to the datastore registered for that share)"
             )
 
-    def nodes(self, pool) -> int:
+    def nodes(self, pool: AzureMLPoolConfig) -> int:
         return pool.nodes
 
-    def billing(self, cfg) -> tuple[str | None, bool, int]:
+    def billing(self, pool: AzureMLPoolConfig) -> Billing:
         """The cluster's VM size and priority, and the attempts a training job may make."""
-        return cfg.azureml.vm_size, cfg.azureml.low_priority, cfg.azureml.max_attempts
+        return pool.vm_size, pool.low_priority, pool.max_attempts
 
-    def scripts_root(self, cfg) -> Path:
+    def scripts_root(self, workdir: Path) -> Path:
         """The root of the Azure Files datastore: scripts/<version> is a path relative to it."""
         return Path()
 
-    def sync_where(self, cfg) -> str:
+    def sync_where(self, pool: AzureMLPoolConfig) -> SyncWhere:
         """pool: the NFS file server is only reachable inside the VNet, so a job on the cluster syncs it;
         nodes: every node fetches the shards from the Blob datastore itself when the job starts."""
-        return "pool" if cfg.azureml.data_source == "nfs" else "nodes"
+        return "pool" if pool.data_source == "nfs" else "nodes"
 
-    def pool(self, cfg, run: RunPaths, image: str | None) -> AzureMLPool:
-        return AzureMLPool(cfg.pool, run, cfg.azureml, image or "<image>", cfg.image)
+    def pool(self, cfg: RunConfig[AzureMLPoolConfig], run: RunPaths, image: str | None) -> AzureMLPool:
+        return AzureMLPool(cfg.pool, run, image or "<image>", cfg.image)
 
-    def specs(self, cfg, run: RunPaths, image: str | None) -> dict[str, str]:
+    def specs(self, cfg: RunConfig[AzureMLPoolConfig], run: RunPaths, image: str | None) -> dict[str, str]:
         """The exact specs the pool and jobs would send, as YAML (`az ml compute/environment/job create --file`)."""
-        pool = self.pool(cfg, run, image)
+        pool, settings = self.pool(cfg, run, image), cfg.pool
         specs = {
-            "compute": yaml_text(compute_spec(cfg.azureml, cfg.pool.nodes)),
+            "compute": yaml_text(compute_spec(settings, settings.nodes)),
             "environment": yaml_text(environment_spec(pool.image)),
         }
-        if self.sync_where(cfg) == "pool" and not run.synthetic:
+        if self.sync_where(settings) == "pool" and not run.synthetic:
             specs["sync job"] = yaml_text(pool.sync_job().spec)
         specs["job"] = yaml_text(pool.job(cfg.training, cfg.job.timeout_s).spec)
-        names = ", ".join(attempt_name(run.run_id, n) for n in range(2, cfg.azureml.max_attempts + 1))
-        specs["later attempts"] = (
-            f"# after a pre-emption or failure: {names or 'none (max_attempts 1)'}; the same spec "
-            f"under the new name, resuming from {results_path(cfg.azureml, run.run_id)}"
-            f"checkpoints/ (bounded by max_attempts and max_gpu_hours)\n"
-        )
-        if cfg.azureml.registry_access == "connection":  # the password is read at run time, never shown
+        specs["later attempts"] = later_attempts(settings, run.run_id)
+        if settings.registry_access == "connection":  # the password is read at run time, never shown
             placeholder = f"<the value of ${cfg.image.password_env}>"
-            specs["registry connection"] = yaml_text(
-                registry_connection_spec(cfg.image.registry, cfg.image.username, placeholder)
-            )
+            specs["registry connection"] = yaml_text(registry_connection_spec(cfg.image, placeholder))
         return specs
+
+
+def later_attempts(pool: AzureMLPoolConfig, run_id: str) -> str:
+    """The dry run's note on the attempts that may follow the first one."""
+    names = ", ".join(attempt_name(run_id, n) for n in range(2, pool.max_attempts + 1))
+    return (
+        f"# after a pre-emption or failure: {names or 'none (max_attempts 1)'}; the same spec "
+        f"under the new name, resuming from {results_path(pool, run_id)}"
+        f"checkpoints/ (bounded by max_attempts and max_gpu_hours)\n"
+    )

@@ -1,21 +1,5 @@
-"""What every compute backend provides, and the code that runs a job on any of them.
-
-A backend (one module in this package, registered in `infra/compute/__init__.py`) owns its pool, its
-job, and where the trainer, the scripts and the data are on its nodes:
-
-    class Backend(Protocol):
-        name: str                       # pool.backend in the config
-        needs_image: bool               # its nodes run the pushed training image
-        settings: type | None           # its own config section (named after it), if any
-        def check(cfg) -> None          # refuse a config it cannot run (ValueError naming the settings)
-        def nodes(pool) -> int          # nodes the pool has
-        def billing(cfg) -> tuple       # (VM size of its nodes or None for this machine, low-priority, most
-                                        # attempts of a training job): what infra/runs/ledger.py prices
-        def scripts_root(cfg) -> Path   # where its nodes find the file share's scripts/<version>
-        def sync_where(cfg) -> str      # who syncs Blob to the file server: "here" (the flow), "pool" (a job
-                                        # on the pool: pool.sync_job()), "nodes" (each node, as the job starts)
-        def pool(cfg, run, image) -> Pool          # this run's pool, not yet created
-        def specs(cfg, run, image) -> dict[str, str]  # what it would send a service, for the dry run
+"""What every compute backend provides (`Backend`), what it reads of the config (`PoolSection`, `RunConfig`),
+and the code that runs a job on any of them.
 
 A `Pool` is created, waited for, described and deleted, and makes the run's `Job`; a job is checked,
 submitted, streamed, polled and cancelled, describes its command (which the dry run prints), and lists
@@ -31,14 +15,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from queue import Queue
-from typing import Protocol
+from typing import Generic, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from infra.core.errors import TrainflowError
-from infra.engines.contract import SYNTHETIC, TrainingMetrics, read_metrics
+from infra.engines.contract import SYNTHETIC, TrainingMetrics, TrainingSettings, read_metrics
 from infra.engines.launchers import LaunchError, route_output
-from infra.storage.fileshare import local_root
+from infra.images.registry import ImageConfig
+from infra.storage.fileshare import FileShareConfig, local_root
 
 
 class PoolError(TrainflowError):
@@ -108,7 +93,8 @@ class Job(Protocol):
 class Pool(Protocol):
     """The one interface every backend's pool has."""
 
-    run_id: str
+    @property
+    def run_id(self) -> str: ...
 
     def create(self) -> None: ...
 
@@ -120,37 +106,119 @@ class Pool(Protocol):
 
     def delete_leftovers(self, keep: set[str]) -> list[str]: ...
 
-    def job(self, training, timeout_s: float) -> Job: ...
+    def job(self, training: TrainingSettings, timeout_s: float) -> Job: ...
 
 
-class LocalBackend:
+class PoolSection(BaseModel):
+    """What every backend's pool section has; each backend's own section adds its settings (PoolConfig in
+    infra/compute/__init__.py is the union of them, picked by `backend`)."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    backend: str
+    """process: local worker processes; docker: one container per node from the training image;
+    azureml: an Azure ML compute cluster."""
+    nodes: int = Field(1, ge=1)
+    """Nodes in the pool (the process pool is always this one machine)."""
+    slots_per_node: int = Field(2, ge=1)
+    """Workers one node runs at most (azureml: GPUs per node, the processes each node starts)."""
+
+
+S = TypeVar("S", bound=PoolSection)
+S_co = TypeVar("S_co", bound=PoolSection, covariant=True)
+Billing = tuple[str | None, bool, int]  # VM size (None: this machine), low-priority, most attempts of a training job
+SyncWhere = Literal["here", "pool", "nodes"]
+
+
+class RunConfig(Protocol[S_co]):
+    """What the backends read of a run's config, with the pool section of type S_co (flows/config.py's
+    FlowConfig has it all; infra does not import flows)."""
+
+    @property
+    def workdir(self) -> Path: ...
+
+    @property
+    def data(self) -> str | None: ...
+
+    @property
+    def pool(self) -> S_co: ...
+
+    @property
+    def training(self) -> TrainingSettings: ...
+
+    @property
+    def fileshare(self) -> FileShareConfig: ...
+
+    @property
+    def image(self) -> ImageConfig: ...
+
+    @property
+    def job(self) -> JobConfig: ...
+
+
+class Backend(Protocol[S]):
+    """A compute backend: one module in this package, registered in `infra/compute/__init__.py`, that owns its
+    pool section (S), its pool, its job, and where the trainer, the scripts and the data are on its nodes."""
+
+    name: str
+    """pool.backend in the config."""
+    needs_image: bool
+    """Its nodes run the pushed training image."""
+    settings: type[S]
+    """Its pool section: the settings under `pool:` when pool.backend names it."""
+
+    def check(self, cfg: RunConfig[S]) -> None:
+        """Refuse a config it cannot run (a ValueError naming the settings)."""
+
+    def nodes(self, pool: S) -> int:
+        """Nodes the pool has."""
+
+    def billing(self, pool: S) -> Billing:
+        """What infra/runs/ledger.py prices: the VM size of its nodes (None: this machine), low-priority, and the
+        most attempts a training job makes."""
+
+    def scripts_root(self, workdir: Path) -> Path:
+        """Where its nodes find the file share's scripts/<version>."""
+
+    def sync_where(self, pool: S) -> SyncWhere:
+        """Who syncs Blob to the file server: "here" (the flow), "pool" (a job on the pool: its pool's sync_job()),
+        "nodes" (each node, as the job starts)."""
+
+    def pool(self, cfg: RunConfig[S], run: RunPaths, image: str | None) -> Pool:
+        """This run's pool, not yet created."""
+
+    def specs(self, cfg: RunConfig[S], run: RunPaths, image: str | None) -> dict[str, str]:
+        """What it would send a service, for the dry run (as YAML; nothing for the local pools)."""
+
+
+class LocalBackend(Generic[S]):
     """What the backends on this machine share: they read the local file share, and send no service a spec."""
 
+    name: str
     needs_image = False
-    settings = None
 
-    def check(self, cfg) -> None:
+    def check(self, cfg: RunConfig[S]) -> None:
         if cfg.fileshare.backend != "local":
             raise ValueError(
                 f"the {self.name} pool runs the scripts from the local file share, but fileshare.backend "
                 "is azure; set fileshare.backend: local to train on this machine"
             )
 
-    def nodes(self, pool) -> int:
+    def nodes(self, pool: S) -> int:
         return pool.nodes
 
-    def billing(self, cfg) -> tuple[str | None, bool, int]:
+    def billing(self, pool: S) -> Billing:
         """This machine (priced as cost.this_machine); a job makes one attempt and run-training retries it once."""
         return None, False, 2
 
-    def scripts_root(self, cfg) -> Path:
-        return local_root(cfg.workdir)
+    def scripts_root(self, workdir: Path) -> Path:
+        return local_root(workdir)
 
-    def sync_where(self, cfg) -> str:
+    def sync_where(self, pool: S) -> SyncWhere:
         """The file server is a folder of this machine: the flow syncs it."""
         return "here"
 
-    def specs(self, cfg, run: RunPaths, image: str | None) -> dict[str, str]:
+    def specs(self, cfg: RunConfig[S], run: RunPaths, image: str | None) -> dict[str, str]:
         return {}
 
 

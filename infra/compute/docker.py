@@ -10,8 +10,19 @@ what a crashed one left behind.
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Literal
 
-from infra.compute.base import LocalBackend, NodePaths, OneAttempt, PoolError, RunPaths, merged_lines, owner_alive
+from infra.compute.base import (
+    LocalBackend,
+    NodePaths,
+    OneAttempt,
+    PoolError,
+    PoolSection,
+    RunConfig,
+    RunPaths,
+    merged_lines,
+    owner_alive,
+)
 from infra.compute.docker_nodes import (
     DATA,
     LABEL,
@@ -27,15 +38,23 @@ from infra.compute.docker_nodes import (
     start_nodes,
     torchrun_layout,
 )
-from infra.engines.contract import SYNTHETIC
+from infra.engines.contract import SYNTHETIC, TrainingSettings
 from infra.images.registry import DockerEngine
+
+
+class DockerPoolConfig(PoolSection):
+    """The docker pool: `nodes` containers of the training image on this machine's Docker engine."""
+
+    backend: Literal["docker"] = "docker"
+    shm_size: str = "1g"
+    """/dev/shm of each container node (data loaders share batches through it)."""
 
 
 @dataclass
 class DockerPool:
     """Container nodes of the training image; the data, scripts and results folders are mounted into each."""
 
-    pool: object  # PoolConfig
+    pool: DockerPoolConfig
     run: RunPaths
     image: str
     docker_url: str | None = None
@@ -99,11 +118,9 @@ class DockerPool:
 
     def node_paths(self) -> NodePaths:
         """The trainer of the scripts version under /scripts, the data at /data (or synthetic), results at /results."""
-        return NodePaths(
-            f"{SCRIPTS}/{self.run.scripts.name}", SYNTHETIC if self.run.synthetic else DATA, RESULTS
-        )
+        return NodePaths(f"{SCRIPTS}/{self.run.scripts.name}", SYNTHETIC if self.run.synthetic else DATA, RESULTS)
 
-    def job(self, training, timeout_s: float = 0) -> "ContainerJob":
+    def job(self, training: TrainingSettings, timeout_s: float = 0) -> "ContainerJob":
         commands = commands_on_nodes(training, self.names, self.pool.slots_per_node, self.node_paths())
         return ContainerJob(self, commands)
 
@@ -119,6 +136,9 @@ class ContainerJob(OneAttempt):
 
     @property
     def nodes(self) -> ContainerNodes:
+        """The pool's nodes (a job runs on a created pool)."""
+        if self.pool.nodes is None:
+            raise PoolError(f"docker pool {self.pool.run_id} is not running")
         return self.pool.nodes
 
     def describe(self) -> str:
@@ -161,16 +181,17 @@ class ContainerJob(OneAttempt):
             )
 
 
-class DockerBackend(LocalBackend):
+class DockerBackend(LocalBackend[DockerPoolConfig]):
     """Containers of the training image as nodes, on this machine's Docker engine."""
 
     name = "docker"
     needs_image = True
+    settings = DockerPoolConfig
 
-    def check(self, cfg) -> None:
+    def check(self, cfg: RunConfig[DockerPoolConfig]) -> None:
         super().check(cfg)
         if cfg.training.launcher == "torchrun":
             torchrun_layout(cfg.training.workers, cfg.pool.slots_per_node)
 
-    def pool(self, cfg, run: RunPaths, image: str | None) -> DockerPool:
+    def pool(self, cfg: RunConfig[DockerPoolConfig], run: RunPaths, image: str | None) -> DockerPool:
         return DockerPool(cfg.pool, run, image or "<image>", cfg.image.engine)

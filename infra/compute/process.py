@@ -15,22 +15,31 @@ import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from infra.compute.base import (
     LocalBackend,
     NodePaths,
     OneAttempt,
     PoolError,
+    PoolSection,
+    RunConfig,
     RunPaths,
     owner,
     owner_alive,
     train_on_pool,
 )
-from infra.engines.contract import PACKAGE, TrainingMetrics, preflight, trainer_argv
+from infra.engines.contract import PACKAGE, TrainingMetrics, TrainingSettings, preflight, trainer_argv
 from infra.engines.launchers import LaunchError, local_command
 from infra.services.supervise import spawn
 
 MARKER = "pool.json"
+
+
+class ProcessPoolConfig(PoolSection):
+    """The process pool: this machine as its one node (nodes is not read), running slots_per_node workers at most."""
+
+    backend: Literal["process"] = "process"
 
 
 @dataclass
@@ -85,7 +94,7 @@ class ProcessPool:
         """The workers run on this machine: the scripts version's trainer, the data and results folders as they are."""
         return NodePaths(str(self.run.scripts), str(self.run.data), str(self.run.out))
 
-    def job(self, training, timeout_s: float = 0) -> "ProcessJob":
+    def job(self, training: TrainingSettings, timeout_s: float = 0) -> "ProcessJob":
         return ProcessJob(self, training)
 
 
@@ -114,7 +123,7 @@ class ProcessJob(OneAttempt):
     """The launcher as a local process group on a process pool; the trainer's preflight runs first."""
 
     pool: ProcessPool
-    training: object
+    training: TrainingSettings
     proc: subprocess.Popen | None = field(default=None, repr=False)
 
     @property
@@ -139,17 +148,24 @@ class ProcessJob(OneAttempt):
         self.proc = spawn(self.command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
         self.pool.record_process(self.proc.pid)
 
+    @property
+    def launcher(self) -> subprocess.Popen:
+        """The launcher's process (the job was submitted)."""
+        if self.proc is None:
+            raise LaunchError("the job was not submitted", permanent=True)
+        return self.proc
+
     def lines(self) -> Iterator[str]:
-        return iter(self.proc.stdout)
+        return iter(self.launcher.stdout or ())
 
     def poll(self) -> int | None:
-        return self.proc.poll()
+        return self.launcher.poll()
 
     def cancel(self) -> None:
         for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
             try:
-                os.killpg(self.proc.pid, sig)
-                self.proc.wait(timeout=wait)
+                os.killpg(self.launcher.pid, sig)
+                self.launcher.wait(timeout=wait)
                 return
             except ProcessLookupError:
                 return
@@ -157,20 +173,23 @@ class ProcessJob(OneAttempt):
                 continue
 
 
-def train_here(training, data: str, out: Path, pools: Path, echo: Callable[[str], None]) -> TrainingMetrics:
+def train_here(
+    training: TrainingSettings, data: str, out: Path, pools: Path, echo: Callable[[str], None]
+) -> TrainingMetrics:
     """`training` on a process pool of this machine with this checkout's trainer (`trainflow train`, the
     benchmarks); the run's metrics. An `out` that holds checkpoints is resumed."""
     run = RunPaths(out.name, Path(data), PACKAGE.parent, out)
     return train_on_pool(ProcessPool(training.workers, run, pools), training, out, echo)
 
 
-class ProcessBackend(LocalBackend):
+class ProcessBackend(LocalBackend[ProcessPoolConfig]):
     """Local worker processes on this machine."""
 
     name = "process"
+    settings = ProcessPoolConfig
 
-    def nodes(self, pool) -> int:
+    def nodes(self, pool: ProcessPoolConfig) -> int:
         return 1
 
-    def pool(self, cfg, run: RunPaths, image: str | None) -> ProcessPool:
+    def pool(self, cfg: RunConfig[ProcessPoolConfig], run: RunPaths, image: str | None) -> ProcessPool:
         return ProcessPool(cfg.pool.slots_per_node, run, cfg.workdir / "pools")

@@ -28,13 +28,19 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from infra.core.errors import BadInput, TrainflowError
-from trainer.datasets import (
+from trainer.datasets import (  # those marked F401 are re-exported: the orchestrator's manifest names are here
+    FORMAT,  # noqa: F401
     ROWS_PER_BATCH,
     FileEntry,
+    Manifest,  # noqa: F401
     batched,
     dataset_prefix,  # noqa: F401
+    extract_members,  # noqa: F401
     insert_batches,
+    manifest_blob,  # noqa: F401
     manifest_lines,
+    shard_blob,  # noqa: F401
+    sizes_match,  # noqa: F401
 )
 from trainer.errors import UsageError
 from trainer.layout import check_name, folder_images
@@ -96,7 +102,8 @@ def case_clashes(paths: Iterable[str]) -> list[tuple[str, str]]:
     each folder's files together, as the listing yields them."""
     folders: dict[str, str] = {}
     clashes: list[tuple[str, str]] = []
-    parent, names = None, {}
+    parent: str | None = None
+    names: dict[str, str] = {}
     for path in paths:
         folder, _, name = path.rpartition("/")
         if folder != parent:
@@ -174,7 +181,7 @@ class Index:
 
     def add(self, root: Path, paths: list[str], check) -> int:
         """Rows for a batch of paths: cached where size and mtime match, else hashed and checked now."""
-        cached = {}
+        cached: dict[str, tuple[int, int, str, str | None]] = {}  # path -> size, mtime_ns, sha256, bad
         for i in range(0, len(paths), LOOKUP_BATCH):
             part = paths[i : i + LOOKUP_BATCH]
             cached.update(
@@ -217,7 +224,8 @@ class Index:
     def plan_shards(self, count: int) -> str:
         """Put each file in its bucket of `count`, name each bucket's shard by its content; returns the data set's
         version (a hash of every path and content)."""
-        shards, version = {}, hashlib.sha256()
+        shards: dict[int, hashlib._Hash] = {}  # a local annotation: never evaluated, _Hash is typeshed's
+        version = hashlib.sha256()
         self.db.create_function("bucket_of", 2, bucket_of, deterministic=True)
         self.db.execute("UPDATE files SET bucket = bucket_of(path, ?)", (count,))
         self.db.execute("CREATE INDEX IF NOT EXISTS by_bucket ON files (bucket, path)")
@@ -306,7 +314,8 @@ def write_shard(root: Path, files: Iterable[FileEntry], dest: Path) -> int:
             info = tarfile.TarInfo(entry.path)
             info.size, info.mode, info.mtime = entry.size, 0o644, 0
             tar.addfile(info, io.BytesIO(data))
-            tar.members = []  # tarfile keeps every member added: 100,000s per shard of small files
+            tar.members = []  # type: ignore[attr-defined]  # typeshed's TarFile lacks `members`, the list it keeps
+            # (tarfile keeps every member added: 100,000s per shard of small files)
     return dest.stat().st_size
 
 

@@ -23,6 +23,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from infra.core.errors import BadInput
 from infra.core.jsonfiles import read_json, write_json
 
+
 @contextmanager
 def written_whole(dest: Path) -> Iterator[Path]:
     """A temporary sibling of `dest` to fill: renamed to `dest` when the block ends well, removed otherwise, so
@@ -208,7 +209,7 @@ def _existing_set(dest: Path, shape: ImagenetShape) -> dict | None:
         raise BadInput(
             f"{dest} exists and is not an ImageNet-shaped set written by trainflow; choose another --data or delete it"
         )
-    found = ImagenetShape(*(record.get(field) for field in ImagenetShape._fields))
+    found = ImagenetShape._make(record.get(field) for field in ImagenetShape._fields)
     if found != shape:
         raise BadInput(
             f"{dest} holds an ImageNet-shaped set of {found.label}, not {shape.label} "

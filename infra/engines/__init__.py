@@ -49,4 +49,4 @@ else:
 
 def default_training() -> TrainingSettings:
     """The training section when a config names none: the default framework's defaults."""
-    return ENGINES[DEFAULT]()
+    return ENGINES[DEFAULT].model_validate({})

@@ -10,10 +10,11 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, cast
 
 import docker
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
+from docker.models.images import Image
 from pydantic import BaseModel, ConfigDict, field_validator
 
 from infra.core.errors import TrainflowError, first_line
@@ -186,9 +187,9 @@ class DockerEngine:
                         log(line)
         except APIError as exc:
             raise ImageError(f"building {tag} failed: {api_message(exc)}", permanent=exc.is_client_error()) from None
-        return self.client.images.get(tag).id
+        return image_id(self.client.images.get(tag))
 
-    def login(self, registry: str, username: str, password: str) -> None:
+    def login(self, registry: str, username: str, password: str | None) -> None:
         """Check the credentials against the registry (before any upload)."""
         try:
             self.client.login(username=username, password=password, registry=registry, reauth=True)
@@ -228,9 +229,15 @@ class DockerEngine:
             for event in self.api.pull(reference, auth_config=auth, stream=True, decode=True):
                 if "error" in event:
                     raise registry_error(reference, event["error"], (auth or {}).get("username"))
-            return self.client.images.get(reference).id
+            return image_id(self.client.images.get(reference))
         except APIError as exc:
             raise registry_error(reference, api_message(exc), (auth or {}).get("username")) from None
+
+
+def image_id(image: Image) -> str:
+    """A local image's id (docker-py's Model.id is None only for an object the engine has not described)."""
+    assert image.id is not None  # images.get() returns the engine's description, which has its Id
+    return image.id
 
 
 class BuildSteps:
@@ -254,7 +261,8 @@ class LayerProgress:
     """Bytes pushed so far, per layer, and layers done, from the engine's progress events."""
 
     def __init__(self, advance: Callable[[int, int], None]):
-        self.advance, self.sent = advance, {}
+        self.advance = advance
+        self.sent: dict[str, int] = {}  # layer id -> bytes pushed
 
     def update(self, event: dict) -> bool:
         """Count the event's progress; True if the event is a layer finishing (worth a log line)."""
@@ -338,7 +346,8 @@ def secret_value(name: str) -> str:
     from prefect.blocks.system import Secret
 
     try:
-        return Secret.load(name).get()
+        # prefect's async_dispatch types load() as the block or a coroutine; called from sync code it is the block
+        return cast(Secret, Secret.load(name)).get()
     except ValueError:
         raise ImageError(
             f"there is no Prefect Secret block named {name!r} (image.password_secret); create it in the "

@@ -9,7 +9,7 @@ How a step is counted (decided here, written to ledger.json in the run folder):
 - A node's GPUs: the price table's figure for its VM size (a size it lacks: `pool.slots_per_node`); a local
   pool's nodes: its `pool.slots_per_node` when the trainer ran on CUDA, else none.
 - Money: node-hours x the VM size's price per node-hour (dedicated or low-priority). The azureml pool's nodes are
-  priced at `azureml.vm_size`; the orchestrator, and a local pool (priced as one machine, however many container
+  priced at `pool.vm_size`; the orchestrator, and a local pool (priced as one machine, however many container
   nodes it runs), at `cost.this_machine` when it is set, else at nothing.
 - Lost GPU-hours: those of every attempt the backend reports that did not complete (pre-empted, failed).
 
@@ -92,13 +92,13 @@ def cost_basis(cfg, device: str = "") -> dict:
     """What the ledger multiplies: the pool's nodes, GPUs per node and price per node-hour, the orchestrator's
     price, the steps on the pool; `device` is where the trainer ran (metrics.json), for local GPUs."""
     backend = backend_of(cfg.pool)
-    vm_size, low_priority, _ = backend.billing(cfg)
+    vm_size, low_priority, _ = backend.billing(cfg.pool)
     price, gpus = node_price(cfg.cost, vm_size or cfg.cost.this_machine, low_priority)
     if not vm_size:  # a local pool: the GPUs its workers used
         gpus = cfg.pool.slots_per_node if device.startswith("cuda") else 0
     elif gpus is None:  # a size the table lacks: one process per GPU
         gpus = cfg.pool.slots_per_node
-    on_pool = POOL_STEPS + (("sync-to-file-server",) if backend.sync_where(cfg) == "pool" else ())
+    on_pool = POOL_STEPS + (("sync-to-file-server",) if backend.sync_where(cfg.pool) == "pool" else ())
     return {
         "nodes": backend.nodes(cfg.pool),
         "gpus_per_node": gpus,
@@ -146,7 +146,7 @@ def make_ledger(basis: dict, durations: dict[str, float], attempts: list[dict]) 
 
 def estimate_key(cfg) -> str:
     """The settings that set how long a run trains: runs with the same key are expected to take as long."""
-    return settings_fingerprint(cfg, backend_of(cfg.pool).billing(cfg))
+    return settings_fingerprint(cfg, backend_of(cfg.pool).billing(cfg.pool))
 
 
 def measured_training(runs: Path, key: str) -> tuple[str, float] | None:
@@ -164,7 +164,7 @@ def estimate(cfg) -> dict:
     """The run's cost before it starts: the training step on the pool, from a measured run or the worst case."""
     basis = cost_basis(cfg)
     measured = measured_training(cfg.workdir / "runs", estimate_key(cfg))
-    attempts = backend_of(cfg.pool).billing(cfg)[2]
+    attempts = backend_of(cfg.pool).billing(cfg.pool)[2]
     if measured:
         seconds, how = measured[1], f"run {measured[0]}'s measured training time, {measured[1]:.0f} s"
     else:

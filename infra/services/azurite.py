@@ -54,7 +54,7 @@ def running_azurite(data_dir: Path, startup_seconds: float = 30.0) -> Iterator[i
         "--silent",
         # Azurite sends telemetry to Application Insights unless told not to (its README, "Telemetry
         # collection"), and on SIGINT/SIGTERM it tracks a stop event and waits for that send: offline or
-        # firewalled, its graceful stop took 18 s instead of 0.03 s (tests/integration/test_azurite.py).
+        # firewalled, its graceful stop took 18 s instead of 0.03 s (tests/integration/infra/services/test_azurite.py).
         "--disableTelemetry",
     ]
     with running_service(

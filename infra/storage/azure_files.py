@@ -6,6 +6,7 @@ accepts: a SAS token, an account key (dict or `AzureNamedKeyCredential`), or a t
 
 import time
 from pathlib import Path, PurePosixPath
+from typing import Literal, TypedDict
 from urllib.parse import urlsplit, urlunsplit
 
 from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError
@@ -16,6 +17,13 @@ from infra.storage.blobstore import StorageError, error_code, require_https_unle
 
 class AzureCopyError(StorageError):
     """A server-side copy ended in a state other than success."""
+
+
+class Timeouts(TypedDict, total=False):
+    """A client's (connect, read) timeouts in seconds, as the SDK's keywords (its own defaults where absent)."""
+
+    connection_timeout: float
+    read_timeout: float
 
 
 class AzureFileShare:
@@ -36,11 +44,24 @@ class AzureFileShare:
         require_https_unless_loopback(account_url)
         if credential is None:
             raise ValueError("Azure Files needs a credential: a SAS token, an account key or a token credential.")
-        retry = ExponentialRetry(initial_backoff=0.5, increment_base=2, retry_total=retry_total)
-        options = {"token_intent": "backup"} if hasattr(credential, "get_token") else {}
-        if timeouts:
-            options.update(connection_timeout=timeouts[0], read_timeout=timeouts[1])
-        return cls(ShareClient(account_url, share, credential=credential, retry_policy=retry, **options))
+        retry = ExponentialRetry(
+            initial_backoff=0.5,  # type: ignore[arg-type]  # typed int in azure-storage-file-share; float seconds work
+            increment_base=2,
+            retry_total=retry_total,
+        )
+        # a token credential needs the intent; None (any other credential) is the SDK's default
+        token_intent: Literal["backup"] | None = "backup" if hasattr(credential, "get_token") else None
+        timeout_options: Timeouts = {"connection_timeout": timeouts[0], "read_timeout": timeouts[1]} if timeouts else {}
+        return cls(
+            ShareClient(
+                account_url,
+                share,
+                credential=credential,
+                token_intent=token_intent,
+                retry_policy=retry,
+                **timeout_options,
+            )
+        )
 
     def _file(self, path: str) -> ShareFileClient:
         return self._share.get_file_client(path.strip("/"))
@@ -81,7 +102,7 @@ class AzureFileShare:
             started = target.start_copy_from_url(self._file(src).url)
             self._wait_for_copy(target, started["copy_status"], f"{src} -> {dst}")
 
-    def _wait_for_copy(self, target: ShareFileClient, status: str, what: str) -> None:
+    def _wait_for_copy(self, target: ShareFileClient, status: str | None, what: str) -> None:
         deadline = time.monotonic() + self.copy_timeout_s
         description = None
         while status == "pending":

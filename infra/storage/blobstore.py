@@ -11,7 +11,7 @@ Single requests are retried by the SDK (exponential backoff); whole steps by Pre
 import ipaddress
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
@@ -153,7 +153,7 @@ class BlobStore:
     def connect(
         cls,
         cfg: StorageConfig,
-        environ: dict[str, str] | None = None,
+        environ: Mapping[str, str] | None = None,
         connection_string: str | None = None,
         access: str = "stage",
         credential: TokenCredential | None = None,
@@ -165,7 +165,8 @@ class BlobStore:
         # retry_total alone still caps 5xx, connect and read retries at 3 each: set them all.
         n = cfg.retry_total
         retry = ExponentialRetry(
-            initial_backoff=cfg.retry_initial_backoff,
+            initial_backoff=cfg.retry_initial_backoff,  # type: ignore[arg-type]  # typed int in azure-storage-blob;
+            # it is seconds, added to the backoff: a float works
             increment_base=2,
             retry_total=n,
             retry_connect=n,
@@ -381,7 +382,7 @@ def storage_error(service: str, where: str, action: str, status: int | None, cod
 
 def service_client(
     cfg: StorageConfig,
-    environ,
+    environ: Mapping[str, str],
     connection_string: str | None,
     options: dict,
     access: str = "stage",
@@ -405,7 +406,7 @@ def service_client(
     if cfg.auth == "key":
         token = container_sas(cfg.account_url, cfg.container, configured_secret(cfg, environ), access, cfg.sas_minutes)
         return BlobServiceClient(cfg.account_url, credential=token, **options)
-    return delegated_client(cfg, credential or default_identity(), options, access)
+    return delegated_client(cfg, cfg.account_url, credential or default_identity(), options, access)
 
 
 def default_identity() -> TokenCredential:
@@ -415,12 +416,15 @@ def default_identity() -> TokenCredential:
     return DefaultAzureCredential()
 
 
-def delegated_client(cfg: StorageConfig, identity: TokenCredential, options: dict, access: str) -> BlobServiceClient:
-    """A client holding only a user delegation SAS for `access` that `identity` signed (no key, no token)."""
+def delegated_client(
+    cfg: StorageConfig, account_url: str, identity: TokenCredential, options: dict, access: str
+) -> BlobServiceClient:
+    """A client of `account_url` (cfg's, checked set) holding only a user delegation SAS for `access` that `identity`
+    signed (no key, no token)."""
     window = validity(cfg.sas_minutes)
-    key = user_delegation_key(BlobServiceClient(cfg.account_url, credential=identity, **options), window)
-    token = delegated_container_sas(cfg.account_url, cfg.container, key, access, window)
-    return BlobServiceClient(cfg.account_url, credential=token, **options)
+    key = user_delegation_key(BlobServiceClient(account_url, credential=identity, **options), window)
+    token = delegated_container_sas(account_url, cfg.container, key, access, window)
+    return BlobServiceClient(account_url, credential=token, **options)
 
 
 def user_delegation_key(service: BlobServiceClient, window: Window) -> UserDelegationKey:
@@ -469,13 +473,13 @@ def secret_settings(cfg: StorageConfig) -> dict[str, str]:
     return {f"storage.{field}": getattr(cfg, field)} if field else {}
 
 
-def configured_secret(cfg: StorageConfig, environ) -> str:
+def configured_secret(cfg: StorageConfig, environ: Mapping[str, str]) -> str:
     """The secret of cfg.auth (sas, key or connection_string), from the variable its setting names."""
     ((setting, name),) = secret_settings(cfg).items()
     return secret(environ, name, setting)
 
 
-def secret(environ, name: str, setting: str | None = None) -> str:
+def secret(environ: Mapping[str, str], name: str, setting: str | None = None) -> str:
     """A secret from the environment, or a MissingSecret naming the variable to set (and the setting naming it)."""
     value = environ.get(name)
     if not value:
@@ -505,7 +509,7 @@ def open_store(cfg: StorageConfig, azurite_port: int | None, access: str = "stag
 
 
 def quick_store(
-    cfg: StorageConfig, environ: dict[str, str] | None = None, credential: TokenCredential | None = None
+    cfg: StorageConfig, environ: Mapping[str, str] | None = None, credential: TokenCredential | None = None
 ) -> BlobStore:
     """A read store for cfg's container that gives up within seconds (one retry, short timeouts): for checks made
     before a run starts. With auth default it gets the identity's user delegation key here."""
@@ -513,7 +517,7 @@ def quick_store(
     return BlobStore.connect(quick, environ, access="read", credential=credential, timeouts=(3, 5))
 
 
-def may_create_container(cfg: StorageConfig, environ: dict[str, str] | None = None) -> bool:
+def may_create_container(cfg: StorageConfig, environ: Mapping[str, str] | None = None) -> bool:
     """Whether cfg's credential could create a missing container: the container SAS that auth key and default
     sign never can, nor a container SAS given (sr=c); an account key or an account SAS (srt) with create (sp c) may."""
     if cfg.backend == "azurite":

@@ -5,12 +5,18 @@ Both backends implement `FileShare`. Paths are relative, "/"-separated, inside t
 
 import os
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from infra.core.redact import EnvName
+
+if TYPE_CHECKING:  # imported where used: only an Azure share needs the Azure SDK
+    from azure.core.credentials import TokenCredential
+
+    from infra.storage.azure_files import AzureFileShare
 
 
 class FileShare(Protocol):
@@ -112,11 +118,16 @@ def secret_settings(cfg: FileShareConfig) -> dict[str, str]:
 
 
 def open_share(
-    cfg: FileShareConfig, workdir: Path, environ: dict[str, str] | None = None, quick: bool = False
+    cfg: FileShareConfig, workdir: Path, environ: Mapping[str, str] | None = None, quick: bool = False
 ) -> FileShare:
     """The configured share; `quick`: one retry and short timeouts, for checks made before a run starts."""
     if cfg.backend == "local":
         return LocalFolderShare(local_root(workdir))
+    return azure_share(cfg, environ, quick)
+
+
+def azure_share(cfg: FileShareConfig, environ: Mapping[str, str] | None, quick: bool) -> "AzureFileShare":
+    """The configured Azure file share (see open_share)."""
     from infra.storage.azure_files import AzureFileShare
     from infra.storage.blobstore import StorageError, secret
 
@@ -125,6 +136,7 @@ def open_share(
             "fileshare.account_url is not set; set it to https://<account>.file.core.windows.net", permanent=True
         )
     env = os.environ if environ is None else environ
+    credential: str | TokenCredential
     if cfg.auth == "sas":
         credential = secret(env, cfg.sas_token_env, "fileshare.sas_token_env").lstrip("?")
     elif cfg.auth == "key":
@@ -136,12 +148,13 @@ def open_share(
         from azure.identity import DefaultAzureCredential
 
         credential = DefaultAzureCredential()
-    limits = {"retry_total": 1, "timeouts": (3, 5)} if quick else {}
-    return AzureFileShare.from_settings(cfg.account_url, cfg.share, credential, **limits)
+    if quick:
+        return AzureFileShare.from_settings(cfg.account_url, cfg.share, credential, retry_total=1, timeouts=(3, 5))
+    return AzureFileShare.from_settings(cfg.account_url, cfg.share, credential)
 
 
-def check_share(cfg: FileShareConfig, environ: dict[str, str] | None = None) -> None:
+def check_share(cfg: FileShareConfig, environ: Mapping[str, str] | None = None) -> None:
     """One quick authenticated call to an Azure file share: a StorageError when its variable is unset, or it
     cannot be reached, refuses the credentials or does not exist. A local share needs no check."""
     if cfg.backend == "azure":
-        open_share(cfg, Path("."), environ, quick=True).check()
+        azure_share(cfg, environ, quick=True).check()

@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn, TransferSpeedColumn
@@ -88,11 +89,14 @@ def transfer_progress(transfer: Transfer, total_bytes: int, total_files: int) ->
     transfer.seconds = time.perf_counter() - started
 
 
-def in_parallel(items: dict, work: Callable[[str, object, Path], None], tmp_root: Path, workers: int) -> None:
+V = TypeVar("V")
+
+
+def in_parallel(items: dict[str, V], work: Callable[[str, V, Path], None], tmp_root: Path, workers: int) -> None:
     """Call work(key, value, tmp) for each item, `workers` at a time, each in a temporary folder of its own."""
     tmp_root.mkdir(parents=True, exist_ok=True)
 
-    def one(item) -> None:
+    def one(item: tuple[str, V]) -> None:
         with tempfile.TemporaryDirectory(dir=tmp_root) as tmp:
             work(item[0], item[1], Path(tmp))
 

@@ -44,10 +44,6 @@ pool:
   backend: azureml
   nodes: 1
   slots_per_node: {slots}
-training:
-  launcher: horovodrun
-  workers: {gpus or 1}                 # = nodes x slots_per_node
-azureml:
   subscription_id: {subscription}
   resource_group: {group}
   workspace: {out["workspace"]}
@@ -61,6 +57,9 @@ azureml:
   blob_datastore: {out["blobDatastore"]}   # the blob container (jobs read shards, write results and checkpoints)
   data_source: nfs
   nfs_export: {out["nfsExport"]}
+training:
+  launcher: horovodrun
+  workers: {gpus or 1}                 # = nodes x slots_per_node
 """
 
 

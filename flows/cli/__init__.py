@@ -1,0 +1,32 @@
+"""The `trainflow` command line. Every command takes --config FILE, --data DIR and --workdir DIR.
+
+One module per group of commands: training.py (train, stage, run, smoke, deploy, build), services.py (ui,
+mlflow-ui, and what a command holds while it runs), data.py (`trainflow data`), bench.py (`trainflow bench`) and
+runs.py (`trainflow runs`); common.py holds what they share."""
+
+import sys
+
+import typer
+
+from flows.cli.bench import bench_app
+from flows.cli.data import data_app
+from flows.cli.runs import runs_app
+from flows.cli.services import mlflow_ui, ui
+from flows.cli.training import build, deploy, run, smoke, stage, train
+
+app = typer.Typer(
+    help="Training of image classifiers on a cluster, end to end: data-parallel or pipeline-parallel.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+app.add_typer(data_app, name="data")
+app.add_typer(bench_app, name="bench")
+app.add_typer(runs_app, name="runs")
+for command in (train, stage, run, smoke, deploy, ui, mlflow_ui, build):
+    app.command()(command)
+
+
+def main() -> None:
+    """Entry point for `python -m flows.cli`."""
+    sys.exit(app())

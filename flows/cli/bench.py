@@ -1,0 +1,186 @@
+"""`trainflow bench`: a command for each benchmark of benchmarks/. Each is declared below by a function whose
+signature is the command's options and whose docstring is its help; `bench` makes the command, which reads the
+config and runs the benchmark's own function (BENCHES names it) with the config, --json and the other options."""
+
+import functools
+from collections.abc import Callable
+from contextlib import nullcontext
+from pathlib import Path
+from pkgutil import resolve_name
+from typing import Annotated, Any
+
+import typer
+
+from benchmarks import BENCHES, REPEATS
+from flows.cli.common import ConfigOpt, DataOpt, WorkdirOpt, configure, friendly_errors
+from flows.cli.services import holding
+
+bench_app = typer.Typer(help="Benchmarks that print numbers.", no_args_is_help=True)
+
+JsonOpt = Annotated[Path | None, typer.Option("--json", help="Also write the figures to this JSON file.")]
+RepeatsOpt = Annotated[int, typer.Option(min=2, help="Rounds of every configuration (figures: median, min-max).")]
+Declared = Callable[..., None]
+READ_HERE = ("config", "data", "workdir", "json_out")  # the options the command reads; the rest go to the benchmark
+
+
+def bench(name: str, holds: bool = True, digits_defaults: bool = False) -> Callable[[Declared], Declared]:
+    """Make the declared function the command `trainflow bench NAME`. Its body runs first: checks of the options
+    alone, before anything is read or written. Then the command reads the config (with the digits set's training
+    defaults only when `digits_defaults`), holds the workdir when `holds` (`holding`, without Prefect) and runs the
+    benchmark's function with the config, --json and the other options by name."""
+
+    def register(declared: Declared) -> Declared:
+        @bench_app.command(name)
+        @friendly_errors
+        @functools.wraps(declared)
+        def command(**given: Any) -> None:
+            declared(**given)
+            cfg = configure(given["config"], given.get("data"), given["workdir"], digits_defaults=digits_defaults)
+            with holding(cfg, prefect=False) if holds else nullcontext():
+                options = {key: value for key, value in given.items() if key not in READ_HERE}
+                resolve_name(BENCHES[name])(cfg, given["json_out"], **options)
+
+        return command
+
+    return register
+
+
+@bench("train", holds=False)
+def bench_train(
+    config: ConfigOpt = None,
+    data: DataOpt = None,
+    workdir: WorkdirOpt = None,
+    json_out: JsonOpt = None,
+    launchers: Annotated[
+        list[str], typer.Option("--launcher", help="Launchers to compare: horovodrun, torchrun (repeat the option).")
+    ] = ["horovodrun", "torchrun"],  # noqa: B006
+    repeats: RepeatsOpt = REPEATS,
+) -> None:
+    """Throughput with 1 and 2 workers under Horovod and DDP, and the scaling efficiency."""
+
+
+@bench("staging")
+def bench_staging(
+    config: ConfigOpt = None,
+    data: DataOpt = None,
+    workdir: WorkdirOpt = None,
+    json_out: JsonOpt = None,
+    files: Annotated[int, typer.Option(min=1, help="Images in the generated ImageNet-like folder.")] = 5000,
+    classes: Annotated[int, typer.Option(min=1, help="Classes in it.")] = 100,
+) -> None:
+    """Staging throughput: shards against one blob per file, and the cost of an unchanged re-run.
+
+    Stages --data if given, else an ImageNet-like folder of --files JPEGs of about 110 KB.
+    """
+
+
+@bench("loader")
+def bench_loader(
+    config: ConfigOpt = None,
+    data: DataOpt = None,
+    workdir: WorkdirOpt = None,
+    json_out: JsonOpt = None,
+    files: Annotated[int, typer.Option(min=1, help="JPEGs in the generated ImageNet-like folder.")] = 512,
+    repeats: RepeatsOpt = REPEATS,
+) -> None:
+    """Images/s per core of each training loader (fast, pil, dali) on 1 core and on all; decode/augment/collate split.
+
+    Reads --data's train/ if given, else --files JPEGs shaped like ImageNet's (500x375, quality 90, about 110 KB).
+    """
+
+
+@bench("scale")
+def bench_scale(
+    config: ConfigOpt = None,
+    workdir: WorkdirOpt = None,
+    json_out: JsonOpt = None,
+    sizes: Annotated[
+        list[int], typer.Option("--files", min=100, help="Data set sizes (repeat the option); ImageNet is 1331167.")
+    ] = [10_000, 100_000],  # noqa: B006
+) -> None:
+    """Staging and training start-up as the data set grows: wall time, time per file and peak RSS of every stage.
+
+    Each size is an ImageNet-shaped folder of small JPEGs (`trainflow data imagenet-shaped`), kept under the workdir.
+    """
+
+
+@bench("images")
+def bench_images(
+    config: ConfigOpt = None,
+    workdir: WorkdirOpt = None,
+    json_out: JsonOpt = None,
+    rounds: Annotated[int, typer.Option(min=1, help="Rounds of the unchanged rebuild, both ways.")] = 3,
+    cold: Annotated[bool, typer.Option(help="Build the first image without the engine's layer cache.")] = False,
+) -> None:
+    """Training image: an unchanged rebuild and push against `docker build` (layer cache) + `docker push`, repeated."""
+
+
+@bench("all")
+def bench_all(
+    config: ConfigOpt = None,
+    workdir: WorkdirOpt = None,
+    json_out: Annotated[
+        Path | None,
+        typer.Option(
+            "--json",
+            help="The figures' JSON; the report (.md) and its plots (.svg) go beside it. Default: "
+            "WORKDIR/bench/all.json.",
+        ),
+    ] = None,
+    only: Annotated[list[str], typer.Option(help="Run only these benchmarks (repeat the option).")] = [],  # noqa: B006
+    size: Annotated[str, typer.Option(help="small (minutes each) or tiny (the size of their tests).")] = "small",
+) -> None:
+    """Every benchmark at a small size, one JSON and one markdown report with a plot per benchmark."""
+    from benchmarks.suite import check_choices
+
+    check_choices(tuple(only), size)
+
+
+@bench("gpu")
+def bench_gpu(
+    config: ConfigOpt = None,
+    workdir: WorkdirOpt = None,
+    json_out: JsonOpt = None,
+    loaders: Annotated[
+        list[str],
+        typer.Option(
+            "--loader",
+            help="Loaders to run on the JPEGs (repeat the option); default: every loader of the trainer installed "
+            "here.",
+        ),
+    ] = [],  # noqa: B006
+    given_peak: Annotated[
+        float | None,
+        typer.Option("--peak-tflops", help="The GPU's peak dense bf16 TFLOP/s, for a GPU that the MFU table lacks."),
+    ] = None,
+    repeats: RepeatsOpt = REPEATS,
+) -> None:
+    """ResNet-50 bf16 images/s per GPU, synthetic and real JPEGs through each loader, data-wait share and MFU."""
+    from benchmarks.gpu import check_loaders
+
+    check_loaders(loaders)
+
+
+@bench("parallel", holds=False)
+def bench_parallel(
+    config: ConfigOpt = None,
+    workdir: WorkdirOpt = None,
+    json_out: JsonOpt = None,
+    microbatches: Annotated[
+        list[int], typer.Option(min=1, help="Micro-batch counts of the 2-stage pipeline (repeat the option).")
+    ] = [1, 2, 4, 8],  # noqa: B006
+    repeats: RepeatsOpt = REPEATS,
+) -> None:
+    """Data-parallel (2 workers) against a 2-stage pipeline with 1, 2, 4, 8 micro-batches: images/s, memory, idle."""
+
+
+@bench("flow", digits_defaults=True)  # each `trainflow run` it times starts its own services in a workdir of its own
+def bench_flow(
+    config: ConfigOpt = None,
+    data: DataOpt = None,
+    workdir: WorkdirOpt = None,
+    json_out: JsonOpt = None,
+    repeats: RepeatsOpt = REPEATS,
+) -> None:
+    """The same job directly (torchrun) and through the whole flow with every earlier step cached: the flow's \
+overhead."""  # the backslash: one line in `trainflow bench --help`, as before

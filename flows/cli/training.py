@@ -1,0 +1,217 @@
+"""The commands that train, and those that prepare a run: `trainflow train` on this machine, the whole flow (`run`,
+`smoke`, its dry run), staging the data (`stage`), building the training image (`build`) and scheduling the flow
+(`deploy`)."""
+
+import shlex
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from flows.cli.common import ConfigOpt, DataOpt, WorkdirOpt, configure, friendly_errors
+from flows.cli.services import holding, prefect_api
+from flows.config import LOCAL_DATA_FREE, ConfigError, FlowConfig, smoke_config
+from flows.dataset import check_data_names, with_data
+from flows.preflight import check_access
+from infra.compute import check_fits
+from infra.compute.process import train_here
+from infra.engines import ENGINES
+from infra.engines.contract import SYNTHETIC, TrainingMetrics
+from infra.runs.ledger import check_budget
+from infra.runs.workdir import command_line
+
+FrameworkOpt = Annotated[
+    str | None, typer.Option(help=f"Training framework (training.framework): {', '.join(ENGINES)}.")
+]
+
+
+@friendly_errors
+def train(
+    config: ConfigOpt = None,
+    data: DataOpt = None,
+    workdir: WorkdirOpt = None,
+    workers: Annotated[int | None, typer.Option(help="Training processes.")] = None,
+    framework: FrameworkOpt = None,
+    launcher: Annotated[str | None, typer.Option(help="torchrun or horovodrun.")] = None,
+    out: Annotated[Path | None, typer.Option(help="Results folder; a folder with checkpoints is resumed.")] = None,
+    model: Annotated[str | None, typer.Option(help="torchvision model name.")] = None,
+    epochs: Annotated[int | None, typer.Option()] = None,
+    batch_size: Annotated[int | None, typer.Option(help="Images per worker per step.")] = None,
+    parallel: Annotated[str | None, typer.Option(help="data, or pipeline (the model split into --stages).")] = None,
+    stages: Annotated[int | None, typer.Option(help="Pipeline stages (--parallel pipeline).")] = None,
+    microbatches: Annotated[int | None, typer.Option(help="Micro-batches per step.")] = None,
+    device: Annotated[str | None, typer.Option(help="auto, cpu or cuda.")] = None,
+    precision: Annotated[str | None, typer.Option(help="auto, bf16 or fp32.")] = None,
+) -> None:
+    """Train on this machine with N local workers (the process backend, as `trainflow run` does) and print the
+    results folder. Every other trainer option is a `training:` setting of --config."""
+    overrides = {
+        "workers": workers,
+        "framework": framework,
+        "launcher": launcher,
+        "model": model,
+        "epochs": epochs,
+        "batch_size": batch_size,
+        "parallel": parallel,
+        "stages": stages,
+        "microbatches": microbatches,
+        "device": device,
+        "precision": precision,
+    }
+    cfg = with_data(configure(config, data, workdir, overrides))
+    given = out
+    out = (out or cfg.workdir / "results" / datetime.now().strftime("train-%Y%m%d-%H%M%S")).resolve()
+    try:
+        metrics = train_here(cfg.training, cfg.data, out, cfg.workdir / "pools", echo_line)
+    except KeyboardInterrupt as exc:  # a timestamped results folder is resumed only when named
+        exc.add_note(f"run `{command_line()}`" + ("" if given else f" with --out {shlex.quote(str(out))}"))
+        raise
+    print_summary(metrics, out)
+
+
+def echo_line(line: str) -> None:
+    """Worker output, as it comes."""
+    print(line, flush=True)
+
+
+def print_summary(metrics: TrainingMetrics, out: Path) -> None:
+    """The few numbers a person wants after a run."""
+    top1 = metrics.final_val_top1
+    accuracy = "n/a (no val/ split)" if top1 is None else f"{top1:.2%}"
+    Console(highlight=False).print(
+        f"\n[bold]{metrics.model}[/] on {metrics.world_size} workers ({metrics.backend}): "
+        f"val top-1 {accuracy}, {metrics.images_per_sec or 0:.1f} images/s, {metrics.wall_seconds:.0f} s\n"
+        f"results: {out}",
+        soft_wrap=True,
+    )
+
+
+@friendly_errors
+def stage(config: ConfigOpt = None, data: DataOpt = None, workdir: WorkdirOpt = None) -> None:
+    """Stage the data as a Prefect flow: scripts to the file share, data set to Blob, Blob to the file server."""
+    cfg = configure(config, data, workdir)
+    if cfg.data in LOCAL_DATA_FREE:
+        raise ConfigError(f"data: {cfg.data} has nothing to stage; pass --data DIR")
+    cfg = with_data(cfg)
+    with holding(cfg):
+        from flows.stage import stage_data
+        from infra.storage.transfers import print_summary_table
+
+        result = stage_data(cfg)
+    print_summary_table(
+        [{k: v for k, v in result[step].items() if k not in ("path", "plan")} for step in ("scripts", "upload", "sync")]
+    )
+    print(f"file server copy of {result['dataset']}: {result['sync']['path']}")
+
+
+@friendly_errors
+def run(
+    config: ConfigOpt = None,
+    data: DataOpt = None,
+    workdir: WorkdirOpt = None,
+    framework: FrameworkOpt = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print what each step would do or skip; change nothing.")
+    ] = False,
+) -> None:
+    """The whole flow: build, stage, pool, train, collect; prints the summary."""
+    run_flow(configure(config, data, workdir, {"framework": framework}), dry_run)
+
+
+@friendly_errors
+def smoke(
+    config: ConfigOpt = None,
+    data: DataOpt = None,
+    workdir: WorkdirOpt = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan and specs; change nothing.")] = False,
+) -> None:
+    """The flow on 1 node x 1 worker for about a minute (synthetic data unless --data): checks a deployment."""
+    run_flow(smoke_config(configure(config, data or SYNTHETIC, workdir)), dry_run)
+
+
+def run_flow(cfg: FlowConfig, dry_run: bool) -> None:
+    """Plan (dry run) or run the train-flow for `cfg` and print its summary."""
+    check_fits(cfg.pool, cfg.training.workers)
+    check_budget(cfg)  # the flow checks it too (deployments); here nothing has started yet
+    if dry_run:
+        return print_plan(cfg)
+    cfg = with_data(cfg)
+    with holding(cfg):
+        from flows.train_flow import train_flow
+
+        result = train_flow(cfg)
+    print_summary(TrainingMetrics.model_validate(result["metrics"]), Path(result["out"]))
+    print(f"results on the file share: {result['results']['share']}")
+
+
+def print_plan(cfg: FlowConfig) -> None:
+    """The dry run: each step's decision as a table, then what the backend would send its service (as YAML).
+    Nothing is written, not even the digits set."""
+    from flows.plan import dry_run
+    from infra.storage.transfers import print_summary_table
+
+    check_data_names(cfg)
+    rows, specs = dry_run(cfg)
+    print_summary_table(rows, title="trainflow run --dry-run: the plan (nothing was changed)")
+    console = Console(highlight=False, soft_wrap=True)
+    for name, text in specs.items():
+        console.rule(f"[bold]{name}")
+        console.print(text, markup=False, end="")
+
+
+@friendly_errors
+def deploy(
+    config: ConfigOpt = None,
+    data: DataOpt = None,
+    workdir: WorkdirOpt = None,
+    name: Annotated[str, typer.Option(help="Deployment name.")] = "scheduled",
+    cron: Annotated[str | None, typer.Option(help="Cron schedule, e.g. '0 2 * * *'; none: manual runs only.")] = None,
+    serve: Annotated[
+        bool, typer.Option("--serve", help="Keep serving the deployment here (runs execute in this process).")
+    ] = False,
+) -> None:
+    """Create a deployment of the flow with the config as its parameters and an optional cron schedule."""
+    cfg = configure(config, data, workdir)
+    if cron and not cron_valid(cron):
+        raise ConfigError(
+            f"--cron {cron!r} is not a cron expression such as '0 2 * * *' (minute hour day month weekday)"
+        )
+    cfg = with_data(cfg)
+    check_access(cfg)
+    with prefect_api(cfg.workdir):
+        from flows.deploy import deploy_flow
+
+        deployment_id = deploy_flow(cfg, name, cron, serve)
+    print(
+        f"deployment train-flow/{name} ({deployment_id}); run it with "
+        f"`prefect deployment run 'train-flow/{name}'` or from the UI (`trainflow ui`)"
+    )
+
+
+def cron_valid(expression: str) -> bool:
+    """Whether `expression` is a cron expression (Prefect's own check)."""
+    from prefect.client.schemas.schedules import CronSchedule
+    from pydantic import ValidationError
+
+    try:
+        CronSchedule(cron=expression)
+        return True
+    except ValidationError:
+        return False
+
+
+@friendly_errors
+def build(
+    config: ConfigOpt = None,
+    workdir: WorkdirOpt = None,
+    flavour: Annotated[str | None, typer.Option(help="cpu (local pools) or gpu (CUDA, NCCL, MPI).")] = None,
+    registry: Annotated[str | None, typer.Option(help="Registry host[:port] to push to.")] = None,
+) -> None:
+    """Build the training image as a Prefect flow, tagged by content, push it, and print its reference."""
+    cfg = configure(config, None, workdir, digits_defaults=False, image={"flavour": flavour, "registry": registry})
+    with holding(cfg):
+        from flows.build import build_image
+
+        print(build_image(cfg)["image"])

@@ -1,0 +1,310 @@
+"""The bad inputs trainflow refuses, each with the one line it answers: run for real by
+tests/integration/flows/test_bad_inputs.py, and listed in the README's table, which this module writes:
+
+    .venv/bin/python -m tests.fakes.bad_inputs     # prints the table (paths shown as DIR)
+
+Each case runs `trainflow ARGS` in a fresh folder DIR (made by its `setup`), with `env` added.
+"""
+
+import os
+import re
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from tempfile import TemporaryDirectory
+
+from tests.fakes.image_files import write_image, write_png_header
+
+TRAINFLOW = str(Path(sys.executable).parent / "trainflow")
+QUICK = ["--model", "resnet18", "--epochs", "1", "--workers", "2", "--batch-size", "1"]
+TABLE_START, TABLE_END = "<!-- bad inputs: start -->", "<!-- bad inputs: end -->"
+
+
+@dataclass
+class Case:
+    """One bad input: what the user did (the README's words), the command, and the exit status it must give."""
+
+    input: str
+    args: list[str]
+    setup: Callable[[Path], None] = lambda root: None
+    env: dict[str, str] = field(default_factory=dict)
+    code: int = 2
+
+
+def images(root: Path, classes: str = "ab", count: int = 4) -> Path:
+    """An ImageNet-layout folder with `count` small PNGs per class."""
+    for name in classes:
+        for i in range(count):
+            write_image(root / "train" / name / f"ok{i}.png")
+    return root
+
+
+def with_file(relative: str, content: bytes = b"", classes: str = "ab") -> Callable[[Path], None]:
+    """Setup: a good data folder DIR/data plus one file at `relative` under it."""
+
+    def setup(root: Path) -> None:
+        images(root / "data", classes)
+        (root / "data" / relative).parent.mkdir(parents=True, exist_ok=True)
+        (root / "data" / relative).write_bytes(content)
+
+    return setup
+
+
+def data_with(change: Callable[[Path], object]) -> Callable[[Path], None]:
+    """Setup: a good two-class data folder DIR/data, then `change(DIR/data)`."""
+
+    def setup(root: Path) -> None:
+        images(root / "data")
+        change(root / "data")
+
+    return setup
+
+
+def files(**contents: str) -> Callable[[Path], None]:
+    """Setup: good data in DIR/data and text files DIR/<name> (a `_` in a name stands for a dot)."""
+
+    def setup(root: Path) -> None:
+        images(root / "data")
+        for name, text in contents.items():
+            (root / name.replace("_", ".")).write_text(text)
+
+    return setup
+
+
+def held_workdir(root: Path) -> None:
+    """Setup: DIR/w locked by another process, as a running `trainflow stage` holds it."""
+    (root / "w").mkdir()
+    code = (
+        "import fcntl, sys, time; f = open(sys.argv[1], 'a+'); fcntl.flock(f, fcntl.LOCK_EX); "
+        'f.write(\'{"pid": 4242, "host": "h", "since": "09:00:00", "command": "trainflow stage"}\'); '
+        "f.flush(); print('held', flush=True); time.sleep(120)"
+    )
+    holder = subprocess.Popen([sys.executable, "-c", code, str(root / "w" / "trainflow.lock")], stdout=subprocess.PIPE)
+    holder.stdout.readline()
+    (root / "holder.pid").write_text(str(holder.pid))
+
+
+LISTENERS: list[socket.socket] = []  # ports the cases hold busy, open until the process ends
+
+
+def busy_port(root: Path) -> None:
+    """Setup: a port that something listens on, in DIR/port."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    LISTENERS.append(listener)
+    (root / "port").write_text(str(listener.getsockname()[1]))
+
+
+TRAIN = ["train", *QUICK, "--workdir", "{dir}/w"]
+CASES = [
+    Case("config file missing", ["run", "--config", "{dir}/nowhere.yaml", "--dry-run"]),
+    Case("config file is a list", ["run", "--config", "{dir}/c.yaml", "--dry-run"], files(c_yaml="- epochs: 3\n")),
+    Case("unknown setting", ["run", "--config", "{dir}/c.yaml", "--dry-run"], files(c_yaml="training: {epoch: 3}\n")),
+    Case(
+        "setting of the wrong type",
+        ["run", "--config", "{dir}/c.yaml", "--dry-run"],
+        files(c_yaml="training: {epochs: many}\n"),
+    ),
+    Case("unknown section", ["run", "--config", "{dir}/c.yaml", "--dry-run"], files(c_yaml="trainng: {epochs: 3}\n")),
+    Case(
+        "config file that is not valid YAML",
+        ["run", "--config", "{dir}/c.yaml", "--dry-run"],
+        files(c_yaml="training:\n  epochs: [1, 2\n"),
+    ),
+    Case(
+        "a section given one value in the file",
+        ["run", "--config", "{dir}/c.yaml", "--dry-run"],
+        files(c_yaml="training: 3\n"),
+    ),
+    Case("a section given one value in the environment", ["run", "--dry-run"], env={"TRAINFLOW_TRAINING": "fast"}),
+    Case(
+        "a section and a setting inside it both in the environment",
+        ["run", "--dry-run"],
+        env={"TRAINFLOW_TRAINING": "x", "TRAINFLOW_TRAINING__EPOCHS": "3"},
+    ),
+    Case(
+        "a SAS token in the account URL (not shown)",
+        ["run", "--dry-run"],
+        env={
+            "TRAINFLOW_STORAGE__ACCOUNT_URL": "https://acct.blob.core.windows.net/?sv=2024-11-04&ss=b&srt=co&sp=rl"
+            "&se=2030-01-01&sig=AbCdEfGhIjKlMnOpQrStUvWxYz0123456789abcdefg%3D"
+        },
+    ),
+    Case(
+        "a token pasted where a variable's name belongs (not shown)",
+        ["run", "--dry-run"],
+        env={"TRAINFLOW_STORAGE__SAS_TOKEN_ENV": "sv=2024-11-04&sp=rl&sig=AbCdEfGhIjKlMnOpQrStUvWxYz0123%3D"},
+    ),
+    Case(
+        "a secret under a mistyped key (not shown)",
+        ["run", "--dry-run", "--config", "{dir}/c.yaml"],
+        files(
+            c_yaml="storage: {account_key: Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/"
+            "KBHBeksoGMGw==}\n"
+        ),
+    ),
+    Case(
+        "the storage key's variable is not set",
+        ["stage", "--data", "{dir}/data", "--workdir", "{dir}/w", "--config", "{dir}/c.yaml"],
+        files(
+            c_yaml="storage: {backend: azure, account_url: 'https://acct.blob.core.windows.net', "
+            "auth: key, account_key_env: TRAINFLOW_TEST_UNSET_KEY}\n"
+        ),
+    ),
+    Case(
+        "the storage key's variable is not set (run)",
+        ["run", "--data", "{dir}/data", "--workdir", "{dir}/w", "--config", "{dir}/c.yaml"],
+        files(
+            c_yaml="storage: {backend: azure, account_url: 'https://acct.blob.core.windows.net', "
+            "auth: key, account_key_env: TRAINFLOW_TEST_UNSET_KEY}\n"
+        ),
+    ),
+    Case("environment variable of the wrong type", ["run", "--dry-run"], env={"TRAINFLOW_TRAINING__EPOCHS": "abc"}),
+    Case("unknown compute backend", ["run", "--dry-run"], env={"TRAINFLOW_POOL__BACKEND": "slurm"}),
+    Case(
+        "more workers than the pool has slots",
+        ["run", "--dry-run", "--config", "{dir}/c.yaml"],
+        files(c_yaml="training: {workers: 4}\npool: {slots_per_node: 2}\n"),
+    ),
+    Case("data: staged without a data set name", ["run", "--dry-run", "--data", "staged"]),
+    Case("nothing to stage", ["stage", "--data", "synthetic", "--workdir", "{dir}/w"]),
+    Case("a cron expression that is not one", ["deploy", "--cron", "every day", "--workdir", "{dir}/w"]),
+    Case("workdir is a file", ["run", "--dry-run", "--workdir", "{dir}/file"], files(file="")),
+    Case("workdir inside a file", ["stage", "--data", "{dir}/data", "--workdir", "{dir}/file/w"], files(file="")),
+    Case(
+        "workdir held by another command",
+        ["stage", "--data", "{dir}/data", "--workdir", "{dir}/w"],
+        lambda root: (images(root / "data"), held_workdir(root)),
+    ),
+    Case(
+        "workdir held by another command (run)",
+        ["run", "--data", "{dir}/data", "--workdir", "{dir}/w"],
+        lambda root: (images(root / "data"), held_workdir(root)),
+    ),
+    Case("workdir held by another command (build)", ["build", "--workdir", "{dir}/w"], held_workdir),
+    Case("UI port in use", ["ui", "--workdir", "{dir}/w", "--port", "{port}"], busy_port),
+    Case("data folder missing", [*TRAIN, "--data", "{dir}/nowhere"]),
+    Case("data folder empty", [*TRAIN, "--data", "{dir}/data"], lambda root: (root / "data").mkdir()),
+    Case(
+        "a class folder with no images",
+        [*TRAIN, "--data", "{dir}/data"],
+        lambda root: (images(root / "data"), (root / "data" / "train" / "c").mkdir()),
+    ),
+    Case(
+        "a corrupt image",
+        [*TRAIN, "--data", "{dir}/data"],
+        with_file("train/a/bad.png", b"\x89PNG\r\n\x1a\n not really"),
+    ),
+    Case("a file that is not an image", [*TRAIN, "--data", "{dir}/data"], with_file("train/a/labels.csv", b"a,b\n")),
+    Case(
+        "an image too large to decode (a decompression bomb)",
+        [*TRAIN, "--data", "{dir}/data"],
+        data_with(lambda d: write_png_header(d / "train" / "a" / "huge.png", 20000, 20000)),
+    ),
+    Case(
+        "a symlink loop in the data",
+        [*TRAIN, "--data", "{dir}/data"],
+        data_with(lambda d: os.symlink("../..", d / "train" / "a" / "up")),
+    ),
+    Case(
+        "a broken symlink in the data",
+        [*TRAIN, "--data", "{dir}/data"],
+        data_with(lambda d: os.symlink("nowhere.png", d / "train" / "b" / "gone.png")),
+    ),
+    Case(
+        "a newline in a file name (train)",
+        [*TRAIN, "--data", "{dir}/data"],
+        data_with(lambda d: write_image(d / "train" / "a" / "two\nlines.png")),
+    ),
+    Case(
+        "a newline in a file name (stage)",
+        ["stage", "--data", "{dir}/data", "--workdir", "{dir}/w"],
+        data_with(lambda d: write_image(d / "train" / "a" / "two\nlines.png")),
+    ),
+    Case(
+        "a tab in a class name",
+        [*TRAIN, "--data", "{dir}/data"],
+        data_with(lambda d: write_image(d / "train" / "c\td" / "x.png")),
+    ),
+    Case("a data set of one class", [*TRAIN, "--data", "{dir}/data"], lambda root: images(root / "data", "a")),
+    Case(
+        "a file given as the data folder",
+        [*TRAIN, "--data", "{dir}/data.png"],
+        lambda root: write_image(root / "data.png"),
+    ),
+    Case("batch size 0", [*TRAIN, "--data", "{dir}/data", "--batch-size", "0"], files()),
+    Case("unknown model", [*TRAIN, "--data", "{dir}/data", "--model", "resnet5000"], files()),
+    Case("pipeline stages without pipeline parallelism", [*TRAIN, "--data", "{dir}/data", "--stages", "2"], files()),
+    Case("unknown launcher", [*TRAIN, "--data", "{dir}/data", "--launcher", "mpirun"], files()),
+    Case("unknown launcher to benchmark", ["bench", "train", "--launcher", "mpirun", "--workdir", "{dir}/w"]),
+    Case("results folder inside a file", [*TRAIN, "--data", "{dir}/data", "--out", "{dir}/file/out"], files(file="")),
+    Case("batch larger than the data set", [*TRAIN, "--data", "{dir}/data", "--batch-size", "5"], files()),
+    Case(
+        "a model that cannot take the image size",
+        [*TRAIN, "--data", "{dir}/data", "--model", "vit_b_16", "--config", "{dir}/c.yaml"],
+        files(c_yaml="training: {image_size: 32}\n"),
+    ),
+    Case(
+        "a run whose cost estimate exceeds the budget",
+        ["run", "--data", "synthetic", "--workdir", "{dir}/w", "--config", "{dir}/c.yaml"],
+        files(c_yaml="budget: 1\ncost: {this_machine: Standard_NC24ads_A100_v4}\njob: {timeout_s: 3600}\n"),
+    ),
+    Case("runs diff of a run that is not there", ["runs", "diff", "abc", "def", "--workdir", "{dir}/w"]),
+]
+
+
+def run_case(case: Case, root: Path) -> subprocess.CompletedProcess:
+    """Set the case up in `root` and run it."""
+    case.setup(root)
+    port = (root / "port").read_text() if (root / "port").exists() else ""
+    args = [a.format(dir=root, port=port) for a in case.args]
+    env = {**os.environ, **case.env, "COLUMNS": "400"}
+    try:
+        return subprocess.run([TRAINFLOW, *args], capture_output=True, text=True, timeout=300, env=env, cwd=root)
+    finally:
+        if (root / "holder.pid").exists():
+            os.kill(int((root / "holder.pid").read_text()), 9)
+
+
+def answer(result: subprocess.CompletedProcess, root: Path) -> str:
+    """The line the user saw, with the case's folder shown as DIR and its busy port as PORT."""
+    line = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else "(nothing)"
+    port = (root / "port").read_text() if (root / "port").exists() else None
+    return line.replace(str(root), "DIR").replace(port, "PORT") if port else line.replace(str(root), "DIR")
+
+
+def heavy_work(workdir: Path) -> list[str]:
+    """What a refused command must not have started in its workdir: Prefect's database, Azurite, runs, results."""
+    return sorted(p.name for p in workdir.glob("*") if p.name in ("prefect", "azurite", "runs", "results", "fileshare"))
+
+
+def run_all(cases: list[Case]) -> list[tuple[Case, subprocess.CompletedProcess, str, list[str]]]:
+    """Every case, two at a time: (case, result, the line it answered, the heavy work it started)."""
+
+    def one(case: Case):
+        with TemporaryDirectory() as folder:
+            root = Path(folder).resolve()
+            result = run_case(case, root)
+            return case, result, answer(result, root), heavy_work(root / "w")
+
+    with ThreadPoolExecutor(2) as pool:
+        return list(pool.map(one, cases))
+
+
+def table(outcomes) -> str:
+    """The README's table of bad inputs."""
+    rows = [f"| {case.input} | {case.code} | {line.replace('|', '&#124;')} |" for case, _, line, _ in outcomes]
+    return "\n".join(["| Input | Exit | What trainflow says |", "|---|---|---|", *rows])
+
+
+def readme_table(readme: str) -> str:
+    """The table between the README's markers."""
+    found = re.search(f"{re.escape(TABLE_START)}\n(.*?)\n{re.escape(TABLE_END)}", readme, re.S)
+    return found.group(1) if found else ""
+
+
+if __name__ == "__main__":
+    print(table(run_all(CASES)))

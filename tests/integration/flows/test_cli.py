@@ -1,0 +1,87 @@
+"""The trainflow command as a user runs it: help everywhere, the digits command, the dry run, the smoke run."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from flows.cli import app
+from tests.fakes.bad_inputs import with_file
+
+pytestmark = pytest.mark.integration  # the command as a user runs it
+
+TRAINFLOW = str(Path(sys.executable).parent / "trainflow")
+QUICK = ["--model", "resnet18", "--epochs", "1", "--workers", "2", "--batch-size", "1"]
+
+
+LEAVES = [["train"], ["stage"], ["data", "digits"], ["bench", "train"], ["bench", "staging"]]
+
+
+@pytest.mark.parametrize(
+    "command",
+    [[], ["data"], ["bench"], ["build"], ["bench", "images"], ["run"], ["smoke"], ["bench", "parallel"], *LEAVES],
+)
+def test_every_command_has_help(command):
+    result = CliRunner().invoke(app, [*command, "--help"])
+    assert result.exit_code == 0 and "Usage" in result.output
+    if command in LEAVES:
+        for option in ("--config", "--data", "--workdir"):
+            assert option in result.output
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([TRAINFLOW, *args], capture_output=True, text=True, timeout=300)
+
+
+def test_a_corrupt_image_found_during_training_names_rank_and_file(tmp_path):
+    with_file("train/a/bad.png", b"\x89PNG\r\n\x1a\n not really")(tmp_path)
+    data = tmp_path / "data"
+    config = tmp_path / "c.yaml"
+    config.write_text("training: {preflight_images: false, image_size: 16, loader_workers: 1}\n")
+    result = run_cli(
+        "train", "--config", str(config), *QUICK[:-1], "2", "--data", str(data), "--workdir", str(tmp_path / "w")
+    )
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert "failed: cannot decode image" in result.stderr and "bad.png" in result.stderr
+
+
+def test_digits_command_writes_the_layout_once(tmp_path):
+    first = run_cli("data", "digits", "--workdir", str(tmp_path))
+    assert first.returncode == 0, first.stderr
+    root = Path(first.stdout.strip())
+    assert sorted(p.name for p in (root / "train").iterdir()) == [str(d) for d in range(10)]
+    counts = [len(list((root / s).rglob("*.png"))) for s in ("train", "val")]
+    assert sum(counts) == 1797 and counts[1] == 359
+    again = run_cli("data", "digits", "--workdir", str(tmp_path))
+    assert again.stdout == first.stdout
+
+
+def test_the_cli_does_not_import_prefect_before_it_sets_prefects_settings():
+    """Prefect reads its settings (home, timeouts) when first imported: the CLI sets them first."""
+    code = "import sys, flows.cli; sys.exit('prefect' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_dry_run_on_a_fresh_workdir_writes_nothing(tmp_path):
+    done = run_cli("run", "--dry-run", "--workdir", str(tmp_path / "fresh"))
+    assert done.returncode == 0, done.stderr
+    for step in ("upload-scripts", "upload-dataset", "create-pool", "run-training", "collect-results"):
+        assert step in done.stdout
+    assert "write the digits set" in done.stdout and not (tmp_path / "fresh").exists()
+
+
+@pytest.mark.slow  # a whole train-flow run: Prefect's server, Azurite, a training job
+def test_smoke_runs_one_worker_on_synthetic_data_through_the_whole_pipeline(tmp_path):
+    (tmp_path / "tiny.yaml").write_text(
+        "training: {model: resnet18, image_size: 32, batch_size: 8, num_classes: 4, "
+        "loader_workers: 0, threads: 1, warmup_epochs: 0}\n"
+    )
+    done = run_cli("smoke", "--config", str(tmp_path / "tiny.yaml"), "--workdir", str(tmp_path / "work"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "on 1 workers" in done.stdout and "results on the file share" in done.stdout
+    metrics = next((tmp_path / "work" / "fileshare" / "results").glob("*/metrics.json")).read_text()
+    assert '"data": "synthetic"' in metrics and '"global_step": 100' in metrics
+    assert not (tmp_path / "work" / "fileserver").exists()  # nothing staged

@@ -1,0 +1,132 @@
+"""The end-to-end flow on the docker pool: an image found or refused before anything moves, two container nodes
+(Horovod, torchrun, a two-stage pipeline), a crashed run's leftovers removed, a killed worker failing the job.
+Its tests share the Docker engine, so they run on one worker of the suite (tests/conftest.py's GROUPS)."""
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from flows.config import FlowConfig
+from flows.plan import plan_run
+from flows.train_flow import train_flow
+from infra.compute.docker_nodes import LABEL
+from infra.engines.launchers import LaunchError
+from infra.images.registry import ImageError
+from tests.fakes.flow_runs import flow_config, in_a_container, killing_rank_one
+from tests.fakes.paths import REPO
+from tests.fakes.prefect import task_runs
+from tests.fakes.registry import image_config
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(3600)]
+
+
+def test_a_missing_image_fails_before_anything_moves(
+    prefect_server, docker_engine, registry, digits, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("REGISTRY_PASSWORD", registry.password)
+    for missing, where in (
+        (f"{registry.host}/trainflow-cpu:never-pushed", f"registry {registry.host} does not hold"),
+        ("trainflow-cpu:never-built", "the local Docker engine does not hold"),
+    ):
+        image = image_config(registry, use=missing).model_dump()
+        cfg = flow_config(
+            tmp_path / "work",
+            digits,
+            image=image,
+            pool={"backend": "docker", "nodes": 2, "slots_per_node": 1},
+            training={"launcher": "horovodrun"},
+        )
+        with pytest.raises(ImageError, match=where):
+            train_flow(cfg)
+    assert not (tmp_path / "work" / "fileshare").exists() and not (tmp_path / "work" / "pools").exists()
+
+
+def crash_with_a_pool(image: str, run_id: str) -> None:
+    """A process that starts a docker pool and dies without deleting it (a crashed run)."""
+    code = (
+        "import os\nfrom pathlib import Path\nfrom infra.compute import DockerPoolConfig, RunPaths\n"
+        "from infra.compute.docker import DockerPool\n"
+        f"DockerPool(DockerPoolConfig(nodes=1), RunPaths({run_id!r}, Path('synthetic'), Path('/tmp'), "
+        f"Path('/tmp/{run_id}')), {image!r}).create()\n"
+        "os._exit(9)\n"
+    )
+    assert subprocess.run([sys.executable, "-c", code], cwd=REPO).returncode == 9
+
+
+def test_whole_flow_on_the_docker_pool(
+    prefect_server, docker_engine, registry, cpu_image, digits, tmp_path, monkeypatch
+):
+    crash_with_a_pool(cpu_image["image"], "crashed-run")
+    assert docker_engine.client.containers.list(all=True, filters={"label": f"{LABEL}=crashed-run"})
+    monkeypatch.setenv("REGISTRY_PASSWORD", registry.password)
+    image = image_config(registry).model_dump()
+    cfg = flow_config(
+        tmp_path / "work",
+        digits,
+        image=image,
+        pool={"backend": "docker", "nodes": 2, "slots_per_node": 1},
+        training={"launcher": "horovodrun"},
+    )
+    result = train_flow(cfg)
+    assert not docker_engine.client.containers.list(all=True, filters={"label": f"{LABEL}=crashed-run"})
+    assert result["image"] == cpu_image["image"]
+    assert result["metrics"]["backend"] == "horovod" and result["metrics"]["world_size"] == 2
+    assert result["metrics"]["trainer"] == f"/scripts/{Path(result['scripts']).name}/trainer"
+    shared = tmp_path / "work" / "fileshare" / "results" / result["run_id"]
+    assert (shared / "model.pt").exists() and (shared / "logs" / "rank1.log").read_text()
+    assert sorted(result["pool"]["nodes"]) == [f"trainflow-{result['run_id']}-node{i}" for i in range(2)]
+    assert not docker_engine.client.containers.list(all=True, filters={"label": f"trainflow.run={result['run_id']}"})
+
+
+def docker_config(tmp_path: Path, data: Path, registry, **training) -> FlowConfig:
+    """Two container nodes of one slot each, torchrun on each."""
+    return flow_config(
+        tmp_path / "work",
+        data,
+        image=image_config(registry).model_dump(),
+        pool={"backend": "docker", "nodes": 2, "slots_per_node": 1},
+        training={"launcher": "torchrun", **training},
+    )
+
+
+def test_a_two_stage_pipeline_across_two_container_nodes(
+    prefect_server, docker_engine, registry, cpu_image, digits, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("REGISTRY_PASSWORD", registry.password)
+    cfg = docker_config(tmp_path, digits, registry, parallel="pipeline", stages=2, microbatches=2, steps_per_epoch=4)
+    plan = {r["step"]: r for r in plan_run(cfg)}["run-training"]["detail"]
+    assert (
+        "node0: python -m torch.distributed.run --nnodes 2" in plan and "| node1: " in plan and "--node_rank 1" in plan
+    )
+    result = train_flow(cfg)
+    assert result["command"] == plan  # the job ran the commands the dry run printed
+    metrics = result["metrics"]
+    assert metrics["status"] == "complete" and metrics["backend"] == "ddp" and metrics["world_size"] == 2
+    assert metrics["parallel"] == "pipeline" and metrics["pipeline"]["stages"] == 2
+    logs = tmp_path / "work" / "fileshare" / "results" / result["run_id"] / "logs"
+    for rank in (0, 1):  # stage r ran on node r
+        assert f"worker {rank} of 2 (ddp) on host node{rank}" in (logs / f"rank{rank}.log").read_text()
+    assert not docker_engine.client.containers.list(all=True, filters={"label": f"{LABEL}={result['run_id']}"})
+
+
+def test_a_worker_killed_on_a_container_node_fails_the_job_at_once(
+    prefect_server, docker_engine, registry, cpu_image, digits, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("REGISTRY_PASSWORD", registry.password)
+    cfg = docker_config(tmp_path, digits, registry, epochs=20)
+    cfg.job.timeout_s = 300  # a job hung on its lost peer ends here, not at pytest's limit (and breaks the bound)
+    with killing_rank_one(in_a_container, times=2) as kills:
+        state = train_flow(cfg, return_state=True)
+    ended = time.monotonic()
+    with pytest.raises(LaunchError, match=r"^rank 1 was killed by signal 9 \(SIGKILL\)"):
+        state.result()
+    training = task_runs(state.state_details.flow_run_id, {"run-training"})["run-training"]
+    assert (len(kills), training.run_count) == (2, 2)  # killed in each attempt: the one retry, then the failure
+    # Measured 3.1 s from the second kill to the flow's end (the job's failure, the pool deleted). Another attempt
+    # would wait 5 s, then train 20 epochs unkilled (minutes); a job hung on its lost peer would run to the 300 s
+    # timeout: either breaks 30 s, which leaves room for a loaded machine.
+    assert ended - kills[-1] < 30, f"the flow ended {ended - kills[-1]:.0f} s after the second kill"
+    assert not docker_engine.client.containers.list(all=True, filters={"label": LABEL})

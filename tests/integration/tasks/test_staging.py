@@ -1,0 +1,288 @@
+"""Data staging against a real Azurite and real folders: complete, incremental, resumable, fault-tolerant."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from infra.core.errors import BadInput
+from infra.data import manifest as mf
+from infra.services.azurite import connection_string
+from infra.services.supervise import free_port
+from infra.storage.blobstore import BlobStore, StorageConfig, StorageError
+from infra.storage.fileserver import FileServer, FileServerError
+from tasks.sync_file_server import sync_to_file_server
+from tasks.upload_dataset import upload_dataset
+from tests.fakes.faultproxy import FaultProxy
+from tests.fakes.image_files import write_image
+from tests.fakes.paths import REPO
+
+pytestmark = pytest.mark.integration
+
+
+def make_dataset(root: Path, per_class: int = 20) -> Path:
+    """Three classes of small random PNGs (about 3 KB each), train and val."""
+    for c in ("cat", "dog", "émeu"):
+        for i in range(per_class):
+            write_image(root / "train" / c / f"img {i}.png", "RGB", size=32)
+        write_image(root / "val" / c / "v.png", "RGB", size=32)
+    return root
+
+
+def tree(root: Path) -> dict[str, str]:
+    """Relative path -> SHA-256 of every visible file under root."""
+    return {
+        str(p.relative_to(root)): mf.sha256_file(p)
+        for p in root.rglob("*")
+        if p.is_file() and not p.name.startswith(".")
+    }
+
+
+def shards_in(store: BlobStore) -> dict[str, int]:
+    """The shards stored so far (none while the container does not exist yet)."""
+    try:
+        return store.names("datasets/pets/shards/")
+    except StorageError:
+        return {}
+
+
+def store_at(port: int, container: str, **settings) -> tuple[BlobStore, StorageConfig]:
+    cfg = StorageConfig(
+        **{"container": container, "shard_mb": 0.05, "upload_concurrency": 4, "retry_initial_backoff": 0.1, **settings}
+    )
+    return BlobStore.connect(cfg, connection_string=connection_string(port)), cfg
+
+
+@pytest.fixture
+def staged(tmp_path, azurite_port):
+    """A fresh container, data set and workdir."""
+    store, cfg = store_at(azurite_port, f"t-{uuid.uuid4().hex[:12]}")
+    return store, cfg, make_dataset(tmp_path / "data"), tmp_path / "work"
+
+
+def test_upload_then_sync_gives_the_same_folder_and_reruns_move_nothing(staged):
+    store, cfg, data, work = staged
+    first = upload_dataset(store, cfg, data, "pets", work)
+    assert first.files == 63 and first.skipped_files == 0
+    assert mf.manifest_blob("pets") in store.names("datasets/pets/")
+    assert len(store.names("datasets/pets/shards/")) >= 3
+
+    server = FileServer(work / "fileserver")
+    synced, current = sync_to_file_server(store, server, "pets", work)
+    assert synced.files == 63 and tree(current) == tree(data)
+    assert current.is_symlink() and current.resolve().name.startswith("v-")
+
+    again = upload_dataset(store, cfg, data, "pets", work)
+    assert (again.files, again.skipped_files) == (0, 63)
+    resynced, _ = sync_to_file_server(store, server, "pets", work)
+    assert (resynced.files, resynced.skipped_files) == (0, 63)
+
+
+def test_changing_one_file_resends_only_its_shard(staged):
+    store, cfg, data, work = staged
+    upload_dataset(store, cfg, data, "pets", work)
+    server = FileServer(work / "fileserver")
+    _, current = sync_to_file_server(store, server, "pets", work)
+    old_version = current.resolve()
+    shards_before = set(store.names("datasets/pets/shards/"))
+
+    write_image(data / "train" / "dog" / "img 3.png", "L", size=40)  # new content, same name
+    changed = upload_dataset(store, cfg, data, "pets", work)
+    shards_after = set(store.names("datasets/pets/shards/"))
+    assert len(shards_after - shards_before) == 1 and shards_before <= shards_after  # old one kept for readers
+    assert 1 <= changed.files < 63 and changed.files + changed.skipped_files == 63
+
+    synced, current = sync_to_file_server(store, server, "pets", work)
+    assert (synced.files, synced.skipped_files) == (1, 62)  # the one changed file; the rest are hard-linked
+    assert tree(current) == tree(data) and current.resolve() != old_version
+    assert old_version.is_dir()  # the previous version stays for readers that still use it
+
+
+def test_a_crashed_upload_resumes_without_resending_stored_shards(staged, azurite_port):
+    store, cfg, data, work = staged
+    with FaultProxy(azurite_port, delay_ratio=1.0, delay_seconds=0.15, only_methods={"PUT"}) as slow:
+        slow_cfg = cfg.model_copy(update={"upload_concurrency": 1})  # store_at's settings, one upload at a time
+        code = (
+            "from pathlib import Path; from infra.services.azurite import connection_string; "
+            "from infra.storage.blobstore import BlobStore, StorageConfig; "
+            "from tasks.upload_dataset import upload_dataset; "
+            f"c = StorageConfig.model_validate_json({slow_cfg.model_dump_json()!r}); "
+            f"s = BlobStore.connect(c, connection_string=connection_string({slow.port})); "
+            f"upload_dataset(s, c, Path({str(data)!r}), 'pets', Path({str(work)!r}))"
+        )
+        proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, start_new_session=True)
+        deadline = time.monotonic() + 60
+        while len(shards_in(store)) < 2 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    stored = store.names("datasets/pets/shards/")
+    assert len(stored) >= 2, "the upload never got going"
+    assert mf.manifest_blob("pets") not in store.names("datasets/pets/"), "incomplete data set looks complete"
+
+    resumed = upload_dataset(store, cfg, data, "pets", work)
+    assert resumed.skipped_files > 0 and resumed.files + resumed.skipped_files == 63
+    _, current = sync_to_file_server(store, FileServer(work / "fileserver"), "pets", work)
+    assert tree(current) == tree(data)
+
+
+FAULT_KINDS = ("failed_503", "resets_before", "resets_after")
+
+
+@contextmanager
+def faults_until_each_kind(proxy: FaultProxy, times: int = 2):
+    """Let `proxy` inject faults until each kind has happened `times` times, then relay cleanly: every kind is
+    seen, and no request meets the SDK's longest backoffs (2, 4, 8, ... s after consecutive failures)."""
+    done = threading.Event()
+
+    def watch():
+        while not done.wait(0.01):
+            if all(proxy.stats[kind] >= times for kind in FAULT_KINDS):
+                proxy.set_faults(fail_ratio=0.0, reset_ratio=0.0)
+                return
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        yield proxy.stats
+    finally:
+        done.set()
+        watcher.join()
+
+
+def test_faults_between_client_and_storage_lose_and_corrupt_nothing(staged, azurite_port):
+    """503s and connection resets both before a request reaches Azurite and after Azurite acted on it (the
+    write was done, its answer cut off), on the upload's writes and on the sync's reads: the upload still ends
+    complete (its manifest written) and the file server's copy is the data set, byte for byte."""
+    _, _, data, work = staged
+    container, faults = f"f-{uuid.uuid4().hex[:12]}", dict(fail_ratio=0.2, reset_ratio=0.4)  # resets: half after
+    with (
+        FaultProxy(azurite_port, seed=7, only_methods={"PUT"}, **faults) as proxy,
+        faults_until_each_kind(proxy) as writes,
+    ):
+        store, cfg = store_at(proxy.port, container, retry_total=12, shard_mb=0.02)  # ~10 shards: ~12 writes
+        uploaded = upload_dataset(store, cfg, data, "pets", work)
+    with (
+        FaultProxy(azurite_port, seed=8, only_methods={"GET", "HEAD"}, **faults) as proxy,
+        faults_until_each_kind(proxy) as reads,
+    ):
+        store, _ = store_at(proxy.port, container, retry_total=12)
+        synced, current = sync_to_file_server(store, FileServer(work / "fileserver"), "pets", work)
+    for stats in (writes, reads):
+        assert all(stats[kind] >= 2 for kind in FAULT_KINDS), stats
+    direct, _ = store_at(azurite_port, container)  # Azurite itself, no proxy: the data set is there whole
+    assert mf.manifest_blob("pets") in direct.names("datasets/pets/")
+    assert (uploaded.files, synced.files) == (63, 63) and tree(current) == tree(data)
+
+
+def test_wrong_credentials_are_refused_clearly_without_the_key(staged, azurite_port):
+    _, cfg, data, work = staged
+    wrong_key = "V3JvbmdLZXlXcm9uZ0tleVdyb25nS2V5V3JvbmdLZXk="
+    bad = connection_string(azurite_port).replace(
+        connection_string(azurite_port).split("AccountKey=")[1].split(";")[0], wrong_key
+    )
+    store = BlobStore.connect(cfg, connection_string=bad)
+    with pytest.raises(StorageError, match="refused the credentials") as caught:
+        upload_dataset(store, cfg, data, "pets", work)
+    assert caught.value.permanent and wrong_key not in str(caught.value)
+
+
+def test_unreachable_storage_is_named(staged):
+    _, _, data, work = staged
+    store, cfg = store_at(free_port(), "nobody-home", retry_total=1)
+    with pytest.raises(StorageError, match="cannot reach blob storage at http://127.0.0.1"):
+        upload_dataset(store, cfg, data, "pets", work)
+
+
+def test_sync_of_a_never_staged_data_set_is_refused(staged):
+    store, _, _, work = staged
+    store.ensure_container()
+    with pytest.raises(BadInput, match="data set 'ghost' was never staged.*run `trainflow stage`"):
+        sync_to_file_server(store, FileServer(work / "fileserver"), "ghost", work)
+
+
+@pytest.mark.parametrize(
+    "problem, message",
+    [
+        ("not an image", "notes.txt is not an image file"),
+        (
+            "corrupt",
+            r"1 of 64 images in .* cannot be decoded \(train/cat/broken.png: .* listed in .*bad-files-pets.tsv",
+        ),
+        ("case clash", "differ only in letter case"),
+    ],
+)
+def test_bad_data_is_refused_and_nothing_looks_staged(staged, problem, message):
+    store, cfg, data, work = staged
+    if problem == "not an image":
+        (data / "train" / "cat" / "notes.txt").write_text("hi")
+    elif problem == "corrupt":
+        (data / "train" / "cat" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n garbage")
+    else:
+        write_image(data / "train" / "cat" / "IMG 1.png")
+    with pytest.raises(BadInput, match=message):
+        upload_dataset(store, cfg, data, "pets", work)
+    store.ensure_container()
+    assert mf.manifest_blob("pets") not in store.names("datasets/")
+
+
+def test_a_full_file_server_fails_clearly_and_leaves_no_version(staged, tmp_path):
+    store, cfg, data, work = staged
+    upload_dataset(store, cfg, data, "pets", work)
+    export = tmp_path / "small-disk"
+    export.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(export)], check=True)
+    try:
+        with pytest.raises(FileServerError, match="is full .*free space there"):
+            sync_to_file_server(store, FileServer(export), "pets", work)
+        leftovers = list((export / "datasets" / "pets").iterdir()) if (export / "datasets" / "pets").exists() else []
+        assert leftovers == []
+    finally:
+        subprocess.run(["umount", str(export)], check=True)
+
+
+def test_a_shrinking_data_set_is_followed_and_old_shards_go_one_version_later(staged):
+    store, cfg, data, work = staged
+    server = FileServer(work / "fileserver")
+    upload_dataset(store, cfg, data, "pets", work)
+    first = set(store.names("datasets/pets/shards/"))
+    shutil.rmtree(data / "train" / "émeu")
+    shutil.rmtree(data / "val" / "émeu")
+    upload_dataset(store, cfg, data, "pets", work)
+    _, current = sync_to_file_server(store, server, "pets", work)
+    assert tree(current) == tree(data) and not (current / "train" / "émeu").exists()
+    write_image(data / "train" / "cat" / "img 0.png", "L", size=40)
+    upload_dataset(store, cfg, data, "pets", work)
+    third = set(store.names("datasets/pets/shards/"))
+    assert first - third, "shards that no manifest of the last two versions uses are deleted"
+    _, current = sync_to_file_server(store, server, "pets", work)
+    assert tree(current) == tree(data)
+    assert len([p for p in current.parent.iterdir() if p.name.startswith("v-")]) == 2  # current and previous
+
+
+def test_bad_images_are_checked_where_they_enter_and_the_version_carries_the_result(staged):
+    """Staging decodes each new file once; with bad_files: skip the version's .verified.json lists the bad ones,
+    which training then leaves out without decoding anything again (tests/integration/trainer/test_bad_data.py)."""
+    store, cfg, data, work = staged
+    for i in range(3):
+        (data / "train" / "dog" / f"broken {i}.png").write_bytes(b"\x89PNG\r\n\x1a\n garbage")
+    with pytest.raises(BadInput, match=r"^3 of 66 images in .* cannot be decoded .*all 3 are listed in "):
+        upload_dataset(store, cfg, data, "pets", work)
+    listed = (work / "cache" / "bad-files-pets.tsv").read_text().splitlines()
+    assert sorted(line.split("\t")[0] for line in listed) == [f"train/dog/broken {i}.png" for i in range(3)]
+    assert shards_in(store) == {}  # refused before anything moved
+    upload_dataset(store, cfg, data, "pets", work, bad_files="skip")
+    _, current = sync_to_file_server(store, FileServer(work / "fileserver"), "pets", work)
+    verified = json.loads((current / ".verified.json").read_text())
+    assert verified["files"] == 66 and verified["version"] == current.resolve().name.removeprefix("v-")
+    assert [path for path, _ in verified["bad"]] == [f"train/dog/broken {i}.png" for i in range(3)]
+    assert tree(current) == tree(data)  # the bad files are staged too: the data set is what the folder holds

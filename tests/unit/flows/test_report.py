@@ -1,0 +1,83 @@
+"""The run report's pieces: the epochs' rows, the plot, the summary with its attempts and the images left out."""
+
+from pathlib import Path
+
+from flows.report import epoch_rows, summary_markdown, svg_plot
+from infra.engines.contract import TrainingMetrics
+from trainer import data
+
+METRICS = {
+    "model": "resnet18",
+    "world_size": 2,
+    "backend": "ddp",
+    "images_per_sec": 123.4,
+    "final_val_top1": 0.5,
+    "epochs": [
+        {"epoch": 1, "train_loss": 2.0, "val_top1": 0.25, "images_per_sec": 100.0, "step": 9},
+        {"epoch": 2, "train_loss": 1.0, "val_top1": 0.5, "images_per_sec": 120.0, "step": 18},
+    ],
+}
+
+
+def test_report_pieces():
+    rows = epoch_rows(METRICS)
+    assert rows[1] == {"epoch": 2, "train_loss": 1.0, "val_top1": 0.5, "images_per_sec": 120.0}
+    plot = svg_plot(rows)
+    assert plot.count("<polyline") == 3 and "val top-1 0.25-0.5" in plot
+    summary = {
+        "run_id": "r1",
+        "dataset": "digits",
+        "metrics": METRICS,
+        "pool": {"backend": "process"},
+        "image": None,
+        "results": {"share": "/share/results/r1"},
+    }
+    text = summary_markdown(summary, {"upload-scripts": 1.5, "run-training": 60.0})
+    for needle in (
+        "world size: 2 (ddp)",
+        "123.4 images/s",
+        "val top-1: 50.00%",
+        "| run-training | 60.0 |",
+        "/share/results/r1",
+    ):
+        assert needle in text, needle
+    assert "scaling efficiency" not in text  # one run has no one-worker baseline: `trainflow bench train` measures it
+    assert "| attempt |" not in text  # one-attempt jobs add no table
+    attempts = [
+        {
+            "attempt": 1,
+            "job": "trainflow-r1-train-1",
+            "ended": "Failed",
+            "why": "pre-empted (low-priority nodes taken back)",
+            "gpu_hours": 0.9,
+            "lost_steps": 20,
+        }
+    ]
+    text = summary_markdown({**summary, "attempts": attempts}, {})
+    assert "| 1 | `trainflow-r1-train-1` | Failed | pre-empted (low-priority nodes taken back) | 0.9 | 20 |" in text
+
+
+def test_the_run_summary_shows_the_images_left_out():
+    entry = data.bad_files_entry([(f"train/a/{i}.png", "truncated") for i in range(30)], Path("/results/bad-files.tsv"))
+    assert entry["count"] == 30 and len(entry["first"]) == 20
+    metrics = TrainingMetrics(
+        status="complete",
+        model="resnet18",
+        world_size=2,
+        backend="ddp",
+        images_per_sec=10.0,
+        wall_seconds=3.0,
+        bad_files=entry,
+    ).model_dump()
+    summary = {
+        "run_id": "r1",
+        "dataset": "d",
+        "metrics": metrics,
+        "pool": {"backend": "process"},
+        "image": None,
+        "results": {"share": "/share/results/r1"},
+    }
+    assert "- images left out (cannot be decoded): 30, listed in `/share/results/r1/bad-files.tsv`" in summary_markdown(
+        summary, {}
+    )
+    assert "left out" not in summary_markdown({**summary, "metrics": {**metrics, "bad_files": None}}, {})
