@@ -137,7 +137,7 @@ def smoke_config(cfg: FlowConfig) -> FlowConfig:
 
 
 def load_config(
-    path: Path | None, overrides: dict, environ: dict[str, str] | None = None, digits_defaults: bool = False
+    path: Path | None, overrides: dict, environ: Mapping[str, str] | None = None, digits_defaults: bool = False
 ) -> FlowConfig:
     """Merge defaults, the YAML file, TRAINFLOW_* variables and `overrides` (nested dicts) and validate.
 
@@ -186,7 +186,7 @@ def yaml_problem(exc: yaml.YAMLError) -> str:
 FROM_ENV = "TRAINFLOW_* variables"
 
 
-def env_values(environ: dict[str, str]) -> dict:
+def env_values(environ: Mapping[str, str]) -> dict:
     """TRAINFLOW_SECTION__FIELD=value as nested dicts (values stay strings; pydantic converts them)."""
     values: dict = {}
     for key in sorted(k for k in environ if k.startswith(ENV_PREFIX)):  # a parent sorts before its children
@@ -285,8 +285,8 @@ def secret_homes(model: type[BaseModel], prefix: str = "") -> list[str]:
     for name, field in model.model_fields.items():
         if names_a_variable(field):
             homes.append(prefix + name)
-        elif section_type(field):
-            homes += secret_homes(section_type(field), f"{prefix}{name}.")
+        elif section := section_type(field):
+            homes += secret_homes(section, f"{prefix}{name}.")
     return homes
 
 
@@ -329,15 +329,16 @@ def either(names: list[str]) -> str:
     return " or ".join(filter(None, [", ".join(names[:-1]), names[-1]]))
 
 
-def default_at(loc: tuple):
+def default_at(loc: tuple) -> Any:
     """The default of the setting at a pydantic error location in FlowConfig (None when there is none)."""
-    model, field = FlowConfig, None
+    model: type[BaseModel] | None = FlowConfig
+    field = None
     for part in loc:
         field = model.model_fields.get(part) if model else None
         if field is None:
             return None
         model = section_type(field)
-    return field.default
+    return field.default if field else None
 
 
 def describe(exc: ValidationError, path: Path | None) -> str:
@@ -375,7 +376,7 @@ def setting_path(loc: tuple) -> tuple:
     return tuple(path)
 
 
-def explain(err: dict) -> str:
+def explain(err: Mapping[str, Any]) -> str:
     """One invalid setting: where it is, its value (unless it may be a secret), what is wrong."""
     where = ".".join(str(p) for p in err["loc"])
     message = err["msg"].removeprefix("Value error, ")

@@ -6,16 +6,25 @@ trainer options (infra/runs/tracking.py says where it can reach the store)."""
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Protocol
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from infra.compute import backend_of
-from infra.runs.tracking import end_unfinished, engine_uri, finish_run, start_run, store_uri
+from infra.runs.record import RunSettings
+from infra.runs.tracking import TrackingConfig, end_unfinished, engine_uri, finish_run, start_run, store_uri
+
+
+class TrackedSettings(RunSettings, Protocol):
+    """What tracking reads of a run's config: the run's settings and the tracking section."""
+
+    @property
+    def tracking(self) -> TrackingConfig: ...
 
 
 @task(name="start-tracking", retries=2, retry_delay_seconds=5, cache_policy=NO_CACHE)
-def start_tracking_task(cfg, run_id: str, data: Path, scripts: str, image: str | None) -> dict | None:
+def start_tracking_task(cfg: TrackedSettings, run_id: str, data: Path, scripts: str, image: str | None) -> dict | None:
     """Prefect step: the run's MLflow run (None with tracking.enabled false): the config as params, the data
     version, scripts version and image as tags."""
     if not cfg.tracking.enabled:
@@ -33,7 +42,7 @@ def start_tracking_task(cfg, run_id: str, data: Path, scripts: str, image: str |
     return {**tracked, **engine}
 
 
-def engine_tracking(cfg, mlflow_run_id: str) -> dict | None:
+def engine_tracking(cfg: TrackedSettings, mlflow_run_id: str) -> dict | None:
     """What the engine is told about tracking (None with tracking.enabled false): the URI it logs to ("" where it
     cannot reach the store) and the MLflow run; the step and the dry run share it."""
     if not cfg.tracking.enabled:

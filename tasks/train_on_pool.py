@@ -6,13 +6,15 @@ and the model also to Blob storage.
 """
 
 from pathlib import Path
+from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from infra.compute import Pool, RunPaths, backend_of, check_fits, run_job
+from infra.compute import Pool, RunConfig, RunPaths, backend_of, check_fits, run_job
 from infra.engines.contract import SYNTHETIC, read_metrics
+from infra.runs.record import RunSettings
 from infra.storage.blobstore import StorageConfig, open_store
 from infra.storage.fileshare import FileShareConfig, open_share
 from tasks.progress import training_progress
@@ -25,7 +27,7 @@ def data_version(synced: str) -> Path:
     return Path(synced) if synced == SYNTHETIC else Path(synced).resolve()
 
 
-def run_paths(cfg, run_id: str, scripts: str, data: Path) -> RunPaths:
+def run_paths(cfg: RunSettings, run_id: str, scripts: str, data: Path) -> RunPaths:
     """A run's paths: `scripts` is the version's folder on the share (scripts/<version>), as the backend's nodes
     find it; the results go to the workdir's runs/<run id>."""
     return RunPaths(
@@ -37,7 +39,7 @@ def run_paths(cfg, run_id: str, scripts: str, data: Path) -> RunPaths:
     )
 
 
-def plan_pool(cfg, run: RunPaths, image: str | None) -> Pool:
+def plan_pool(cfg: RunConfig[Any], run: RunPaths, image: str | None) -> Pool:
     """The run's pool as the configured backend makes it (not yet created): the step and the dry run share it."""
     return backend_of(cfg.pool).pool(cfg, run, image)
 

@@ -161,7 +161,7 @@ def write_key_pair(folder: Path) -> None:
 
 def remove_nodes(engine: DockerEngine, run_id: str) -> int:
     """Remove every container and network labelled with `run_id`; returns how many containers went."""
-    selector = {"label": f"{LABEL}={run_id}"}
+    selector: dict[str, str | list[str] | bool] = {"label": f"{LABEL}={run_id}"}
     containers = engine.client.containers.list(all=True, filters=selector)
     for container in containers:
         try:

@@ -14,7 +14,7 @@ May import: infra.core, and of the trainer its contract modules and the options 
 
 from typing import TYPE_CHECKING, Annotated, Any, Union
 
-from pydantic import Discriminator, Tag
+from pydantic import BeforeValidator, Field
 
 from infra.engines.contract import TrainingSettings
 from infra.engines.pytorch import PyTorchTraining
@@ -26,19 +26,18 @@ __all__ = ["DEFAULT", "ENGINES", "TrainingConfig", "default_training"]
 
 
 def one_of(engines: dict[str, type[TrainingSettings]]) -> Any:
-    """The type of the training section: the one engine's section, or a union of them told apart by framework
-    (a section that names none is the default framework's)."""
-    if len(engines) == 1:
-        return next(iter(engines.values()))
-    tagged = tuple(Annotated[section, Tag(name)] for name, section in engines.items())
-    return Annotated[Union[tagged], Discriminator(framework_of)]  # noqa: UP007 - Union of a tuple made at run time
+    """The type of the training section: the section of the engine that `framework` names (the default framework's
+    when it names none), as the pool section is the backend's."""
+    return Annotated[
+        Union[tuple(engines.values())],  # noqa: UP007 - a Union of a tuple made at run time
+        Field(discriminator="framework"),
+        BeforeValidator(default_framework),
+    ]
 
 
-def framework_of(section: Any) -> str:
-    """The framework a training section names (a mapping from a config, or a section), else the default."""
-    if isinstance(section, dict):
-        return section.get("framework") or DEFAULT
-    return getattr(section, "framework", DEFAULT)
+def default_framework(section: object) -> object:
+    """A training section that names no framework is the default framework's."""
+    return {"framework": DEFAULT, **section} if isinstance(section, dict) else section
 
 
 if TYPE_CHECKING:

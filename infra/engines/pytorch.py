@@ -26,6 +26,7 @@ class PyTorchSettings(TrainingSettings):
 
     ENTRY: ClassVar[str] = "trainer/train.py"
     framework: Literal["pytorch"] = "pytorch"
+    """The training framework (an engine of infra/engines): pytorch."""
 
     @model_validator(mode="after")
     def _the_trainer_accepts_it(self) -> "PyTorchSettings":

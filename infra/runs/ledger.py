@@ -20,13 +20,14 @@ timeout) is refused: the worst case has no bound.
 """
 
 from pathlib import Path
+from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from infra.compute import backend_of
 from infra.core.errors import BadInput
 from infra.core.jsonfiles import read_json, write_json
-from infra.runs.record import RECORD, settings_fingerprint
+from infra.runs.record import RECORD, RunSettings, settings_fingerprint
 
 LEDGER = "ledger.json"
 POOL_STEPS = ("run-training",)  # steps that run on the pool; the pool's sync job adds sync-to-file-server
@@ -77,6 +78,16 @@ class CostConfig(BaseModel):
         return {**DEFAULT_PRICES, **prices}
 
 
+class LedgerSettings(RunSettings, Protocol):
+    """What the ledger reads of a run's config: the run's settings, the price table and the budget."""
+
+    @property
+    def cost(self) -> CostConfig: ...
+
+    @property
+    def budget(self) -> float | None: ...
+
+
 def node_price(cost: CostConfig, vm_size: str | None, low_priority: bool = False) -> tuple[float | None, int | None]:
     """(price per node-hour, GPUs per node) of a VM size: (0, None) for no size, (None, None) for one the table
     lacks (its money is unknown)."""
@@ -88,7 +99,7 @@ def node_price(cost: CostConfig, vm_size: str | None, low_priority: bool = False
     return (found.low_priority if low_priority else found.dedicated), found.gpus
 
 
-def cost_basis(cfg, device: str = "") -> dict:
+def cost_basis(cfg: LedgerSettings, device: str = "") -> dict:
     """What the ledger multiplies: the pool's nodes, GPUs per node and price per node-hour, the orchestrator's
     price, the steps on the pool; `device` is where the trainer ran (metrics.json), for local GPUs."""
     backend = backend_of(cfg.pool)
@@ -144,7 +155,7 @@ def make_ledger(basis: dict, durations: dict[str, float], attempts: list[dict]) 
     }
 
 
-def estimate_key(cfg) -> str:
+def estimate_key(cfg: LedgerSettings) -> str:
     """The settings that set how long a run trains: runs with the same key are expected to take as long."""
     return settings_fingerprint(cfg, backend_of(cfg.pool).billing(cfg.pool))
 
@@ -160,7 +171,7 @@ def measured_training(runs: Path, key: str) -> tuple[str, float] | None:
     return max(found)[1:] if found else None
 
 
-def estimate(cfg) -> dict:
+def estimate(cfg: LedgerSettings) -> dict:
     """The run's cost before it starts: the training step on the pool, from a measured run or the worst case."""
     basis = cost_basis(cfg)
     measured = measured_training(cfg.workdir / "runs", estimate_key(cfg))
@@ -185,7 +196,7 @@ def estimate(cfg) -> dict:
     }
 
 
-def check_budget(cfg) -> dict | None:
+def check_budget(cfg: LedgerSettings) -> dict | None:
     """Refuse a run whose estimate exceeds `budget` (BadInput, one line with the figures and the fixes); the
     estimate, or None without a budget."""
     if cfg.budget is None:

@@ -17,7 +17,7 @@ from pathlib import Path
 from infra.core.errors import BadInput
 from infra.core.jsonfiles import read_json, write_json
 from infra.runs.ledger import LEDGER
-from infra.runs.record import RECORD, fingerprint
+from infra.runs.record import RECORD, RunSettings, fingerprint
 
 RECEIPT, CONFIG = "receipt.json", "config.json"
 MANIFEST = ".manifest.jsonl"  # a file server version's copy of its manifest (trainer/datasets.py)
@@ -58,7 +58,9 @@ def first_line(path: Path) -> dict:
         return {}
 
 
-def make_receipt(cfg, run_id: str, inputs: str, scripts: str, data: str, image: str | None, metrics: dict) -> dict:
+def make_receipt(
+    cfg: RunSettings, run_id: str, inputs: str, scripts: str, data: str, image: str | None, metrics: dict
+) -> dict:
     """A finished run's receipt."""
     return {
         "run_id": run_id,
@@ -76,12 +78,12 @@ def make_receipt(cfg, run_id: str, inputs: str, scripts: str, data: str, image: 
     }
 
 
-def config_hash(cfg) -> str:
+def config_hash(cfg: RunSettings) -> str:
     """A short hash of the whole config."""
     return fingerprint(cfg.model_dump(mode="json"))
 
 
-def write_receipt(out: Path, cfg, receipt: dict) -> dict:
+def write_receipt(out: Path, cfg: RunSettings, receipt: dict) -> dict:
     """receipt.json and config.json in the run folder; the receipt."""
     write_json(out / CONFIG, cfg.model_dump(mode="json"))
     write_json(out / RECEIPT, receipt)

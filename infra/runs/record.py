@@ -13,12 +13,22 @@ import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, Protocol
 
-from infra.compute.base import owner, owner_alive
+from infra.compute.base import PoolSection, RunConfig, owner, owner_alive
 from infra.core.jsonfiles import read_json, write_json
 
 RECORD = "run.json"
 UNFINISHED = ("interrupted", "failed")
+
+
+class RunSettings(RunConfig[PoolSection], Protocol):
+    """What a run's bookkeeping reads of its config besides the backends' part (flows/config.py's FlowConfig has
+    it all; infra does not import flows)."""
+
+    def dataset_name(self) -> str: ...
+
+    def model_dump(self, *, mode: str = "python") -> dict[str, Any]: ...
 
 
 def fingerprint(*inputs) -> str:
@@ -26,7 +36,7 @@ def fingerprint(*inputs) -> str:
     return hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def settings_fingerprint(cfg, *more) -> str:
+def settings_fingerprint(cfg: RunSettings, *more) -> str:
     """The one fingerprint of a run's settings: what it trains (training), where (pool), for how long (job) and on
     which data set, then `more`. A re-run resumes an unfinished run with the same settings, data set version and
     scripts version (`run_inputs`); the ledger expects runs with the same settings and billing to take as long
@@ -36,7 +46,7 @@ def settings_fingerprint(cfg, *more) -> str:
     )
 
 
-def run_inputs(cfg, scripts: str, data: Path) -> str:
+def run_inputs(cfg: RunSettings, scripts: str, data: Path) -> str:
     """The fingerprint of what a run trains: its settings, data set version and scripts version."""
     return settings_fingerprint(cfg, str(data), scripts)
 
