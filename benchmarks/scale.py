@@ -53,7 +53,7 @@ def shape(files: int) -> tuple[int, int, int]:
     return classes, per_class, max(1, round(files / classes) - per_class)
 
 
-def bench_scale(cfg: FlowConfig, sizes: list[int], json_out: Path | None) -> dict:
+def bench_scale(cfg: FlowConfig, json_out: Path | None, sizes: list[int]) -> dict:
     """Every stage at every size; prints one table and writes the JSON."""
     root = cfg.workdir.resolve() / "bench" / "scale"
     points = [measure_size(cfg, root, files) for files in sizes]

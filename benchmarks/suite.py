@@ -7,6 +7,7 @@ Training settings the config file names win over these sizes, as in every bench.
 
 from pathlib import Path
 from pkgutil import resolve_name
+from typing import Any
 
 from rich.console import Console
 
@@ -19,7 +20,8 @@ from flows.config import ConfigError, FlowConfig
 FLOW_TRAINING = dict(
     model="resnet18", image_size=32, epochs=1, batch_size=16, workers=2, warmup_epochs=0, loader_workers=0
 )
-SIZES = {  # per benchmark, the options of its function, and under `training` the training settings it defaults to
+# Per size and benchmark: the options of its function, and under `training` the training settings it defaults to.
+SIZES: dict[str, dict[str, dict[str, Any]]] = {
     "small": {
         "loader": dict(files=512),
         "staging": dict(files=500, classes=10),

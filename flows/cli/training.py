@@ -64,7 +64,7 @@ def train(
     given = out
     out = (out or cfg.workdir / "results" / datetime.now().strftime("train-%Y%m%d-%H%M%S")).resolve()
     try:
-        metrics = train_here(cfg.training, cfg.data, out, cfg.workdir / "pools", echo_line)
+        metrics = train_here(cfg.training, str(cfg.data), out, cfg.workdir / "pools", echo_line)
     except KeyboardInterrupt as exc:  # a timestamped results folder is resumed only when named
         exc.add_note(f"run `{command_line()}`" + ("" if given else f" with --out {shlex.quote(str(out))}"))
         raise

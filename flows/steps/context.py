@@ -38,6 +38,12 @@ class Context:
     receipt: dict = field(init=False)  # results: what was trained, from what
     results: dict = field(init=False)  # results: where they went
 
+    @property
+    def folder(self) -> Path:
+        """The data the config names, as a path: a folder (or "staged", "synthetic")."""
+        assert self.cfg.data is not None  # the command, or the dry run, names the data before a walk
+        return Path(self.cfg.data)
+
     def each(self, part: str) -> list[Callable]:
         """The steps' `part` functions in order, of the steps that have one."""
         return [getattr(step, part) for step in self.steps if hasattr(step, part)]

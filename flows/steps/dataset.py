@@ -29,17 +29,17 @@ def plan(ctx: Context) -> list[dict]:
         return [step_plan(STEP, "skip", "data: synthetic")]
     if cfg.data == STAGED:
         return [step_plan(STEP, "skip", f"data: staged, {name} is used as Blob storage holds it")]
-    if not Path(cfg.data).exists():  # the digits set, not written yet
+    if not ctx.folder.exists():  # the digits set, not written yet
         return [step_plan(STEP, "run", unwritten(cfg))]
-    return [planned_upload(ctx, Path(cfg.data))]
+    return [planned_upload(ctx)]
 
 
-def planned_upload(ctx: Context, data: Path) -> dict:
-    """The upload's decision on `data`, hashed with the step's cache (which keeps nothing); the manifest it would
-    write is the context's."""
+def planned_upload(ctx: Context) -> dict:
+    """The upload's decision on the data folder, hashed with the step's cache (which keeps nothing); the manifest it
+    would write is the context's."""
     cfg, name = ctx.cfg, ctx.cfg.dataset_name()
     tmp = Path(ctx.stack.enter_context(tempfile.TemporaryDirectory()))
-    with scan_dataset(data, cfg.workdir, name, keep=False) as index:
+    with scan_dataset(ctx.folder, cfg.workdir, name, keep=False) as index:
         previous, stored = synced_state(FileServer(cfg.export_dir()).current_manifest(name), name)
         upload = decide_upload(cfg.storage, name, index, previous, stored)
         path, row = mf.write_manifest(index, upload.header, tmp / "manifest.jsonl"), upload.row(name)
@@ -59,8 +59,8 @@ def uploaded(ctx: Context) -> dict:
         return Transfer(NOTHING).row()
     if cfg.data == STAGED:  # the sync reads Blob's manifest, and says so when the data set was never staged
         return Transfer("data set -> blob (data: staged, nothing uploaded)").row()
-    data, name = Path(cfg.data), cfg.dataset_name()
-    return upload_dataset_task(cfg.storage, ctx.port, data, name, cfg.workdir, cfg.training.bad_files)
+    name = cfg.dataset_name()
+    return upload_dataset_task(cfg.storage, ctx.port, ctx.folder, name, cfg.workdir, cfg.training.bad_files)
 
 
 def operations(ctx: Context) -> list[str]:

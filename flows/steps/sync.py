@@ -4,16 +4,16 @@ decision, its action and where its storage operation puts the blobs."""
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 from flows.config import STAGED, SYNTHETIC, FlowConfig
 from flows.steps.context import Context, container_url
 from flows.steps.dataset import NOTHING, unwritten
-from infra.compute import Pool, backend_of
+from infra.compute import backend_of
 from infra.data import manifest as mf
 from infra.storage.fileserver import FileServer
 from infra.storage.transfers import Transfer, step_plan
-from tasks.sync_file_server import decide_sync, sync_on_pool_task, sync_row, sync_to_file_server_task
+from tasks.sync_file_server import SyncingPool, decide_sync, sync_on_pool_task, sync_row, sync_to_file_server_task
 from tasks.train_on_pool import data_version, plan_pool, run_paths
 
 STEP = "sync-to-file-server"
@@ -76,9 +76,10 @@ def sync_here(ctx: Context) -> dict:
     return sync_to_file_server_task(cfg.storage, ctx.port, cfg.export_dir(), cfg.dataset_name(), cfg.workdir)
 
 
-def sync_pool(ctx: Context) -> Pool:
+def sync_pool(ctx: Context) -> SyncingPool:
     """The pool the sync job runs on (the job reads the staged data set, not a version of it)."""
-    return plan_pool(ctx.cfg, run_paths(ctx.cfg, ctx.run_id, ctx.scripts, Path(ctx.cfg.data)), ctx.image)
+    pool = plan_pool(ctx.cfg, run_paths(ctx.cfg, ctx.run_id, ctx.scripts, ctx.folder), ctx.image)
+    return cast(SyncingPool, pool)  # a backend that syncs on its pool makes one (WAYS["pool"])
 
 
 def plan_on_pool(ctx: Context) -> dict:

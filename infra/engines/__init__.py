@@ -27,7 +27,9 @@ __all__ = ["DEFAULT", "ENGINES", "TrainingConfig", "default_training"]
 
 def one_of(engines: dict[str, type[TrainingSettings]]) -> Any:
     """The type of the training section: the section of the engine that `framework` names (the default framework's
-    when it names none), as the pool section is the backend's."""
+    when it names none), as the pool section is the backend's; with one engine, that engine's section."""
+    if len(engines) == 1:  # pydantic would still put the tag in every error's location
+        return next(iter(engines.values()))
     return Annotated[
         Union[tuple(engines.values())],  # noqa: UP007 - a Union of a tuple made at run time
         Field(discriminator="framework"),
