@@ -10,17 +10,30 @@ from pathlib import Path
 import psutil
 from rich.progress import Progress, TaskID, TimeElapsedColumn
 
+from infra.core.errors import BadInput
 from infra.core.jsonfiles import write_json as keep_json
+from infra.engines.contract import TrainingMetrics, TrainingSettings
+from infra.engines.launchers import LaunchError
 from infra.engines.pytorch import PyTorchTraining
 from trainer.metrics import installed_versions, library_versions
 
 RESTARTS = "fast+restarts"  # bench loader's run of the fast loader on the JPEGs rewritten with restart markers
 
 
-def over_defaults(defaults: dict, training: PyTorchTraining) -> PyTorchTraining:
+def over_defaults(defaults: dict, training: TrainingSettings) -> PyTorchTraining:
     """`defaults` for every training setting the config file and environment left unset (only those named stay
-    set, so that a bench called with the result applies its own defaults to the rest)."""
+    set, so that a bench called with the result applies its own defaults to the rest). The benchmarks measure the
+    PyTorch trainer."""
+    if training.framework != "pytorch":
+        raise BadInput(f"the benchmarks measure the PyTorch trainer; training.framework is {training.framework}")
     return PyTorchTraining(**{**defaults, **training.model_dump(include=training.model_fields_set)})
+
+
+def steady_rate(metrics: TrainingMetrics) -> float:
+    """A benchmark run's steady images/s (its last epoch after the first step), which it must have measured."""
+    if metrics.steady_images_per_sec is None:
+        raise LaunchError("the run measured no steady images/s: its last epoch had one step; give it more steps")
+    return metrics.steady_images_per_sec
 
 
 def clear_checkpoints(out: Path) -> None:

@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
+from typing import overload
 
 import torch
 from rich.console import Console
@@ -25,6 +26,7 @@ from benchmarks.common import (
     run_ended,
     shown,
     spread,
+    steady_rate,
     write_json,
 )
 from benchmarks.loader import installed_loaders, restart_marked_copy, training_split
@@ -72,6 +74,10 @@ def peak_tflops(name: str, given: float | None) -> float | None:
     return next((peak for key, peak in PEAK_BF16_TFLOPS.items() if key in name), None)
 
 
+@overload
+def mfu(images_per_sec: float, peak: float) -> float: ...
+@overload
+def mfu(images_per_sec: float, peak: None) -> None: ...
 def mfu(images_per_sec: float, peak: float | None) -> float | None:
     """Model FLOPs utilisation of ResNet-50 training at `images_per_sec` on a GPU of `peak` TFLOP/s."""
     return images_per_sec * RESNET50_TRAIN_GFLOP * 1e9 / (peak * 1e12) if peak else None
@@ -142,7 +148,7 @@ def bench_gpu(
     folders = run_data(root, {data for _, data, _ in plan})
     peak = peak_tflops(gpu["name"], given_peak)
     head = {"gpu": gpu, "peak_bf16_tflops": peak, "settings": base.model_dump() | {"repeats": repeats}}
-    facts = {label: [] for label, _, _ in plan}
+    facts: dict[str, list[tuple[float, float]]] = {label: [] for label, _, _ in plan}
     with bench_progress() as progress:
         bar = progress.add_task("GPU benchmark", total=repeats * len(plan))
         ended = run_ended(progress, bar)
@@ -169,7 +175,7 @@ def one_run(training, data: str, root: Path, label: str) -> tuple[float, float]:
     out = root / label.replace(" ", "-").replace(",", "")
     clear_checkpoints(out)
     metrics = train_here(training, data, out, root / "pools", lambda line: None)
-    return metrics.steady_images_per_sec, max(metrics.data_wait_share or [0.0])
+    return steady_rate(metrics), max(metrics.data_wait_share or [0.0])
 
 
 def measured(plan: list[tuple[str, str, dict]], facts: dict, peak: float | None, complete: bool) -> dict:

@@ -71,14 +71,14 @@ def pairs(rounds: int, ours, theirs) -> tuple[list[dict], list[float]]:
 
 
 @contextmanager
-def docker_cli(image: ImageConfig, config_dir: Path, password: str) -> Iterator[list[str]]:
+def docker_cli(image: ImageConfig, config_dir: Path, password: str | None) -> Iterator[list[str]]:
     """The docker command line, logged in to the image's registry with a config folder of its own (the user's is not
     touched), talking to the same engine as trainflow; yields the command's prefix (anonymous without a username)."""
     docker = require_binary("docker", "docker.io")
     config_dir.mkdir(parents=True, exist_ok=True)
     host = ["--host", image.engine] if image.engine else []
     command = [docker, "--config", str(config_dir), *host]
-    if image.username:
+    if image.username and image.registry:  # bench_registry's own registry, or the configured one
         subprocess.run(
             [*command, "login", "--username", image.username, "--password-stdin", image.registry],
             input=password,

@@ -66,11 +66,7 @@ def bench_loader(cfg: FlowConfig, json_out: Path | None, files: int, repeats: in
         bar = progress.add_task("loader benchmark", total=repeats * len(loaders) * (len({1, cores}) + 1))
         ended = run_ended(progress, bar)
         for repeat in range(repeats):
-            rounds.append(
-                one_round(
-                    cfg.training, cores, loaders, lambda line, repeat=repeat: ended(f"{line} ({repeat + 1}/{repeats})")
-                )
-            )
+            rounds.append(one_round(cfg.training, cores, loaders, numbered(ended, f"({repeat + 1}/{repeats})")))
     result = summarise(rounds, cores, len(split.samples), cfg.training) | {"restart_markers": rewrite}
     print_loader_bench(result)
     write_json(result, json_out)
@@ -128,6 +124,11 @@ def one_thread() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+def numbered(ended: Callable[[str], None], suffix: str) -> Callable[[str], None]:
+    """`ended` with the round's number after each line."""
+    return lambda line: ended(f"{line} {suffix}")
 
 
 def one_round(training, cores: int, loaders: list[tuple[str, str, Split]], ended: Callable[[str], None]) -> dict:

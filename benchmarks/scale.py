@@ -150,6 +150,7 @@ def training_startup(data: Path, work: Path) -> dict:
     peaks, done = {"orchestrator": 0.0, "largest other": 0.0}, threading.Event()
     threading.Thread(target=sample_rss, args=(proc.pid, peaks, done), daemon=True).start()
     first, lines = None, []
+    assert proc.stdout is not None  # stdout=PIPE
     for line in proc.stdout:
         lines.append(line)
         if " step 1 (" in line:

@@ -17,7 +17,15 @@ from rich.console import Console
 from rich.table import Table
 
 from benchmarks import REPEATS
-from benchmarks.common import bench_progress, clear_checkpoints, over_defaults, shown, spread, write_json
+from benchmarks.common import (
+    bench_progress,
+    clear_checkpoints,
+    over_defaults,
+    shown,
+    spread,
+    steady_rate,
+    write_json,
+)
 from flows.config import ConfigError, FlowConfig
 from infra.compute.process import train_here
 from infra.engines.contract import read_metrics, trainer_argv
@@ -83,7 +91,7 @@ def one_round(base: PyTorchTraining, data: str, root: Path, launched: list[tuple
             root / "pools",
             lambda line: None,
         )
-        rates[(metrics.backend, workers)] = metrics.steady_images_per_sec
+        rates[(metrics.backend, workers)] = steady_rate(metrics)
         cpu[(metrics.backend, workers)] = metrics.cpu_ms_per_step
         advance(f"{launcher}, {workers} worker(s)")
     alone = independent_throughput(base, data, root / "alone", 1)
@@ -104,7 +112,7 @@ def independent_throughput(cfg: PyTorchTraining, data: str, root: Path, n: int) 
     for proc, _ in procs:
         if proc.wait() != 0:
             raise LaunchError(f"an independent benchmark worker failed; run it alone: {' '.join(cmd)}")
-    return sum(read_metrics(out).steady_images_per_sec for _, out in procs)
+    return sum(steady_rate(read_metrics(out)) for _, out in procs)
 
 
 def scaling_efficiency(rates: dict[tuple[str, int], float]) -> dict[str, float]:
