@@ -186,3 +186,16 @@ def test_prefect_yaml_deploys_the_pipeline_with_valid_parameters():
         assert flow.name == "train-flow"
         FlowConfig.model_validate(deployment["parameters"]["cfg"])
         assert deployment["schedules"][0]["cron"]
+
+
+@pytest.mark.parametrize("source", ["file", "environment"])
+def test_a_backend_section_of_the_old_format_says_where_its_settings_went(source, tmp_path):
+    config = tmp_path / "old.yaml"
+    config.write_text("pool: {backend: azureml}\nazureml: {vm_size: Standard_ND96asr_v4}\n")
+    environ = {"TRAINFLOW_AZUREML__VM_SIZE": "Standard_ND96asr_v4"} if source == "environment" else {}
+    with pytest.raises(
+        ConfigError,
+        match=r"^invalid config: there is no azureml: section: the azureml pool's "
+        r"settings now live under pool:, with backend: azureml .* move them there",
+    ):
+        load_config(config if source == "file" else None, {}, environ)

@@ -75,3 +75,18 @@ def test_the_digits_recipe_has_one_home_that_the_nightly_deployment_repeats():
         assert deployment["parameters"]["cfg"]["training"] == demo
     fitted = load_config(None, {}, digits_defaults=True).training
     assert {k: getattr(fitted, k) for k in DIGITS_TRAINING} == DIGITS_TRAINING
+
+
+@pytest.mark.parametrize("command", [["train"], ["run", "--dry-run"]])
+def test_the_commands_take_framework_and_refuse_another_in_one_line_with_exit_2(command, tmp_path):
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    assert "--framework" in CliRunner().invoke(app, [command[0], "--help"]).output
+    result = CliRunner().invoke(app, [*command, "--framework", "tensorflow", "--workdir", str(tmp_path / "w")])
+    assert result.exit_code == 2
+    assert (
+        result.output.strip() == "error: invalid setting training.framework = 'tensorflow': Input should be 'pytorch'"
+    )
+    assert not (tmp_path / "w").exists()
