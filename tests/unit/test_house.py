@@ -123,3 +123,17 @@ def test_every_group_of_the_suite_names_a_module_that_exists(request):
     assert groups is not None and {"docker", "loaders", "bad-inputs"} <= set(groups.modules.values())
     for module in groups.modules:
         assert (request.config.rootpath / module).is_file(), module
+
+
+def test_the_pre_commit_hooks_run_what_make_lint_runs():
+    """.pre-commit-config.yaml runs the commands of `make lint` (the project's own pinned tools from .venv)."""
+    import yaml
+
+    lint = re.search(r"^lint: .*\n((?:\t.*\n)+)", (REPO / "Makefile").read_text(), re.MULTILINE)
+    assert lint, "the Makefile has no lint target"
+    made = {line.replace("$(BIN)/", "") for line in lint.group(1).splitlines()}
+    made = {" ".join(w for w in m.split() if not w.startswith("$(") and w != ".") for m in made}
+    hooks = yaml.safe_load((REPO / ".pre-commit-config.yaml").read_text())["repos"][0]["hooks"]
+    entries = {hook["entry"].replace("--force-exclude", "").replace(".venv/bin/", "") for hook in hooks}
+    entries = {" ".join(w for w in e.split() if w != "env" and "=" not in w) for e in entries}
+    assert entries == made, (entries, made)
