@@ -7,7 +7,11 @@ this package names one.
 
 A fourth backend (Azure Batch, Kubernetes, ...) is one module with a class that has the `Backend` interface of
 infra/compute/base.py and a pool section of its own (a `PoolSection` with `backend: Literal["<name>"]` and its
-settings), registered below: the class in `registered`, the section in `PoolConfig`.
+settings), registered below: the class in `registered`, the section in `PoolConfig`. The Azure templates that
+make its cloud resources are in azure/.
+
+May import: infra.storage, infra.images, infra.engines, infra.data, infra.services, infra.core, and the trainer's
+contract modules (trainer.datasets).
 """
 
 from typing import Annotated, Any
