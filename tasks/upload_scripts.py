@@ -20,12 +20,14 @@ from infra.storage.transfers import Transfer, step_plan, transfer_progress
 from tasks.retry import unless_permanent
 
 LATEST = "scripts/LATEST"
+SOURCES = (".py", ".c")  # the training package's files that travel with a scripts version
 
 
 def package_files(extra_files: list[Path]) -> dict[str, Path]:
-    """Relative path on the share -> local file: the training package plus the extra files."""
+    """Relative path on the share -> local file: the training package (its Python and the C of the fast loader's
+    partial decoding, which each node compiles once per version) plus the extra files."""
     package = PACKAGE
-    files = {f"trainer/{p.relative_to(package)}": p for p in sorted(package.rglob("*.py"))}
+    files = {f"trainer/{p.relative_to(package)}": p for p in sorted(package.rglob("*")) if p.suffix in SOURCES}
     for extra in extra_files:
         if not extra.is_file():
             raise BadInput(f"fileshare.extra_files names {extra}, which is not a file")

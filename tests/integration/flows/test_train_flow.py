@@ -221,3 +221,22 @@ def test_the_attempts_a_backend_made_become_a_table_artifact(prefect_server):
 
     assert json.loads(artifacts_of(report(rows))["attempts"].data) == rows
     assert "attempts" not in artifacts_of(report([]))  # a one-attempt job adds none
+
+
+def test_the_fast_loader_decodes_only_the_crop_where_the_trainer_runs_from_the_share(
+    prefect_server, tmp_path, monkeypatch
+):
+    """The scripts version carries jpeg_crop.c, so the workers of a run compile it once (for its digest) and decode
+    only each crop: before, only the trainer's *.py travelled and every rank decoded whole images, saying so."""
+    from infra.data.sample_data import write_imagenet_like
+
+    jpegs = write_imagenet_like(tmp_path / "jpegs", files=120, classes=4, kb=8)
+    built = tmp_path / "jpeg-crop"
+    monkeypatch.setenv("TRAINFLOW_JPEG_CROP_DIR", str(built))  # the workers' cache of the compiled library
+    result = train_flow(flow_config(tmp_path / "work", jpegs, training={"loader": "fast", "epochs": 1}))
+    source = tmp_path / "work" / "fileshare" / result["scripts"] / "trainer" / "jpeg_crop.c"
+    assert source.is_file()
+    assert [p.name for p in built.glob("jpeg_crop-*.so")] == [f"jpeg_crop-{sha256_file(source)[:16]}.so"]
+    logs = tmp_path / "work" / "fileshare" / "results" / result["run_id"] / "logs"
+    assert "partial JPEG decoding is unavailable" not in "".join(p.read_text() for p in logs.glob("rank*.log"))
+    assert result["metrics"]["status"] == "complete"
