@@ -53,7 +53,7 @@ def bench_train(
     json_out: JsonOpt = None,
     launchers: Annotated[
         list[str], typer.Option("--launcher", help="Launchers to compare: horovodrun, torchrun (repeat the option).")
-    ] = ["horovodrun", "torchrun"],  # noqa: B006
+    ] = ["horovodrun", "torchrun"],  # noqa: B006 - typer's default, never mutated
     repeats: RepeatsOpt = REPEATS,
 ) -> None:
     """Throughput with 1 and 2 workers under Horovod and DDP, and the scaling efficiency."""
@@ -96,7 +96,7 @@ def bench_scale(
     json_out: JsonOpt = None,
     sizes: Annotated[
         list[int], typer.Option("--files", min=100, help="Data set sizes (repeat the option); ImageNet is 1331167.")
-    ] = [10_000, 100_000],  # noqa: B006
+    ] = [10_000, 100_000],  # noqa: B006 - typer's default, never mutated
 ) -> None:
     """Staging and training start-up as the data set grows: wall time, time per file and peak RSS of every stage.
 
@@ -127,7 +127,7 @@ def bench_all(
             "WORKDIR/bench/all.json.",
         ),
     ] = None,
-    only: Annotated[list[str], typer.Option(help="Run only these benchmarks (repeat the option).")] = [],  # noqa: B006
+    only: Annotated[list[str], typer.Option(help="Run only these benchmarks (repeat the option).")] = [],  # noqa: B006 - typer's default, never mutated
     size: Annotated[str, typer.Option(help="small (minutes each) or tiny (the size of their tests).")] = "small",
 ) -> None:
     """Every benchmark at a small size, one JSON and one markdown report with a plot per benchmark."""
@@ -148,7 +148,7 @@ def bench_gpu(
             help="Loaders to run on the JPEGs (repeat the option); default: every loader of the trainer installed "
             "here.",
         ),
-    ] = [],  # noqa: B006
+    ] = [],  # noqa: B006 - typer's default, never mutated
     given_peak: Annotated[
         float | None,
         typer.Option("--peak-tflops", help="The GPU's peak dense bf16 TFLOP/s, for a GPU that the MFU table lacks."),
@@ -168,7 +168,7 @@ def bench_parallel(
     json_out: JsonOpt = None,
     microbatches: Annotated[
         list[int], typer.Option(min=1, help="Micro-batch counts of the 2-stage pipeline (repeat the option).")
-    ] = [1, 2, 4, 8],  # noqa: B006
+    ] = [1, 2, 4, 8],  # noqa: B006 - typer's default, never mutated
     repeats: RepeatsOpt = REPEATS,
 ) -> None:
     """Data-parallel (2 workers) against a 2-stage pipeline with 1, 2, 4, 8 micro-batches: images/s, memory, idle."""

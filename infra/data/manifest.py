@@ -29,18 +29,18 @@ from pathlib import Path
 
 from infra.core.errors import BadInput, TrainflowError
 from trainer.datasets import (  # those marked F401 are re-exported: the orchestrator's manifest names are here
-    FORMAT,  # noqa: F401
+    FORMAT,  # noqa: F401 - re-exported: the format the orchestrator's steps use
     ROWS_PER_BATCH,
     FileEntry,
-    Manifest,  # noqa: F401
+    Manifest,  # noqa: F401 - re-exported: the format the orchestrator's steps use
     batched,
-    dataset_prefix,  # noqa: F401
-    extract_members,  # noqa: F401
+    dataset_prefix,  # noqa: F401 - re-exported: the format the orchestrator's steps use
+    extract_members,  # noqa: F401 - re-exported: the format the orchestrator's steps use
     insert_batches,
-    manifest_blob,  # noqa: F401
+    manifest_blob,  # noqa: F401 - re-exported: the format the orchestrator's steps use
     manifest_lines,
-    shard_blob,  # noqa: F401
-    sizes_match,  # noqa: F401
+    shard_blob,  # noqa: F401 - re-exported: the format the orchestrator's steps use
+    sizes_match,  # noqa: F401 - re-exported: the format the orchestrator's steps use
 )
 from trainer.errors import UsageError
 from trainer.layout import check_name, folder_images

@@ -235,7 +235,7 @@ def ledger_lines(ledger: dict | None) -> list[str]:
     """The ledger as Markdown: each step's nodes, node-seconds, GPU-hours and cost, the totals, the lost GPU-hours."""
     if not ledger:
         return []
-    money = lambda value: "n/a (no price)" if value is None else f"{value:.2f} {ledger['currency']}"  # noqa: E731
+    money = lambda value: "n/a (no price)" if value is None else f"{value:.2f} {ledger['currency']}"  # noqa: E731 - a one-line helper, read where it is used
     rows = [*ledger["steps"], {"step": "**total**", "nodes": "", **ledger["total"]}]
     lines = ["", "| step | nodes | node-seconds | GPU-hours | cost |", "|---|---|---|---|---|"]
     lines += [

@@ -18,9 +18,9 @@ from infra.core.errors import BadInput
 from infra.core.jsonfiles import read_json, write_json
 from infra.runs.ledger import LEDGER
 from infra.runs.record import RECORD, RunSettings, fingerprint
+from trainer.datasets import MANIFEST  # a file server version's copy of its manifest
 
 RECEIPT, CONFIG = "receipt.json", "config.json"
-MANIFEST = ".manifest.jsonl"  # a file server version's copy of its manifest (trainer/datasets.py)
 METRICS_COMPARED = (
     "status",
     "model",

@@ -16,7 +16,6 @@ from pathlib import Path
 
 from infra.core.errors import TrainflowError
 from trainer import datasets
-from trainer.datasets import MANIFEST  # noqa: F401
 
 
 class FileServerError(TrainflowError):

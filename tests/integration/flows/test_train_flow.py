@@ -148,7 +148,7 @@ def test_a_run_over_its_budget_is_refused_before_anything_starts(prefect_server,
 
 
 def test_a_job_retried_after_a_worker_died_resumes_from_its_checkpoint(prefect_server, digits, tmp_path):
-    checkpointed = lambda: any((tmp_path / "work" / "runs").glob("*/checkpoints/step-*.pt"))  # noqa: E731
+    checkpointed = lambda: any((tmp_path / "work" / "runs").glob("*/checkpoints/step-*.pt"))  # noqa: E731 - a one-line helper, read where it is used
     with killing_rank_one(writing_under(tmp_path), times=1, ready=checkpointed):
         result = train_flow(flow_config(tmp_path / "work", digits, training={"epochs": 2, "checkpoint_every": 5}))
     metrics = result["metrics"]

@@ -254,7 +254,7 @@ def test_the_kept_registry_storage_sends_only_new_layers_and_keeps_only_what_the
     later session starts with no tag, finds the layers an earlier one pushed, and what it did not push is deleted
     after it."""
     cache, auth = tmp_path / "cache", {"username": "u", "password": "p"}
-    blobs = lambda: sorted(p.name for p in cache.glob("docker/registry/v2/blobs/sha256/*/*"))  # noqa: E731
+    blobs = lambda: sorted(p.name for p in cache.glob("docker/registry/v2/blobs/sha256/*/*"))  # noqa: E731 - a one-line helper, read where it is used
     for name in ("kept-a", "kept-b"):
         tiny_image(docker_engine, f"trainflow-test/{name}", "v1", name.encode() * 1000)
     for session, pushed in enumerate([("kept-a", "kept-b"), ("kept-a",), ()]):  # the last pushes nothing
