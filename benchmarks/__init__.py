@@ -10,6 +10,7 @@ REPEATS = 3  # rounds of every configuration in every bench: figures are the med
 
 BENCHES = {
     "train": "benchmarks.training:bench_training",
+    "frameworks": "benchmarks.frameworks:bench_frameworks",
     "staging": "benchmarks.staging:bench_staging",
     "loader": "benchmarks.loader:bench_loader",
     "scale": "benchmarks.scale:bench_scale",

@@ -2,6 +2,7 @@
 
 import os
 import platform
+import shutil
 import statistics
 import time
 from collections.abc import Callable
@@ -12,6 +13,7 @@ from rich.progress import Progress, TaskID, TimeElapsedColumn
 
 from infra.core.errors import BadInput
 from infra.core.jsonfiles import write_json as keep_json
+from infra.engines import ENGINES
 from infra.engines.contract import TrainingMetrics, TrainingSettings
 from infra.engines.launchers import LaunchError
 from infra.engines.pytorch import PyTorchTraining
@@ -29,6 +31,16 @@ def over_defaults(defaults: dict, training: TrainingSettings) -> PyTorchTraining
     return PyTorchTraining(**{**defaults, **training.model_dump(include=training.model_fields_set)})
 
 
+def as_framework(defaults: dict, training: TrainingSettings, framework: str) -> TrainingSettings:
+    """`defaults` and the settings the config names, as `framework`'s section (for the benches that compare
+    frameworks: the bench picks the framework and the launcher; a setting `framework` has not is left out)."""
+    if framework not in ENGINES:
+        raise BadInput(f"--framework {framework} is not a framework: pass one of {', '.join(ENGINES)}")
+    engine = ENGINES[framework]
+    named = training.model_dump(include=training.model_fields_set - {"framework", "launcher"})
+    return engine(**{**defaults, **{k: v for k, v in named.items() if k in engine.model_fields}})
+
+
 def steady_rate(metrics: TrainingMetrics) -> float:
     """A benchmark run's steady images/s (its last epoch after the first step), which it must have measured."""
     if metrics.steady_images_per_sec is None:
@@ -38,8 +50,7 @@ def steady_rate(metrics: TrainingMetrics) -> float:
 
 def clear_checkpoints(out: Path) -> None:
     """A benchmark run starts fresh: an earlier run's checkpoints would be resumed otherwise."""
-    for path in (out / "checkpoints").glob("*.pt"):
-        path.unlink()
+    shutil.rmtree(out / "checkpoints", ignore_errors=True)
 
 
 def time_call(fn) -> float:

@@ -1,4 +1,6 @@
-"""`trainflow bench train`: synthetic throughput with 1 and 2 workers per launcher, and the scaling efficiency.
+"""`trainflow bench train`: synthetic throughput with 1 and 2 workers per launcher and framework, and the scaling
+efficiency. PyTorch runs under each launcher (its rows are named by backend: horovod, ddp); TensorFlow and Keras
+under horovodrun, their rows named framework/backend (tensorflow/horovod), each compared with PyTorch's horovod row.
 
 Every worker gets the same number of threads (cores / 2), so a 2-worker run has twice the cores of a 1-worker
 run and perfect scaling is 2x (efficiency 1.0). Throughput is the last epoch's steady rate (after its first step,
@@ -18,9 +20,9 @@ from rich.table import Table
 
 from benchmarks import REPEATS
 from benchmarks.common import (
+    as_framework,
     bench_progress,
     clear_checkpoints,
-    over_defaults,
     shown,
     spread,
     steady_rate,
@@ -28,9 +30,8 @@ from benchmarks.common import (
 )
 from flows.config import ConfigError, FlowConfig
 from infra.compute.process import train_here
-from infra.engines.contract import read_metrics, trainer_argv
+from infra.engines.contract import TrainingSettings, read_metrics, trainer_argv
 from infra.engines.launchers import LaunchError
-from infra.engines.pytorch import PyTorchTraining
 
 # Small enough for 2 CPU cores; any of these can be set in the config file's training section.
 TRAIN_BENCH_DEFAULTS = dict(
@@ -48,14 +49,31 @@ LAUNCHERS = ("horovodrun", "torchrun")
 
 
 def bench_training(
-    cfg: FlowConfig, json_out: Path | None, launchers: tuple[str, ...] = LAUNCHERS, repeats: int = REPEATS
+    cfg: FlowConfig,
+    json_out: Path | None,
+    launchers: tuple[str, ...] = LAUNCHERS,
+    repeats: int = REPEATS,
+    frameworks: tuple[str, ...] = (),
 ) -> dict:
-    """Run 1 and 2 workers under each launcher and the machine's ceiling, `repeats` rounds; print and return."""
+    """Run 1 and 2 workers under each launcher of each framework (default: the config's) and the machine's ceiling,
+    `repeats` rounds; print and return."""
     if unknown := sorted(set(launchers) - set(LAUNCHERS)):
         raise ConfigError(f"--launcher {unknown[0]} is not a launcher: pass horovodrun or torchrun")
-    launched = [(launcher, workers) for launcher in launchers for workers in (1, 2)]
-    base = over_defaults(TRAIN_BENCH_DEFAULTS, cfg.training)
-    base = base.model_copy(update={"threads": base.threads or max(1, len(os.sched_getaffinity(0)) // 2)})
+    threads = cfg.training.threads or max(1, len(os.sched_getaffinity(0)) // 2)
+    bases = {
+        f: as_framework({**TRAIN_BENCH_DEFAULTS, "threads": threads}, cfg.training, f)
+        for f in dict.fromkeys(frameworks or (cfg.training.framework,))
+    }
+    launched = [
+        (bases[f].model_copy(update={"launcher": launcher, "workers": workers}), launcher)
+        for f in bases
+        for launcher in launchers
+        if f == "pytorch" or launcher == "horovodrun"
+        for workers in (1, 2)
+    ]
+    if not launched:
+        raise ConfigError("TensorFlow and Keras train under horovodrun only: add --launcher horovodrun")
+    base = bases.get("pytorch") or as_framework({**TRAIN_BENCH_DEFAULTS, "threads": threads}, cfg.training, "pytorch")
     data, root = cfg.data or "synthetic", cfg.workdir.resolve() / "bench" / "train"
     rounds = []
     with bench_progress() as progress:
@@ -78,22 +96,20 @@ def bench_training(
     return result
 
 
-def one_round(base: PyTorchTraining, data: str, root: Path, launched: list[tuple[str, int]], advance) -> dict:
-    """Steady images/s of each launcher and worker count, of one single process alone and of two at once."""
+def one_round(
+    base: TrainingSettings, data: str, root: Path, launched: list[tuple[TrainingSettings, str]], advance
+) -> dict:
+    """Steady images/s of each framework, launcher and worker count, of one single process alone and of two at once
+    (the machine's ceiling, measured with the PyTorch trainer `base`)."""
     rates, cpu = {}, {}
-    for launcher, workers in launched:
-        out = root / f"{launcher}-{workers}"
+    for training, launcher in launched:
+        row = label(training.framework, "horovod" if launcher == "horovodrun" else "ddp")
+        out = root / f"{training.framework}-{launcher}-{training.workers}"
         clear_checkpoints(out)
-        metrics = train_here(
-            base.model_copy(update={"launcher": launcher, "workers": workers}),
-            data,
-            out,
-            root / "pools",
-            lambda line: None,
-        )
-        rates[(metrics.backend, workers)] = steady_rate(metrics)
-        cpu[(metrics.backend, workers)] = metrics.cpu_ms_per_step
-        advance(f"{launcher}, {workers} worker(s)")
+        metrics = train_here(training, data, out, root / "pools", lambda line: None)
+        rates[(row, training.workers)] = steady_rate(metrics)
+        cpu[(row, training.workers)] = metrics.cpu_ms_per_step
+        advance(f"{training.framework}, {launcher}, {training.workers} worker(s)")
     alone = independent_throughput(base, data, root / "alone", 1)
     advance("one process alone")
     together = independent_throughput(base, data, root / "independent", 2)
@@ -101,7 +117,12 @@ def one_round(base: PyTorchTraining, data: str, root: Path, launched: list[tuple
     return {"rates": rates, "cpu": cpu, "alone": alone, "together": together}
 
 
-def independent_throughput(cfg: PyTorchTraining, data: str, root: Path, n: int) -> float:
+def label(framework: str, backend: str) -> str:
+    """A row's name: PyTorch's by its backend (horovod, ddp), another framework's as framework/backend."""
+    return backend if framework == "pytorch" else f"{framework}/{backend}"
+
+
+def independent_throughput(cfg: TrainingSettings, data: str, root: Path, n: int) -> float:
     """Steady images/s of n single-process trainings run at once, with no communication between them."""
     procs = []
     for i in range(n):
@@ -148,7 +169,7 @@ def ceiling(r: dict) -> float:
     return r["together"] / (2 * r["alone"])
 
 
-def summarise(rounds: list[dict], base: PyTorchTraining, data: str) -> dict:
+def summarise(rounds: list[dict], base: TrainingSettings, data: str) -> dict:
     """Every figure over the rounds; efficiencies, the ceiling, their ratio (the issue's goal: 0.9 or more) and the
     step's breakdown computed within each round."""
     efficiencies = [scaling_efficiency(r["rates"]) for r in rounds]
@@ -173,7 +194,15 @@ def summarise(rounds: list[dict], base: PyTorchTraining, data: str) -> dict:
             b: spread([e[b] / ceiling(r) for e, r in zip(efficiencies, rounds)]) for b in efficiencies[0]
         },
         "per_step_ms": {b: {k: spread([s[b][k] for s in steps]) for k in steps[0][b]} for b in steps[0]},
+        "against_pytorch": against_pytorch(efficiencies),
     }
+
+
+def against_pytorch(efficiencies: list[dict[str, float]]) -> dict[str, dict]:
+    """Per other framework: its scaling efficiency minus PyTorch's under the same launcher (horovod), in each round
+    (the issue's goal: within 0.1)."""
+    others = [b for b in efficiencies[0] if "/" in b and b.split("/")[1] in efficiencies[0]]
+    return {b: spread([e[b] - e[b.split("/")[1]] for e in efficiencies]) for b in others}
 
 
 def print_training_bench(result: dict) -> None:
@@ -204,6 +233,8 @@ def print_training_bench(result: dict) -> None:
         "scaling efficiency as a share of the machine's ceiling: "
         + ", ".join(f"{backend} {shown(share, '.2f')}" for backend, share in result["of_the_ceiling"].items())
     )
+    for framework, difference in result["against_pytorch"].items():
+        Console().print(f"{framework}'s scaling efficiency minus PyTorch's under Horovod: {shown(difference, '+.2f')}")
     for backend, ms in result["per_step_ms"].items():
         Console().print(
             f"{backend} per step: 1 worker {shown(ms['step_ms_1_worker'], '.0f')} ms, 2 workers "

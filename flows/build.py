@@ -10,8 +10,9 @@ from tasks.build_image import build_image_task
 
 @flow(name="build-image")
 def build_image(cfg: FlowConfig) -> dict:
-    """Build and push the configured training image; returns its reference (name@digest once pushed)."""
-    result = build_image_task(cfg.image, cfg.workdir, wheel_cache())
+    """Build and push the training image of the configured framework; returns its reference (name@digest once
+    pushed)."""
+    result = build_image_task(cfg.image, cfg.workdir, wheel_cache(), stack=cfg.training.IMAGE_STACK)
     done = "built" if result["built"] else "reused (unchanged context)"
     sent = (
         "pushed"

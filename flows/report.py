@@ -44,7 +44,7 @@ def summary_markdown(summary: dict, durations: dict[str, float]) -> str:
         f"# Training run `{summary['run_id']}`",
         "",
         f"- data set: `{summary['dataset']}`",
-        f"- model: `{m['model']}`",
+        f"- model: `{m['model']}` ({m.get('framework', 'pytorch')})",
         f"- world size: {m['world_size']} ({m['backend']}) on the {summary['pool']['backend']} pool",
         f"- throughput: {m['images_per_sec']:.1f} images/s",
         *data_wait_lines(m.get("data_wait_share")),

@@ -35,6 +35,7 @@ def run_summary(ctx: Context) -> dict:
     return {
         "run_id": ctx.run_id,
         "dataset": cfg.dataset_name(),
+        "framework": cfg.training.framework,
         "pool": ctx.pool,
         "image": ctx.image,
         "scripts": ctx.scripts,

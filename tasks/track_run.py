@@ -35,6 +35,7 @@ def start_tracking_task(cfg: TrackedSettings, run_id: str, data: Path, scripts: 
         "scripts_version": scripts,
         "image": image or "none (process pool)",
         "dataset": cfg.dataset_name(),
+        "framework": cfg.training.framework,
     }
     tracked = start_run(cfg.tracking, cfg.workdir, run_id, cfg.model_dump(mode="json"), tags)
     engine = engine_tracking(cfg, tracked["run_id"])

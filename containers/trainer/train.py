@@ -751,6 +751,7 @@ def write_metrics(run: Run, status: str, **extra) -> None:
     args, last = run.args, (run.history[-1] if run.history else {})
     summary = {
         "status": status,
+        "framework": "pytorch",
         "model": args.model,
         "data": str(args.data),
         "num_classes": len(run.classes),

@@ -55,8 +55,30 @@ def bench_train(
         list[str], typer.Option("--launcher", help="Launchers to compare: horovodrun, torchrun (repeat the option).")
     ] = ["horovodrun", "torchrun"],  # noqa: B006 - typer's default, never mutated
     repeats: RepeatsOpt = REPEATS,
+    frameworks: Annotated[
+        list[str],
+        typer.Option(
+            "--framework",
+            help="Frameworks to compare: pytorch, tensorflow, keras (repeat the option; the last two under "
+            "horovodrun only); default: the config's training.framework.",
+        ),
+    ] = [],  # noqa: B006 - typer's default, never mutated
 ) -> None:
-    """Throughput with 1 and 2 workers under Horovod and DDP, and the scaling efficiency."""
+    """Throughput with 1 and 2 workers under Horovod and DDP, per framework, and the scaling efficiency."""
+
+
+@bench("frameworks", holds=False)
+def bench_frameworks(
+    config: ConfigOpt = None,
+    workdir: WorkdirOpt = None,
+    json_out: JsonOpt = None,
+    frameworks: Annotated[
+        list[str],
+        typer.Option("--framework", help="Frameworks to compare (repeat the option); default: every one."),
+    ] = [],  # noqa: B006 - typer's default, never mutated
+    repeats: RepeatsOpt = REPEATS,
+) -> None:
+    """Synthetic ResNet-50 images/s of each framework's trainer, one process each, side by side."""
 
 
 @bench("staging")

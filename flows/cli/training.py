@@ -81,7 +81,7 @@ def print_summary(metrics: TrainingMetrics, out: Path) -> None:
     top1 = metrics.final_val_top1
     accuracy = "n/a (no val/ split)" if top1 is None else f"{top1:.2%}"
     Console(highlight=False).print(
-        f"\n[bold]{metrics.model}[/] on {metrics.world_size} workers ({metrics.backend}): "
+        f"\n[bold]{metrics.model}[/] ({metrics.framework}) on {metrics.world_size} workers ({metrics.backend}): "
         f"val top-1 {accuracy}, {metrics.images_per_sec or 0:.1f} images/s, {metrics.wall_seconds:.0f} s\n"
         f"results: {out}",
         soft_wrap=True,
@@ -208,9 +208,12 @@ def build(
     workdir: WorkdirOpt = None,
     flavour: Annotated[str | None, typer.Option(help="cpu (local pools) or gpu (CUDA, NCCL, MPI).")] = None,
     registry: Annotated[str | None, typer.Option(help="Registry host[:port] to push to.")] = None,
+    framework: FrameworkOpt = None,
 ) -> None:
-    """Build the training image as a Prefect flow, tagged by content, push it, and print its reference."""
-    cfg = configure(config, None, workdir, digits_defaults=False, image={"flavour": flavour, "registry": registry})
+    """Build the training image of a framework as a Prefect flow, tagged by content, push it, and print its
+    reference."""
+    image = {"flavour": flavour, "registry": registry}
+    cfg = configure(config, None, workdir, {"framework": framework}, digits_defaults=False, image=image)
     with holding(cfg):
         from flows.build import build_image
 

@@ -1,5 +1,6 @@
-"""The image step (build-image): build and push the training image, or check image.use, where a later step of the
-walk runs in it. It comes first: a missing or unbuildable image fails the run before any data moves."""
+"""The image step (build-image): build and push the training image of the run's framework (one image per
+framework's libraries: training.IMAGE_STACK), or check image.use, where a later step of the walk runs in it. It comes
+first: a missing or unbuildable image fails the run before any data moves."""
 
 from flows.steps.context import Context
 from infra.images.build_context import wheel_cache
@@ -15,7 +16,7 @@ def plan(ctx: Context) -> list[dict]:
     """The step's decision, if needed; the image is the reference the pool would run (name:tag)."""
     if not needed(ctx):
         return []
-    row = plan_image(ctx.cfg.image, wheel_cache())
+    row = plan_image(ctx.cfg.image, wheel_cache(), stack=ctx.cfg.training.IMAGE_STACK)
     ctx.image = row["image"]
     return [row]
 
@@ -23,4 +24,5 @@ def plan(ctx: Context) -> list[dict]:
 def run(ctx: Context) -> None:
     """Build (unless built) and push the image, or check image.use, if needed; the image is its reference."""
     if needed(ctx):
-        ctx.image = build_image_task(ctx.cfg.image, ctx.cfg.workdir, wheel_cache())["image"]
+        stack = ctx.cfg.training.IMAGE_STACK
+        ctx.image = build_image_task(ctx.cfg.image, ctx.cfg.workdir, wheel_cache(), stack=stack)["image"]

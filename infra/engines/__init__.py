@@ -1,7 +1,9 @@
 """Training frameworks (engines): which trainer runs, with which settings. One module per framework, registered
 here, and nothing outside this package names one.
 
-    pytorch   containers/trainer/train.py under torchrun or horovodrun    (infra/engines/pytorch.py)
+    pytorch      containers/trainer/train.py under torchrun or horovodrun    (infra/engines/pytorch.py)
+    tensorflow   containers/trainer/tf/loop.py under horovodrun              (infra/engines/tensorflow.py)
+    keras        containers/trainer/tf/fit.py under horovodrun               (infra/engines/tensorflow.py)
 
 A framework module owns its section of the config (`training`, chosen by training.framework): its options,
 defaults, help and checks, its trainer's entry point (ENTRY), the launchers that start it (training.launcher) and
@@ -18,8 +20,13 @@ from pydantic import BeforeValidator, Field
 
 from infra.engines.contract import TrainingSettings
 from infra.engines.pytorch import PyTorchTraining
+from infra.engines.tensorflow import KerasTraining, TensorFlowTraining
 
-ENGINES: dict[str, type[TrainingSettings]] = {"pytorch": PyTorchTraining}
+ENGINES: dict[str, type[TrainingSettings]] = {
+    "pytorch": PyTorchTraining,
+    "tensorflow": TensorFlowTraining,
+    "keras": KerasTraining,
+}
 DEFAULT = "pytorch"
 
 __all__ = ["DEFAULT", "ENGINES", "TrainingConfig", "default_training"]

@@ -52,6 +52,9 @@ class TrainingSettings(BaseModel):
 
     ENTRY: ClassVar[str]
     """The trainer's entry point inside the training package (a scripts version, an image), e.g. trainer/train.py."""
+    IMAGE_STACK: ClassVar[str]
+    """The prefix of its images' Dockerfiles and repositories: "" (containers/cpu.Dockerfile, trainflow-cpu) or
+    "tf-" (containers/tf-cpu.Dockerfile, trainflow-tf-cpu): one image per framework's libraries."""
 
     framework: str
     """The training framework (an engine of infra/engines)."""
@@ -79,6 +82,8 @@ class TrainingMetrics(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     status: Literal["running", "complete", "interrupted", "failed"]  # the last two: set by infra/runs/record.py
+    framework: str = "pytorch"
+    """The framework that trained (training.framework); metrics.json of runs before it was recorded: pytorch."""
     model: str
     world_size: int
     backend: str
