@@ -25,7 +25,8 @@ def train_flow(cfg: FlowConfig) -> dict:
         ctx = walk(cfg, RUN)
     summary = run_summary(ctx)
     durations = publish_report_task(summary)
-    finish_tracking_task(ctx.tracked, ctx.trained["metrics"], ctx.run.out)  # after the report has drawn plot.svg
+    model = ctx.run.out / ctx.cfg.training.MODEL_FILE
+    finish_tracking_task(ctx.tracked, ctx.trained["metrics"], model)  # after the report has drawn plot.svg
     return {**summary, "step_seconds": durations}
 
 

@@ -62,10 +62,11 @@ def tracked_training(training, tracked: dict | None):
 
 
 @task(name="finish-tracking", retries=2, retry_delay_seconds=5, cache_policy=NO_CACHE)
-def finish_tracking_task(tracked: dict | None, metrics: dict, out: Path) -> None:
-    """Prefect step: the final numbers, the model and the plot to the MLflow run, which ends."""
+def finish_tracking_task(tracked: dict | None, metrics: dict, model: Path) -> None:
+    """Prefect step: the final numbers, the model (its file in the results folder) and the plot to the MLflow run,
+    which ends."""
     if tracked:
-        files = [p for p in (out / "model.pt", out / "plot.svg") if p.exists()]
+        files = [p for p in (model, model.parent / "plot.svg") if p.exists()]
         finish_run(tracked, metrics, files, engine_logged=bool(tracked["engine_uri"]))
 
 

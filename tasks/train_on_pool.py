@@ -1,7 +1,7 @@
 """Steps 5-7: create the pool, run the training job on it, collect the results; the pool is always deleted.
 
 The pool and its job come from the configured compute backend (infra/compute/); these steps only drive
-them. Results go to the file share under results/<run id>/ (metrics.json, model.pt, checkpoints, logs),
+them. Results go to the file share under results/<run id>/ (metrics.json, the model, checkpoints, logs),
 and the model also to Blob storage.
 """
 
@@ -97,14 +97,22 @@ def delete_pool_task(pool: Pool) -> None:
 
 @task(name="collect-results", retries=3, retry_delay_seconds=[2, 10, 30], retry_condition_fn=unless_permanent)
 def collect_results_task(
-    out: Path, run_id: str, share_cfg: FileShareConfig, storage: StorageConfig, azurite_port: int | None, workdir: Path
+    out: Path,
+    run_id: str,
+    share_cfg: FileShareConfig,
+    storage: StorageConfig,
+    azurite_port: int | None,
+    workdir: Path,
+    model_file: str = "model.pt",
 ) -> dict:
-    """Prefect step: results to the file share under results/<run id>/, the model to Blob."""
+    """Prefect step: results to the file share under results/<run id>/, the model (the framework's `model_file`) to
+    Blob."""
     share = open_share(share_cfg, workdir)
     files = sorted(p for p in out.rglob("*") if p.is_file())
     for path in files:
         share.upload_file(path, f"results/{run_id}/{path.relative_to(out).as_posix()}")
     store = open_store(storage, azurite_port, "results")
     store.ensure_container()  # a run on synthetic data has staged nothing there
-    store.upload_file(out / "model.pt", f"results/{run_id}/model.pt")
-    return {"files": len(files), "share": share.url(f"results/{run_id}"), "model_blob": f"results/{run_id}/model.pt"}
+    blob = f"results/{run_id}/{model_file}"
+    store.upload_file(out / model_file, blob)
+    return {"files": len(files), "share": share.url(f"results/{run_id}"), "model_blob": blob}

@@ -17,11 +17,11 @@ def run(ctx: Context) -> None:
     cfg, out, metrics = ctx.cfg, ctx.run.out, ctx.trained["metrics"]
     receipt = make_receipt(cfg, ctx.run_id, ctx.inputs, ctx.scripts, str(ctx.data), ctx.image, metrics)
     ctx.receipt = write_receipt(out, cfg, receipt)
-    ctx.results = collect_results_task(out, ctx.run_id, cfg.fileshare, cfg.storage, ctx.port, cfg.workdir)
+    model = cfg.training.MODEL_FILE
+    ctx.results = collect_results_task(out, ctx.run_id, cfg.fileshare, cfg.storage, ctx.port, cfg.workdir, model)
 
 
 def operations(ctx: Context) -> list[str]:
     """Where the results go."""
-    return [
-        f"- put results: {share_url(ctx.cfg)}/results/<run id>/ and {container_url(ctx.cfg)}/results/<run id>/model.pt"
-    ]
+    model = f"{container_url(ctx.cfg)}/results/<run id>/{ctx.cfg.training.MODEL_FILE}"
+    return [f"- put results: {share_url(ctx.cfg)}/results/<run id>/ and {model}"]

@@ -25,7 +25,7 @@ from pydantic import Field
 
 from infra.compute.base import Billing, PoolError, PoolSection, RunConfig, RunPaths, SyncWhere
 from infra.core.errors import first_line
-from infra.engines.contract import ERROR_LINE, SYNTHETIC, TrainingSettings, trainer_argv
+from infra.engines.contract import CHECKPOINT_LINE, ERROR_LINE, SYNTHETIC, TrainingSettings, trainer_argv
 from infra.engines.launchers import LaunchError, torchrun_options
 from infra.images.registry import ImageConfig, registry_password
 from trainer.datasets import BAD_INPUT, dataset_prefix
@@ -106,7 +106,6 @@ ENTRA_TOKEN_USER = "00000000-0000-0000-0000-000000000000"  # `az acr login --exp
 ERROR_MESSAGE = re.compile(r'"message":\s*"((?:[^"\\]|\\.)*)"')  # in the error JSON that jobs.stream raises
 PREEMPTED = re.compile(r"pre-?empt", re.IGNORECASE)  # "PreemptionError: Nodes of this job got pre-empted"
 STEP_LINE = re.compile(r"epoch \d+ step (\d+) ")  # the trainer's progress line (every training.log_every steps)
-CHECKPOINT_LINE = re.compile(r"checkpoint step (\d+) saved|resumed from step-(\d+)\.pt")
 
 
 def check_complete(cfg: AzureMLPoolConfig, reads_nfs: bool) -> None:

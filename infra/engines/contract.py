@@ -7,8 +7,10 @@
   the same with `--check` in one process, before any worker (`preflight`).
 - Its output, one format for every framework, so that progress, tracking, the ledger and the reports never ask
   which framework trained: every line starts with `[rank N]`, an input error is `... ERROR error: MESSAGE`, the
-  progress line every training.log_every steps is `PROGRESS_LINE` (tasks/progress.py shows it live), and rank 0
-  writes metrics.json (`TrainingMetrics`).
+  progress line every training.log_every steps is `PROGRESS_LINE` (tasks/progress.py shows it live), a checkpoint
+  written is `checkpoint step N saved` and a resume `resumed from step-N.<ext>` (`CHECKPOINT_LINE`: what a
+  resubmitting backend counts lost work from), and rank 0 writes metrics.json (`TrainingMetrics`) and the model
+  (`MODEL_FILE`).
 
 Of the trainer package, the orchestrator imports only its contract modules (trainer.errors, trainer.layout,
 trainer.datasets, trainer.tracking, trainer.jpeg_crop) and, in each engine module, that framework's options; the
@@ -32,6 +34,7 @@ RANK_LINE = re.compile(r"\[rank (\d+)\]")
 ERROR_LINE = re.compile(r"\[rank (\d+)\].* ERROR error: (.*)")
 # The progress line, every training.log_every steps: epoch, global step, (step in epoch/steps per epoch), images/s.
 PROGRESS_LINE = re.compile(r"epoch (\d+) step (\d+) \((\d+)/(\d+)\) loss \S+ lr \S+, ([\d.]+) images/s")
+CHECKPOINT_LINE = re.compile(r"checkpoint step (\d+) saved|resumed from step-(\d+)\.")
 
 __all__ = [
     "SYNTHETIC",
@@ -52,6 +55,9 @@ class TrainingSettings(BaseModel):
 
     ENTRY: ClassVar[str]
     """The trainer's entry point inside the training package (a scripts version, an image), e.g. trainer/train.py."""
+    MODEL_FILE: ClassVar[str]
+    """The trained model that rank 0 writes into the results folder (model.pt, model.keras): the flow puts it in Blob
+    and in the MLflow run."""
     IMAGE_STACK: ClassVar[str]
     """The prefix of its images' Dockerfiles and repositories: "" (containers/cpu.Dockerfile, trainflow-cpu) or
     "tf-" (containers/tf-cpu.Dockerfile, trainflow-tf-cpu): one image per framework's libraries."""

@@ -16,6 +16,7 @@ class PyTorchSettings(ParsedSettings):
     """The orchestrator's settings of a PyTorch run; the trainer's options are added from its parser below."""
 
     ENTRY: ClassVar[str] = "trainer/train.py"
+    MODEL_FILE: ClassVar[str] = "model.pt"
     IMAGE_STACK: ClassVar[str] = ""
     framework: Literal["pytorch"] = "pytorch"
     """The training framework (an engine of infra/engines): pytorch."""

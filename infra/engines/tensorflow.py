@@ -18,6 +18,7 @@ class TensorFlowSettings(ParsedSettings):
     """The orchestrator's settings of a TensorFlow run; the trainer's options are added from its parser below."""
 
     ENTRY: ClassVar[str] = "trainer/tf/loop.py"
+    MODEL_FILE: ClassVar[str] = "model.keras"
     IMAGE_STACK: ClassVar[str] = "tf-"
     framework: Literal["tensorflow"] = "tensorflow"
     """The training framework (an engine of infra/engines): tensorflow."""
@@ -55,4 +56,6 @@ else:
     TensorFlowTraining = with_options(
         TensorFlowSettings, build_parser("loop.py"), "TensorFlowTraining", doc("TensorFlow", TensorFlowSettings.ENTRY)
     )
-    KerasTraining = with_options(KerasSettings, build_parser("fit.py"), "KerasTraining", doc("Keras", KerasSettings.ENTRY))
+    KerasTraining = with_options(
+        KerasSettings, build_parser("fit.py"), "KerasTraining", doc("Keras", KerasSettings.ENTRY)
+    )

@@ -1,8 +1,9 @@
 """The build context of a training image, and the tag that names its content.
 
-Both images are built from one context assembled out of containers/: the Dockerfile of the flavour,
-the training package, build/ and requirements/. The CPU image also gets wheels/: the Horovod sdist and
-the pinned wheels of requirements/image.txt for the image's Python, so its build needs no index.
+Every image is built from one context assembled out of containers/: its Dockerfile (a framework's image stack and
+the flavour: cpu.Dockerfile, gpu.Dockerfile, tf-cpu.Dockerfile, tf-gpu.Dockerfile), the training package, build/ and
+requirements/. The CPU images also get wheels/: the Horovod sdist and the pinned wheels of their requirements
+(HERMETIC) for the image's Python, so their builds need no index.
 The tag is a hash of every file's path and content plus the build arguments: the same inputs give
 the same tag, so an unchanged context is found in the registry and neither rebuilt nor pushed.
 """
@@ -18,11 +19,27 @@ from infra.images.registry import ImageError
 CONTAINERS = Path(__file__).resolve().parents[2] / "containers"
 HOROVOD = "horovod==0.28.1"
 IGNORED = ("__pycache__", ".pyc")
+# The Dockerfiles that install only from the context's wheels/ (no index at build time), and the requirement files
+# of containers/requirements/ whose wheels go there. tf-keras.txt is installed with --no-deps (its metadata asks for
+# the full `tensorflow` wheel, the image has tensorflow-cpu); the others are complete pinned sets.
+HERMETIC = {
+    "cpu.Dockerfile": ("image.txt",),
+    "tf-cpu.Dockerfile": ("image.txt", "tensorflow.txt", "tf-keras.txt"),
+}
+# The wheels' platforms: manylinux2014 (glibc 2.17) for image.txt, as ever; TensorFlow's wheels and some of its
+# dependencies' are manylinux_2_27 or _2_28 only (both bases, Debian bookworm's and python:3.11-slim's, have glibc
+# 2.36), and pip takes a manylinux_2_x platform literally (it accepts no older one for it), hence the list.
+PLATFORMS = {"image.txt": ("manylinux2014_x86_64",)}
+NEWER_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux2014_x86_64")
 
 
-def source_files(flavour: str) -> dict[str, Path]:
-    """Context path -> source file: the flavour's Dockerfile, the training package, build/ and requirements/."""
-    files = {"Dockerfile": CONTAINERS / f"{flavour}.Dockerfile"}
+def source_files(dockerfile: str) -> dict[str, Path]:
+    """Context path -> source file: the Dockerfile (its name in containers/, e.g. "tf-cpu.Dockerfile"), the training
+    package, build/ and requirements/."""
+    if not (CONTAINERS / dockerfile).is_file():
+        known = ", ".join(sorted(p.name for p in CONTAINERS.glob("*.Dockerfile")))
+        raise ImageError(f"there is no containers/{dockerfile} (the Dockerfiles: {known})", permanent=True)
+    files = {"Dockerfile": CONTAINERS / dockerfile}
     for folder in ("trainer", "build", "requirements"):
         for path in sorted((CONTAINERS / folder).rglob("*")):
             if path.is_file() and not any(part in str(path) for part in IGNORED):
@@ -30,48 +47,44 @@ def source_files(flavour: str) -> dict[str, Path]:
     return files
 
 
-def assemble_context(flavour: str, dest: Path, python: str, wheel_cache: Path) -> Path:
-    """Write the build context of `flavour` to `dest` (replacing what was there) and return it."""
+def assemble_context(dockerfile: str, dest: Path, python: str, wheel_cache: Path) -> Path:
+    """Write the build context of containers/`dockerfile` to `dest` (replacing what was there) and return it."""
     if dest.exists():
         shutil.rmtree(dest)
-    for rel, src in source_files(flavour).items():
+    for rel, src in source_files(dockerfile).items():
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(src, dest / rel)
     wheels = dest / "wheels"
     wheels.mkdir()
-    if flavour == "cpu":
-        for wheel in wheelhouse(python, wheel_cache).glob("*.*"):
+    for requirements in HERMETIC.get(dockerfile, ()):
+        for wheel in wheelhouse(python, wheel_cache, requirements).glob("*.*"):
             if wheel.name != ".complete":
                 shutil.copy2(wheel, wheels / wheel.name)
     return dest
 
 
-def wheelhouse(python: str, cache: Path) -> Path:
-    """A folder with the Horovod sdist and the pinned wheels for `python` on Linux x86-64, fetched once."""
-    requirements = CONTAINERS / "requirements" / "image.txt"
-    key = hashlib.sha256(f"{HOROVOD}\n{python}\n{requirements.read_text()}".encode()).hexdigest()[:16]
-    folder = cache / f"wheelhouse-py{python}-{key}"
+def wheelhouse(python: str, cache: Path, requirements: str = "image.txt") -> Path:
+    """A folder with the pinned wheels of containers/requirements/`requirements` for `python` on Linux x86-64, fetched
+    once; image.txt's also holds the Horovod sdist."""
+    pins = (CONTAINERS / "requirements" / requirements).read_text()
+    platforms = PLATFORMS.get(requirements, NEWER_PLATFORMS)
+    if requirements == "image.txt":  # the key of the folders fetched before there were others: kept, so is the cache
+        key = hashlib.sha256(f"{HOROVOD}\n{python}\n{pins}".encode()).hexdigest()[:16]
+        folder = cache / f"wheelhouse-py{python}-{key}"
+    else:
+        key = hashlib.sha256(f"{python}\n{platforms}\n{pins}".encode()).hexdigest()[:16]
+        folder = cache / f"wheelhouse-{Path(requirements).stem}-py{python}-{key}"
     if (folder / ".complete").exists():
         return folder
     partial = folder.with_name(folder.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     pip = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "-d", str(partial)]
-    run_pip(
-        pip
-        + [
-            "--only-binary",
-            ":all:",
-            "--platform",
-            "manylinux2014_x86_64",
-            "--python-version",
-            python,
-            "--implementation",
-            "cp",
-            "-r",
-            str(requirements),
-        ]
-    )
-    run_pip(pip + ["--no-binary", ":all:", HOROVOD])
+    wanted = ["--only-binary", ":all:", "--python-version", python, "--implementation", "cp"]
+    for platform in platforms:
+        wanted += ["--platform", platform]
+    run_pip(pip + wanted + ["-r", str(CONTAINERS / "requirements" / requirements)])
+    if requirements == "image.txt":
+        run_pip(pip + ["--no-binary", ":all:", HOROVOD])
     partial.rename(folder)
     (folder / ".complete").write_text(key)
     return folder

@@ -44,15 +44,18 @@ class ImageConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     flavour: Literal["cpu", "gpu"] = "cpu"
-    """cpu: containers/cpu.Dockerfile (local pools, Gloo); gpu: containers/gpu.Dockerfile (CUDA, NCCL, MPI)."""
+    """cpu: containers/cpu.Dockerfile (local pools, Gloo); gpu: containers/gpu.Dockerfile (CUDA, NCCL, MPI). The
+    framework's image stack prefixes it: containers/tf-cpu.Dockerfile, tf-gpu.Dockerfile for TensorFlow and Keras."""
     registry: str | None = None
     """Registry host[:port], e.g. myregistry.azurecr.io, docker.io or localhost:5000; unset: no push,
     the image stays in the local engine."""
     repository: str | None = None
-    """Repository in the registry (lowercase, / separated); unset: trainflow-<flavour>."""
+    """Repository in the registry (lowercase, / separated); unset: trainflow-<stack><flavour> (trainflow-cpu,
+    trainflow-tf-cpu ...). Set, every framework's image goes there, told apart by its content tag."""
     base_image: str | None = None
-    """Replaces the Dockerfile's pinned base. "local": a Debian base with Python and the pinned torch,
-    made on this machine with debootstrap (for machines that cannot pull images)."""
+    """Replaces the Dockerfile's pinned base. "local": a Debian base with Python, made on this machine with
+    debootstrap (for machines that cannot pull images), with the pinned torch in it for PyTorch's image and without
+    for TensorFlow's (whose framework comes from the build context's wheels)."""
     build_args: dict[str, str] = {}
     """More Dockerfile build arguments (they are part of the image's tag)."""
     build_network: str | None = None
@@ -97,9 +100,13 @@ class ImageConfig(BaseModel):
             )
         return value
 
-    def image_name(self) -> str:
-        """registry/repository, or just the repository when nothing is pushed."""
-        repository = self.repository or f"trainflow-{self.flavour}"
+    def dockerfile(self, stack: str = "") -> str:
+        """The Dockerfile's name in containers/ for a framework's image stack ("" PyTorch, "tf-" TensorFlow)."""
+        return f"{stack}{self.flavour}.Dockerfile"
+
+    def image_name(self, stack: str = "") -> str:
+        """registry/repository, or just the repository when nothing is pushed; `stack` as in dockerfile()."""
+        repository = self.repository or f"trainflow-{stack}{self.flavour}"
         return f"{self.registry}/{repository}" if self.registry else repository
 
 
