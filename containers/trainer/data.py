@@ -1,6 +1,6 @@
 """Training data: an ImageNet-layout folder (see layout.py) or a fixed synthetic batch, sharded across workers.
 
-Images that cannot be decoded are found once per run, before training (`known_bad_images`): from
+Images that cannot be decoded are found once per run, before training (`known_bad_images`, in badfiles.py): from
 DATA/.verified.json when the data version carries one (nothing decoded), else by decoding (--verify-images:
 the preflight all of them, or each worker its share, the lists combined), else from the preflight's list in
 OUT. --bad-files fail refuses them in one line; skip trains without them and says so. A file that fails
@@ -16,9 +16,7 @@ pil is the original path (PIL images, normalised floats made in the loader); dal
 
 import itertools
 import math
-import os
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Iterator
 
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
@@ -29,103 +27,30 @@ from torchvision.transforms import v2
 from torchvision.transforms.functional import pil_to_tensor
 
 from trainer import dali, jpeg_crop
-from trainer.errors import UsageError
+from trainer.badfiles import (  # noqa: F401 - the bad-file rules, torch-free (every trainer's), part of the data API
+    BAD_LIST,
+    CHECKED,
+    DECODED,
+    bad_files_entry,
+    bad_list_path,
+    check_batch_fits,
+    folder_identity,
+    hand_to_workers,
+    known_bad_images,
+    skip_bad_images,
+    still_here,
+)
 from trainer.layout import (  # the data API: the layout's names, used here or by train.py and the tests
-    SHOWN,
-    VERIFIED,
     Split,
-    Verified,
-    find_bad_images,
     index_folder,  # noqa: F401 - part of the data API
     load_rgb,
     opened,
-    read_record,
-    read_verified,
     verify_images,  # noqa: F401 - part of the data API
-    without,
-    write_record,
 )
 from trainer.options import LOADERS  # noqa: F401 - the loaders the data API builds
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-BAD_LIST = "bad-files.tsv"  # in OUT: every image that cannot be decoded, `path<TAB>reason`, paths relative to DATA
-CHECKED = "images-checked.json"  # in OUT: the preflight's decode of DATA, which the workers read instead of decoding
-DECODED = "decoded in this run"
 CPU = torch.device("cpu")  # the default device of the batch makers
-
-
-def known_bad_images(
-    data_dir: Path,
-    out: Path,
-    paths: list[str],
-    decode: bool,
-    rank: int = 0,
-    world_size: int = 1,
-    gather: Callable[[list], list[list]] = lambda mine: [mine],
-) -> tuple[Verified | None, str]:
-    """The images of DATA (`paths`) that cannot be decoded, checked at most once per run, and where that
-    knowledge comes from: DATA/.verified.json, else this worker's share of a decode (decode=True; `gather`
-    gives every worker's share, so all agree), else the preflight's decode in OUT; (None, why) when nothing
-    checked the images."""
-    verified = read_verified(data_dir)
-    if verified is not None:
-        source = f"{data_dir / VERIFIED} (data version {verified.version}: checked, not decoded again)"
-        return still_here(verified, data_dir, paths), source
-    if decode:
-        mine = [[os.path.relpath(path, data_dir), why] for path, why in find_bad_images(paths[rank::world_size])]
-        bad = sorted(tuple(pair) for share in gather(mine) for pair in share)
-        return Verified(folder_identity(data_dir), len(paths), "decode", bad), DECODED
-    handed = read_record(Path(out) / CHECKED)
-    if handed is not None and (handed.version, handed.files) == (folder_identity(data_dir), len(paths)):
-        return handed, f"the preflight's decode ({Path(out) / CHECKED})"
-    return None, "no image was decoded (--no-verify-images and no .verified.json)"
-
-
-def still_here(record: Verified, data_dir: Path, paths: list[str]) -> Verified:
-    """`record` with only the bad images the folder still holds (one removed since the check is no longer bad)."""
-    present = set(paths)
-    bad = [(path, why) for path, why in record.bad if str(Path(data_dir) / path) in present]
-    return Verified(record.version, record.files, record.check, bad)
-
-
-def folder_identity(data_dir: Path) -> str:
-    """What names a local data folder in a record the preflight hands to the workers: its real path."""
-    return os.path.realpath(data_dir)
-
-
-def hand_to_workers(out: Path, record: Verified | None) -> None:
-    """The preflight's decode for the workers: OUT/images-checked.json when it found bad images, else none
-    (an older one removed: the workers must not skip what this check found fine)."""
-    if record is not None and record.bad:
-        write_record(Path(out) / CHECKED, record)
-    else:
-        (Path(out) / CHECKED).unlink(missing_ok=True)
-
-
-def bad_list_path(out: Path, count: int, policy: str) -> Path | None:
-    """Where the bad images are listed: OUT/bad-files.tsv; None when the run is refused for one file, which the
-    error names (a refused run then leaves no results folder behind)."""
-    return None if policy == "fail" and count == 1 else Path(out) / BAD_LIST
-
-
-def skip_bad_images(splits: tuple[Split, Split | None], data_dir: Path, bad: list[tuple[str, str]]):
-    """The (train, val) splits without the `bad` images (paths relative to DATA); labels unchanged."""
-    paths = {str(Path(data_dir) / path) for path, _ in bad}
-    return without(splits[0], paths), without(splits[1], paths)
-
-
-def bad_files_entry(bad: list[tuple[str, str]], listing: Path | None) -> dict:
-    """metrics.json's record of the images a run left out: how many, the list file, the first of them."""
-    return {"count": len(bad), "list": str(listing), "first": [list(pair) for pair in bad[:SHOWN]]}
-
-
-def check_batch_fits(batch_size: int, workers: int, images: int) -> None:
-    """Every worker needs at least one full batch per epoch."""
-    if batch_size * workers > images:
-        raise UsageError(
-            f"--batch-size {batch_size} x {workers} workers is more than the {images} training images; "
-            "lower --batch-size"
-        )
 
 
 class ImageFiles(Dataset):

@@ -25,6 +25,7 @@ every option.
 """
 
 import contextlib
+import functools
 import itertools
 import json
 import logging
@@ -41,7 +42,7 @@ if __package__ in (None, ""):  # run as a script: make the `trainer` package imp
 
 import torch
 
-from trainer import checkpoint, data, layout, metrics, tracking
+from trainer import badfiles, checkpoint, data, metrics, tracking
 from trainer.distributed import Backend, leave_process_group, make_backend, pick_device
 from trainer.errors import UsageError
 from trainer.layout import SYNTHETIC
@@ -135,7 +136,8 @@ def check_only(args) -> int:
         check_layout(args.check_workers, args.stages, args.batch_size, args.microbatches)
         replicas = args.check_workers // args.stages
     if args.data != SYNTHETIC:
-        train_split, val_split, record, source = usable_splits(args, Backend(), data.index_folder(Path(args.data)))
+        splits = data.index_folder(Path(args.data))
+        train_split, val_split, record, source = badfiles.usable_splits(args, Path(args.out), splits)
         if source == data.DECODED:
             data.hand_to_workers(Path(args.out), record)  # the workers skip what this decode found, not decode again
         data.check_batch_fits(args.batch_size, replicas, len(train_split.samples))
@@ -296,8 +298,10 @@ def make_batches(args, backend: Backend, device: torch.device, channels_last: bo
             args.batch_size, args.image_size, args.num_classes, steps, args.seed + shard, device, channels_last
         )
         return batches, None, [str(i) for i in range(args.num_classes)], {}
-    train_split, val_split, record, _ = usable_splits(args, backend, data.index_folder(Path(args.data)))
-    facts = data_facts(args, train_split, val_split, record)
+    splits, rank, world = data.index_folder(Path(args.data)), backend.rank, backend.world_size
+    gather = functools.partial(all_gather_json, backend)
+    train_split, val_split, record, _ = badfiles.usable_splits(args, Path(args.out), splits, rank, world, gather)
+    facts = badfiles.data_facts(args, Path(args.out), train_split, val_split, record)
     data.check_batch_fits(args.batch_size, shards, len(train_split.samples))
     pin = resolve(args.pin_memory, device)
     train_set = data.image_files(
@@ -324,62 +328,6 @@ def make_batches(args, backend: Backend, device: torch.device, channels_last: bo
     val_sampler = data.ShardSampler(len(val_set), shard, shards)  # a pipeline's stages pass the same batches on
     val_batches = data.make_loader(val_set, args.batch_size, val_sampler, args.loader_workers, pin, False, device)
     return train_batches, val_batches, train_split.classes, facts
-
-
-def usable_splits(args, backend: Backend, splits: tuple[data.Split, data.Split | None]):
-    """(train, val, record, source): the splits this run uses, as indexed, or without the images that cannot be
-    decoded (--bad-files skip), with the record that lists those and where it came from. --bad-files fail
-    refuses them in one line. Every rank takes part (a decode is shared out) and gets the same answer."""
-    paths = [path for split in splits if split for path, _ in split.samples]
-    record, source = data.known_bad_images(
-        Path(args.data),
-        Path(args.out),
-        paths,
-        args.verify_images,
-        backend.rank,
-        backend.world_size,
-        lambda mine: all_gather_json(backend, mine),
-    )
-    if record is not None and record.files != len(paths):
-        log.warning(
-            "%s counts %d images, the data folder holds %d: it may be out of date", source, record.files, len(paths)
-        )
-    if record is None or not record.bad:
-        log.info("images: %s", f"{record.files} checked, none bad ({source})" if record else source)
-        return *splits, record, source
-    listing = data.bad_list_path(Path(args.out), len(record.bad), args.bad_files)
-    if backend.rank == 0:
-        show_bad_images(record, listing, source)
-    backend.all_reduce_sum(torch.zeros(1))  # rank 0 has written the list before any rank names it
-    if args.bad_files == "fail":
-        raise layout.bad_images_error(record.bad, record.files, listing, args.data)
-    log.info(
-        "images: leaving out the %d of %d that cannot be decoded (--bad-files skip; listed in %s; known from %s)",
-        len(record.bad),
-        record.files,
-        listing,
-        source,
-    )
-    return *data.skip_bad_images(splits, Path(args.data), record.bad), record, source
-
-
-def show_bad_images(record: layout.Verified, listing: Path | None, source: str) -> None:
-    """Rank 0: the list of bad images written to `listing`, and its first lines in the log."""
-    if listing is not None:
-        layout.write_bad_list(record.bad, listing)
-    log.warning("%d of %d images cannot be decoded (%s):", len(record.bad), record.files, source)
-    for line in layout.bad_image_lines(record.bad):
-        log.warning("  %s", line)
-
-
-def data_facts(args, train_split: data.Split, val_split: data.Split | None, record: layout.Verified | None) -> dict:
-    """What metrics.json records about the data: images trained and validated on, and those left out."""
-    facts = {"train_images": len(train_split.samples), "val_images": len(val_split.samples) if val_split else 0}
-    if record is not None and record.bad:
-        listing = data.bad_list_path(Path(args.out), len(record.bad), args.bad_files)
-        facts["bad_files"] = data.bad_files_entry(record.bad, listing)
-    log.info("data: training on %d images, validating on %d", facts["train_images"], facts["val_images"])
-    return facts
 
 
 def all_gather_json(backend: Backend, value) -> list:

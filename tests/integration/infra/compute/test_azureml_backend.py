@@ -45,7 +45,9 @@ TINY = dict(
 )
 
 
-def azure_run(tmp_path: Path, data: str = SYNTHETIC, **azureml) -> tuple[Workspace, AzureMLPool, object]:
+def azure_run(
+    tmp_path: Path, data: str = SYNTHETIC, training: dict = TINY, **azureml
+) -> tuple[Workspace, AzureMLPool, object]:
     """A workspace stand-in, the scripts version in its file datastore, and the run's pool bound to it."""
     ws = Workspace(tmp_path / "azure")
     shutil.copytree(REPO / "containers" / "trainer", ws.datastore("trainflow_files") / "scripts/v1/trainer")
@@ -54,8 +56,14 @@ def azure_run(tmp_path: Path, data: str = SYNTHETIC, **azureml) -> tuple[Workspa
         {
             "workdir": tmp_path / "work",
             "data": data,
-            "training": TINY,
-            "pool": {"nodes": 2, "slots_per_node": 1, "vm_size": "Standard_NC24ads_A100_v4", "max_nodes": 2, **azureml},
+            "training": training,
+            "pool": {
+                "nodes": training["workers"],
+                "slots_per_node": 1,
+                "vm_size": "Standard_NC24ads_A100_v4",
+                "max_nodes": 2,
+                **azureml,
+            },
         },
         environ={},
     )
@@ -262,3 +270,22 @@ def test_the_nfs_mount_happens_once_per_node_while_the_other_ranks_wait(tmp_path
     ranks = [subprocess.Popen(["sh", "-c", snippet], stdout=subprocess.PIPE, text=True, env=env) for _ in range(4)]
     assert [r.communicate()[0].strip() for r in ranks] == ["ready"] * 4
     assert len((tmp_path / "mounts").read_text().splitlines()) == 1
+
+
+def test_a_keras_run_is_an_mpi_job_in_the_tensorflow_image(tmp_path):
+    """TensorFlow and Keras train under Horovod: on Azure ML an MPI job (1 rank per node here: the stand-in has no
+    mpirun) in the TensorFlow image; the model comes back as model.keras."""
+    training = {k: v for k, v in TINY.items() if k not in ("launcher", "workers")}
+    ws, pool, cfg = azure_run(tmp_path, training={**training, "framework": "keras", "workers": 1})
+    pool.image = "registry.example/trainflow-tf-gpu@sha256:" + "0" * 64
+    pool.create()
+    pool.wait_until_ready()
+    job = fast(pool.job(cfg.training, 0))
+    run_job(job, pool.run.out / "logs", lambda line: None, 0)
+    pool.delete()
+    [submitted] = [run.job for run in ws.jobs.values()]
+    assert submitted.distribution.type == "mpi" and submitted.distribution.process_count_per_instance == 1
+    assert submitted.environment.image == pool.image and "/trainer/tf/fit.py " in submitted.command
+    metrics = json.loads((pool.run.out / "metrics.json").read_text())
+    assert (metrics["framework"], metrics["status"]) == ("keras", "complete")
+    assert (pool.run.out / "model.keras").is_file()  # downloaded from the job's output

@@ -1,0 +1,12 @@
+"""The TensorFlow and Keras trainers, under Horovod: the same ImageNet-layout data, bad-file rules and ResNets as the
+PyTorch trainer (train.py), without torch (the TensorFlow image has none).
+
+models.py: the ResNets of torchvision's names, built in Keras (tf_keras). data.py: the input pipeline (tf.data) over
+the folder layout.py indexes, with badfiles.py's rules for images that cannot be decoded.
+"""
+
+import os
+
+# Keras 3 (TensorFlow >= 2.16's tf.keras) fails under Horovod (horovod#4290): tf.keras must be tf_keras, chosen
+# before anything imports TensorFlow. Import tf_keras itself as `keras` (`import tf_keras as keras`).
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")

@@ -1,0 +1,146 @@
+"""The ResNets of torchvision's names, built in Keras (tf_keras): the same architectures, layer for layer.
+
+Each is torchvision's model of that name (ResNet v1.5, as torchvision's): a 7x7/2 stem convolution without bias, batch
+norm, ReLU, a 3x3/2 max pool; BasicBlocks (resnet18, resnet34) or Bottlenecks with the stride on their 3x3
+convolution (resnet50 and up); a 1x1 convolution and batch norm where a block changes the shape of its input; global
+average pooling and a dense layer with bias. Explicit ZeroPadding2D layers pad as torch's `padding=` does, so every
+feature map has torchvision's size at any image size, odd or even, and the trainable parameters are torchvision's
+exactly. Input: NHWC float images, (image_size, image_size, 3); output: float32 logits, also under a mixed-precision
+policy (the last dense layer computes in float32).
+
+Initialised as torchvision initialises them: convolutions He-normal on fan_out, batch norm gamma 1 and beta 0 (its
+momentum 0.9 is torch's 0.1: Keras weighs the old average, torch the new batch), the dense layer uniform within
++-1/sqrt(fan_in) (weights and bias, torch's nn.Linear default). Each layer's initialiser has its own seed, drawn from
+`seed`: one seed, one model, whatever the global random state. Layers are named as torchvision's modules
+(layer1.0.conv1, layer2.0.downsample.0, fc), so a weight's name says which of torchvision's tensors it is.
+"""
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import tf_keras as keras
+
+from trainer.errors import UsageError
+
+layers = keras.layers
+
+BN_MOMENTUM, BN_EPSILON = 0.9, 1e-5  # torch's BatchNorm2d defaults (momentum 0.1 in torch's sense)
+
+
+@dataclass(frozen=True)
+class ResNet:
+    """One of torchvision's ResNets: its block, the blocks of each of its 4 stages, and the 3x3 convolutions' width
+    per 64 channels (2x in the wide ones)."""
+
+    block: str  # "basic" (2 convolutions 3x3) or "bottleneck" (1x1, 3x3, 1x1 x4 channels)
+    stages: tuple[int, int, int, int]
+    width: int = 64
+
+
+MODELS = {
+    "resnet18": ResNet("basic", (2, 2, 2, 2)),
+    "resnet34": ResNet("basic", (3, 4, 6, 3)),
+    "resnet50": ResNet("bottleneck", (3, 4, 6, 3)),
+    "resnet101": ResNet("bottleneck", (3, 4, 23, 3)),
+    "resnet152": ResNet("bottleneck", (3, 8, 36, 3)),
+    "wide_resnet50_2": ResNet("bottleneck", (3, 4, 6, 3), width=128),
+    "wide_resnet101_2": ResNet("bottleneck", (3, 4, 23, 3), width=128),
+}
+EXPANSION = {"basic": 1, "bottleneck": 4}  # output channels of a block per `planes`
+
+
+def check_model_name(name: str) -> None:
+    """Fail with the list of known names when `name` is not a model of the TensorFlow trainers."""
+    if name not in MODELS:
+        raise UsageError(
+            f"unknown model {name!r} for the TensorFlow and Keras trainers; pick one of {', '.join(MODELS)}"
+        )
+
+
+def build_model(name: str, num_classes: int, image_size: int, seed: int) -> keras.Model:
+    """A freshly initialised ResNet `name` with `num_classes` outputs for (image_size, image_size, 3) images."""
+    check_model_name(name)
+    if num_classes < 1 or image_size < 1:
+        raise UsageError(
+            f"a model needs 1 class and 1 pixel at least (got {num_classes} classes, --image-size {image_size})"
+        )
+    spec, seeds = MODELS[name], Seeds(seed)
+    inputs = keras.Input((image_size, image_size, 3), name="images")
+    x = layers.ZeroPadding2D(3, name="conv1.pad")(inputs)
+    x = conv(64, 7, 2, "conv1", seeds)(x)
+    x = layers.ReLU(name="relu")(norm("bn1")(x))
+    x = layers.ZeroPadding2D(1, name="maxpool.pad")(x)  # zeros pad as torch's -inf would: after a ReLU none is below
+    x = layers.MaxPool2D(3, 2, name="maxpool")(x)
+    channels = 64
+    for stage, (planes, blocks) in enumerate(zip((64, 128, 256, 512), spec.stages), start=1):
+        for i in range(blocks):
+            stride = 2 if stage > 1 and i == 0 else 1
+            x = block(spec, x, channels, planes, stride, f"layer{stage}.{i}", seeds)
+            channels = planes * EXPANSION[spec.block]
+    x = layers.GlobalAveragePooling2D(name="avgpool")(x)
+    return keras.Model(inputs, dense(num_classes, channels, seeds)(x), name=name)
+
+
+def block(spec: ResNet, x, channels: int, planes: int, stride: int, name: str, seeds: "Seeds"):
+    """One residual block (`channels` in, planes x expansion out), its shortcut a 1x1 convolution where it changes
+    the shape."""
+    out = (basic if spec.block == "basic" else bottleneck)(x, planes, stride, spec.width, name, seeds)
+    shortcut = x
+    if stride != 1 or channels != planes * EXPANSION[spec.block]:
+        shortcut = conv(planes * EXPANSION[spec.block], 1, stride, f"{name}.downsample.0", seeds)(x)
+        shortcut = norm(f"{name}.downsample.1")(shortcut)
+    return layers.ReLU(name=f"{name}.relu")(layers.Add(name=f"{name}.add")([out, shortcut]))
+
+
+def basic(x, planes: int, stride: int, width: int, name: str, seeds: "Seeds"):
+    """torchvision's BasicBlock without its shortcut: 3x3 (with the stride), batch norm, ReLU, 3x3, batch norm."""
+    x = conv(planes, 3, stride, f"{name}.conv1", seeds)(layers.ZeroPadding2D(1, name=f"{name}.conv1.pad")(x))
+    x = layers.ReLU(name=f"{name}.relu1")(norm(f"{name}.bn1")(x))
+    x = conv(planes, 3, 1, f"{name}.conv2", seeds)(layers.ZeroPadding2D(1, name=f"{name}.conv2.pad")(x))
+    return norm(f"{name}.bn2")(x)
+
+
+def bottleneck(x, planes: int, stride: int, width: int, name: str, seeds: "Seeds"):
+    """torchvision's Bottleneck (v1.5: the stride on the 3x3) without its shortcut: 1x1, 3x3, 1x1 to planes x 4."""
+    inner = planes * width // 64
+    x = layers.ReLU(name=f"{name}.relu1")(norm(f"{name}.bn1")(conv(inner, 1, 1, f"{name}.conv1", seeds)(x)))
+    x = conv(inner, 3, stride, f"{name}.conv2", seeds)(layers.ZeroPadding2D(1, name=f"{name}.conv2.pad")(x))
+    x = layers.ReLU(name=f"{name}.relu2")(norm(f"{name}.bn2")(x))
+    return norm(f"{name}.bn3")(conv(planes * 4, 1, 1, f"{name}.conv3", seeds)(x))
+
+
+def conv(filters: int, kernel: int, stride: int, name: str, seeds: "Seeds") -> layers.Conv2D:
+    """A convolution without bias or padding of its own (a ZeroPadding2D before it pads as torch does), He-normal
+    on fan_out as torchvision's kaiming_normal_(mode="fan_out", nonlinearity="relu")."""
+    init = keras.initializers.VarianceScaling(2.0, "fan_out", "untruncated_normal", seed=seeds.next())
+    return layers.Conv2D(filters, kernel, strides=stride, use_bias=False, kernel_initializer=init, name=name)
+
+
+def norm(name: str) -> layers.BatchNormalization:
+    """Batch norm over the channels (NHWC), with torch's momentum and epsilon; gamma 1, beta 0."""
+    return layers.BatchNormalization(momentum=BN_MOMENTUM, epsilon=BN_EPSILON, name=name)
+
+
+def dense(num_classes: int, fan_in: int, seeds: "Seeds") -> layers.Dense:
+    """The classifier, in float32 whatever the policy (logits, and the loss after them, keep their precision);
+    weights and bias uniform within +-1/sqrt(fan_in), as torch's nn.Linear initialises them."""
+    bound = 1 / math.sqrt(fan_in)
+    return layers.Dense(
+        num_classes,
+        kernel_initializer=keras.initializers.VarianceScaling(1 / 3, "fan_in", "uniform", seed=seeds.next()),
+        bias_initializer=keras.initializers.RandomUniform(-bound, bound, seed=seeds.next()),
+        dtype="float32",
+        name="fc",
+    )
+
+
+class Seeds:
+    """The initialisers' seeds of one model: the n-th drawn from (seed, n), a different one for each layer."""
+
+    def __init__(self, seed: int):
+        self.seed, self.drawn = seed % 2**64, 0
+
+    def next(self) -> int:
+        self.drawn += 1
+        return int(np.random.SeedSequence([self.seed, self.drawn]).generate_state(1)[0] >> 1)  # below 2**31
