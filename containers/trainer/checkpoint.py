@@ -3,14 +3,15 @@
 A pipeline-parallel checkpoint is one file per stage: step-N.pt (progress, and stage 0's part) written last,
 after step-N.stage-S.pt of every later stage; each part holds its tensors under the single-device model's names
 and its optimizer state under the single-device optimizer's indices, so load_checkpoint() merges them into the
-single-device model's checkpoint."""
+single-device model's checkpoint.
+
+torch is imported only by the functions that write or read torch files: the TensorFlow trainers (trainer/tf) use
+write_atomic and save_json in an image without torch."""
 
 import json
 import os
 import re
 from pathlib import Path
-
-import torch
 
 CHECKPOINT = re.compile(r"step-(\d{9})\.pt$")
 
@@ -33,6 +34,8 @@ def save_json(path: Path, obj) -> Path:
 
 def save_torch(path: Path, obj) -> Path:
     """torch.save atomically."""
+    import torch
+
     return write_atomic(path, lambda p: torch.save(obj, p))
 
 
@@ -59,6 +62,8 @@ def stage_path(path: Path, stage: int) -> Path:
 def load_checkpoint(path: Path) -> dict:
     """A checkpoint as the single-device model's: a pipeline checkpoint's stage parts merged into one model and
     one optimizer state. Memory-mapped: a caller that keeps only some tensors reads only those."""
+    import torch
+
     state = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
     for stage in range(1, state.get("stages", 1)):
         part = torch.load(stage_path(path, stage), map_location="cpu", mmap=True, weights_only=False)

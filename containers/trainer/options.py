@@ -1,7 +1,14 @@
-"""Command-line options of the training engine, and the checks made on them before anything runs."""
+"""Command-line options of the training engines, and the checks made on them before anything runs.
+
+Every framework's trainer takes the common options (`add_common_options`, checked by `check_common_args`): data,
+results, model, schedule, augmentation, checkpoints, logging, tracking, bad files and the preflight's --check.
+`build_parser` is the PyTorch trainer's (train.py): the common options and its own (loaders, torch.compile, the
+torch.distributed backends, pipeline parallelism); trainer/tf/options.py is the TensorFlow and Keras trainers'.
+"""
 
 import argparse
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from trainer.errors import UsageError
@@ -12,22 +19,78 @@ LOADERS = ("fast", "pil", "dali")  # --loader: see data.py and dali.py
 GRAD_COMPRESSIONS = ("none", "fp16", "bf16")  # --grad-compression: see distributed.py
 
 
+@dataclass(frozen=True)
+class FrameworkHelp:
+    """The help of the common options whose meaning depends on the framework."""
+
+    out: str
+    """--out: what the results folder holds."""
+    model: str
+    """--model: which models there are."""
+    loader_workers: str
+    """--loader-workers: what does the loading in parallel."""
+    device: str
+    """--device: what auto picks."""
+    precision: str
+    """--precision: what auto and bf16 mean."""
+    threads: str = "CPU threads per worker; 0 shares the cores among the local workers"
+
+
+PYTORCH_HELP = FrameworkHelp(
+    out="results folder: checkpoints, metrics.json, model.pt; resumed if it holds a checkpoint",
+    model="torchvision model name",
+    loader_workers="DataLoader worker processes per training process",
+    device="auto: a GPU when there is one",
+    precision="auto: bf16 autocast on GPU, fp32 on CPU",
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The training engine's arguments; defaults are the ResNet-50-on-ImageNet reference case."""
+    """The PyTorch engine's arguments; defaults are the ResNet-50-on-ImageNet reference case."""
     p = argparse.ArgumentParser(
         prog="train.py",
         description="Training of a torchvision classifier: data-parallel, or pipeline-parallel over stages.",
     )
+    add_common_options(p, PYTORCH_HELP)
+    add_pytorch_options(p)
+    return p
+
+
+def add_common_options(p: argparse.ArgumentParser, helps: FrameworkHelp) -> None:
+    """The options of every framework's trainer, with the ResNet-50-on-ImageNet reference case's defaults."""
+    add_data_options(p, helps)
+    add_optimizer_options(p)
+    add_run_options(p, helps)
+    add_check_options(p)
+
+
+def add_data_options(p: argparse.ArgumentParser, helps: FrameworkHelp) -> None:
+    """Where the data and results are, the model, and how images are augmented and loaded."""
     p.add_argument(
         "--data", required=True, help="ImageNet-layout folder (train/<class>/..., val/<class>/...) or 'synthetic'"
     )
+    p.add_argument("--out", required=True, type=Path, help=helps.out)
+    p.add_argument("--model", default="resnet50", help=helps.model)
+    p.add_argument("--image-size", type=int, default=224, help="side of the square crops the model sees")
     p.add_argument(
-        "--out",
-        required=True,
-        type=Path,
-        help="results folder: checkpoints, metrics.json, model.pt; resumed if it holds a checkpoint",
+        "--min-crop-scale", type=float, default=0.08, help="smallest area fraction of the random-resized crop"
     )
-    p.add_argument("--model", default="resnet50", help="torchvision model name")
+    p.add_argument("--hflip", action=argparse.BooleanOptionalAction, default=True, help="random horizontal flips")
+    p.add_argument("--loader-workers", type=int, default=4, help=helps.loader_workers)
+    p.add_argument(
+        "--steps-per-epoch",
+        type=int,
+        default=0,
+        help="cap on steps per epoch; synthetic data needs it (default 100 there)",
+    )
+    p.add_argument(
+        "--num-classes", type=int, default=1000, help="classes of synthetic data (real data: the class folders)"
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of initialisation, shuffling and augmentation")
+
+
+def add_optimizer_options(p: argparse.ArgumentParser) -> None:
+    """Synchronous SGD and its learning-rate schedule (trainer/schedule.py)."""
     p.add_argument("--epochs", type=int, default=90, help="passes over the training split")
     p.add_argument("--batch-size", type=int, default=32, help="images per worker per step")
     p.add_argument("--lr", type=float, default=0.0125, help="one-worker learning rate; scaled by the number of workers")
@@ -45,53 +108,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--lr-decay-epochs", default="30,60,80", help="epochs at which the step schedule divides the rate by 10"
     )
-    p.add_argument("--image-size", type=int, default=224, help="side of the square crops the model sees")
-    p.add_argument(
-        "--min-crop-scale", type=float, default=0.08, help="smallest area fraction of the random-resized crop"
-    )
-    p.add_argument("--hflip", action=argparse.BooleanOptionalAction, default=True, help="random horizontal flips")
-    p.add_argument(
-        "--loader",
-        choices=LOADERS,
-        default="fast",
-        help="fast: only the training crop of a JPEG decoded (libjpeg-turbo), straight to uint8 tensors, "
-        "normalised on the device; "
-        "pil: PIL images, normalised floats made by the loader (the original path); dali: NVIDIA "
-        "DALI (GPU decoding on a GPU, its CPU mode otherwise; pip install 'trainflow[dali]')",
-    )
-    p.add_argument("--loader-workers", type=int, default=4, help="DataLoader worker processes per training process")
-    p.add_argument(
-        "--pin-memory", choices=["auto", "on", "off"], default="auto", help="auto: on when training on a GPU"
-    )
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="auto: a GPU when there is one")
-    p.add_argument(
-        "--precision", choices=["auto", "bf16", "fp32"], default="auto", help="auto: bf16 autocast on GPU, fp32 on CPU"
-    )
-    p.add_argument(
-        "--compile",
-        choices=["auto", "off", "on"],
-        default="auto",
-        help="torch.compile the model (TorchDynamo + Inductor); auto: on for a GPU (1.26x ResNet-50's "
-        "images/s on one H100, README: Benchmark), off on the CPU (its first steps pay minutes of "
-        "compiling); never in pipeline mode",
-    )
-    p.add_argument("--channels-last", choices=["auto", "on", "off"], default="auto", help="auto: on for GPU")
-    p.add_argument(
-        "--backend",
-        choices=["auto", "single", "ddp", "horovod"],
-        default="auto",
-        help="auto: from the launcher's environment",
-    )
-    p.add_argument(
-        "--grad-compression",
-        choices=GRAD_COMPRESSIONS,
-        default="none",
-        help="the gradients' type in the all-reduce: none (float32); fp16 (DDP and Horovod) or bf16 (DDP "
-        "only) halve the bytes sent, for slow links between nodes (no faster on one CPU machine)",
-    )
-    p.add_argument(
-        "--threads", type=int, default=0, help="CPU threads per worker; 0 shares the cores among the local workers"
-    )
+
+
+def add_run_options(p: argparse.ArgumentParser, helps: FrameworkHelp) -> None:
+    """Where and how each worker runs, and what it records: checkpoints, progress lines, tracking."""
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help=helps.device)
+    p.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto", help=helps.precision)
+    p.add_argument("--threads", type=int, default=0, help=helps.threads)
     p.add_argument(
         "--checkpoint-every",
         type=int,
@@ -118,16 +141,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="folder of TensorBoard event files (needs tensorboard): the "
         "run's go to a subfolder named after --out, beside other runs'; empty: none",
     )
-    p.add_argument(
-        "--steps-per-epoch",
-        type=int,
-        default=0,
-        help="cap on steps per epoch; synthetic data needs it (default 100 there)",
-    )
-    p.add_argument(
-        "--num-classes", type=int, default=1000, help="classes of synthetic data (real data: the class folders)"
-    )
-    p.add_argument("--seed", type=int, default=0, help="seed of initialisation, shuffling and augmentation")
+
+
+def add_check_options(p: argparse.ArgumentParser) -> None:
+    """Images that cannot be decoded, and the preflight (--check)."""
     p.add_argument(
         "--verify-images",
         action=argparse.BooleanOptionalAction,
@@ -141,6 +158,50 @@ def build_parser() -> argparse.ArgumentParser:
         default="fail",
         help="images that cannot be decoded: fail refuses them all in one line (two or more listed in "
         "OUT/bad-files.tsv); skip trains without them, listed in OUT/bad-files.tsv and metrics.json",
+    )
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="check the arguments, output folder, data and model in one process, then exit",
+    )
+    p.add_argument("--check-workers", type=int, default=1, help="with --check: the number of workers the run will have")
+
+
+def add_pytorch_options(p: argparse.ArgumentParser) -> None:
+    """The PyTorch trainer's own: its loaders, torch.compile, its backends and pipeline parallelism."""
+    p.add_argument(
+        "--loader",
+        choices=LOADERS,
+        default="fast",
+        help="fast: only the training crop of a JPEG decoded (libjpeg-turbo), straight to uint8 tensors, "
+        "normalised on the device; "
+        "pil: PIL images, normalised floats made by the loader (the original path); dali: NVIDIA "
+        "DALI (GPU decoding on a GPU, its CPU mode otherwise; pip install 'trainflow[dali]')",
+    )
+    p.add_argument(
+        "--pin-memory", choices=["auto", "on", "off"], default="auto", help="auto: on when training on a GPU"
+    )
+    p.add_argument(
+        "--compile",
+        choices=["auto", "off", "on"],
+        default="auto",
+        help="torch.compile the model (TorchDynamo + Inductor); auto: on for a GPU (1.26x ResNet-50's "
+        "images/s on one H100, README: Benchmark), off on the CPU (its first steps pay minutes of "
+        "compiling); never in pipeline mode",
+    )
+    p.add_argument("--channels-last", choices=["auto", "on", "off"], default="auto", help="auto: on for GPU")
+    p.add_argument(
+        "--backend",
+        choices=["auto", "single", "ddp", "horovod"],
+        default="auto",
+        help="auto: from the launcher's environment",
+    )
+    p.add_argument(
+        "--grad-compression",
+        choices=GRAD_COMPRESSIONS,
+        default="none",
+        help="the gradients' type in the all-reduce: none (float32); fp16 (DDP and Horovod) or bf16 (DDP "
+        "only) halve the bytes sent, for slow links between nodes (no faster on one CPU machine)",
     )
     p.add_argument(
         "--parallel",
@@ -166,28 +227,22 @@ def build_parser() -> argparse.ArgumentParser:
         default="params",
         help="pipeline: balance the stages by parameter count or by measured forward+backward time",
     )
-    p.add_argument(
-        "--check",
-        action="store_true",
-        help="check the arguments, output folder, data and model in one process, then exit",
-    )
-    p.add_argument("--check-workers", type=int, default=1, help="with --check: the number of workers the run will have")
-    return p
 
 
 def check_args(args: argparse.Namespace) -> None:
-    """Reject values that cannot train, naming the option and a valid range."""
-    positive = [
-        "epochs",
-        "batch_size",
-        "image_size",
-        "keep_checkpoints",
-        "log_every",
-        "num_classes",
-        "stages",
-        "microbatches",
-    ]
-    for name in positive:
+    """Reject values that cannot train, naming the option and a valid range (the PyTorch trainer's)."""
+    check_common_args(args, at_least_one=("stages", "microbatches"))
+    if args.parallel == "data" and args.stages > 1:
+        raise UsageError("--stages needs --parallel pipeline")
+    check_microbatches(args.batch_size, args.microbatches)
+    if args.parallel == "pipeline" and args.backend == "horovod":
+        raise UsageError("Horovod has no pipeline parallelism; run --parallel pipeline under torchrun")
+
+
+def check_common_args(args: argparse.Namespace, at_least_one: tuple[str, ...] = ()) -> None:
+    """Reject values of the common options (and of a framework's own `at_least_one`) that cannot train, naming
+    the option and a valid range."""
+    for name in ["epochs", "batch_size", "image_size", "keep_checkpoints", "log_every", "num_classes", *at_least_one]:
         if getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(args, name)})")
     for name in [
@@ -206,12 +261,7 @@ def check_args(args: argparse.Namespace) -> None:
     if not 0 < args.min_crop_scale <= 1:
         raise UsageError(f"--min-crop-scale must be in (0, 1] (got {args.min_crop_scale})")
     decay_epochs(args.lr_decay_epochs)
-    if args.parallel == "data" and args.stages > 1:
-        raise UsageError("--stages needs --parallel pipeline")
-    check_microbatches(args.batch_size, args.microbatches)
     check_trackers(args.tracking_uri, args.tensorboard)
-    if args.parallel == "pipeline" and args.backend == "horovod":
-        raise UsageError("Horovod has no pipeline parallelism; run --parallel pipeline under torchrun")
 
 
 def check_layout(world: int, stages: int, batch: int, microbatches: int) -> None:

@@ -1,0 +1,38 @@
+"""Command-line options of the TensorFlow and Keras trainers (tf/loop.py, tf/fit.py), and their checks.
+
+The options every framework shares (trainer/options.py), with help that is true of TensorFlow. Neither TensorFlow
+nor torch is imported here: the orchestrator builds the config sections of both engines from this parser.
+"""
+
+import argparse
+
+from trainer.options import FrameworkHelp, add_common_options, check_common_args
+
+TENSORFLOW_HELP = FrameworkHelp(
+    out="results folder: checkpoints, metrics.json, model.keras; resumed if it holds a checkpoint",
+    model="a ResNet: resnet18, resnet34, resnet50, resnet101, resnet152, wide_resnet50_2, wide_resnet101_2 "
+    "(torchvision's architectures, built in Keras)",
+    loader_workers="images decoded and augmented at once per training process, by tf.data's threads (0: as many as "
+    "tf.data finds best)",
+    device="auto: a GPU when TensorFlow sees one (cuda: a GPU, as the PyTorch trainer names it)",
+    precision="auto: bf16 on a GPU (Keras's mixed_bfloat16 policy: bfloat16 compute, float32 variables), "
+    "fp32 on the CPU",
+    threads="CPU threads of TensorFlow's op pools per worker; 0 shares the cores among the local workers",
+)
+DESCRIPTIONS = {
+    "loop.py": "Training of a ResNet with TensorFlow: a custom loop, data-parallel under Horovod.",
+    "fit.py": "Training of a ResNet with Keras (tf_keras) model.fit, data-parallel under Horovod.",
+}
+
+
+def build_parser(prog: str = "loop.py") -> argparse.ArgumentParser:
+    """The arguments of the trainer `prog` (loop.py or fit.py); defaults are the ResNet-50-on-ImageNet reference
+    case, as PyTorch's."""
+    p = argparse.ArgumentParser(prog=prog, description=DESCRIPTIONS.get(prog, DESCRIPTIONS["loop.py"]))
+    add_common_options(p, TENSORFLOW_HELP)
+    return p
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Reject values that cannot train, naming the option and a valid range."""
+    check_common_args(args)
