@@ -1,8 +1,10 @@
 """The TensorFlow and Keras trainers, under Horovod: the same ImageNet-layout data, bad-file rules and ResNets as the
 PyTorch trainer (train.py), without torch (the TensorFlow image has none).
 
-models.py: the ResNets of torchvision's names, built in Keras (tf_keras). data.py: the input pipeline (tf.data) over
-the folder layout.py indexes, with badfiles.py's rules for images that cannot be decoded.
+loop.py (--framework tensorflow: a custom loop) and fit.py (--framework keras: model.fit) are the entry points; run.py
+is what they share (Horovod, options, schedule, checkpoints, metrics.json, the trainer contract's lines); options.py
+their options. models.py: the ResNets of torchvision's names, built in Keras (tf_keras). data.py: the input pipeline
+(tf.data) over the folder layout.py indexes, with badfiles.py's rules for images that cannot be decoded.
 """
 
 import os
@@ -10,3 +12,6 @@ import os
 # Keras 3 (TensorFlow >= 2.16's tf.keras) fails under Horovod (horovod#4290): tf.keras must be tf_keras, chosen
 # before anything imports TensorFlow. Import tf_keras itself as `keras` (`import tf_keras as keras`).
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+# TensorFlow's C++ log (oneDNN notices, a traceback for an image the PIL fallback then refuses) goes to stderr around
+# the trainer's own lines; warnings and errors stay.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

@@ -23,7 +23,6 @@ never interrupted. The model is OUT/model.keras (Keras's own format: `tf_keras.m
 
 import argparse
 import hashlib
-import importlib.metadata
 import json
 import logging
 import os
@@ -32,7 +31,7 @@ import re
 import socket
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,6 +49,7 @@ from trainer.options import check_output_folder, decay_epochs
 from trainer.schedule import Schedule, lr_factor
 from trainer.tf import data, models
 from trainer.tf.options import build_parser, check_args
+from trainer.throughput import Throughput, digest_chunks, installed_versions
 
 log = logging.getLogger("trainer")
 CHECKPOINT = re.compile(r"step-(\d{9})\.npz$")
@@ -382,7 +382,7 @@ def set_learning_rate(run: Run) -> None:
     run.optimizer.learning_rate = run.learning_rate(run.step)
 
 
-def log_step(run: Run, done: int, loss: float, counted: "Throughput") -> None:
+def log_step(run: Run, done: int, loss: float, counted: Throughput) -> None:
     """The progress line (infra/engines/contract.py's PROGRESS_LINE) and the step's metrics to the tracker; lr is
     the next step's, images/s this rank's rate so far this epoch times the workers, as train.py's."""
     lr, images_per_sec = run.learning_rate(run.step), counted.rates()[1] * run.worker.size
@@ -399,7 +399,7 @@ def log_step(run: Run, done: int, loss: float, counted: "Throughput") -> None:
     run.tracker.log(tracking.step_metrics(loss, lr, images_per_sec), run.step)
 
 
-def epoch_row(run: Run, loss_sum: float, counted: "Throughput", measured_waits: bool = True) -> dict:
+def epoch_row(run: Run, loss_sum: float, counted: Throughput, measured_waits: bool = True) -> dict:
     """An epoch's row of metrics.json, as train.py's: the loss over all workers' images, their images/s, each
     rank's data-wait share (None where the trainer cannot see its waits: model.fit pulls batches inside its
     step), CPU time per step."""
@@ -526,7 +526,7 @@ def parameter_digest(variables: list) -> str:
 def parameters_in_sync(run: Run, digest: str) -> bool:
     """Whether every worker ends with the same parameters, from each rank's digest: equal values are the only ones
     whose sum squared is the count times the sum of squares (train.py's test)."""
-    chunks = np.array([float(int(digest[i * 5 : (i + 1) * 5], 16)) for i in range(4)])  # 20 bits: exact sums
+    chunks = np.array(digest_chunks(digest))
     sums = all_reduce_sum(np.stack([chunks, chunks**2]), "trainflow_digest")
     return bool(np.array_equal(sums[1] * run.worker.size, sums[0] ** 2))
 
@@ -621,63 +621,11 @@ def write_metrics(run: Run, status: str, **extra) -> None:
 
 def library_versions() -> dict[str, str]:
     """Versions of what the run depends on."""
-    versions = {"python": platform.python_version(), "tensorflow": tf.__version__}
-    for package in ("tf_keras", "horovod"):
-        try:
-            versions[package] = importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
-            pass
-    return versions
-
-
-@dataclass
-class Throughput:
-    """The images one rank trained in an epoch, and the time it waited for them: trainer/metrics.py's Throughput,
-    which this image cannot import (that module imports torch)."""
-
-    started: float = field(default_factory=time.perf_counter)
-    seen: int = 0
-    after_first: tuple[float, int] | None = None  # (time, images) when the epoch's first step ended
-    waited: float = 0.0  # seconds spent waiting for the next batch
-    steps: int = 0
-    cpu_after_first: tuple[float, float] | None = None  # (this thread's CPU s, the process's CPU s) after step 1
-
-    def next_batch(self, batches: Iterator):
-        """The next batch of `batches` (None after the last), the time spent waiting for it counted."""
-        start = time.perf_counter()
-        batch = next(batches, None)
-        self.waited += time.perf_counter() - start
-        return batch
-
-    def data_wait_share(self) -> float:
-        """The share of the epoch so far spent waiting for batches rather than computing."""
-        total = time.perf_counter() - self.started
-        return min(max(self.waited / total, 0.0), 1.0) if total > 0 else 0.0
-
-    def count(self, images: int) -> None:
-        """A step of `images` ended."""
-        self.seen, self.steps = self.seen + images, self.steps + 1
-        if self.after_first is None:
-            self.after_first = (time.perf_counter(), self.seen)
-            self.cpu_after_first = (time.thread_time(), time.process_time())
-
-    def rates(self) -> tuple[float, float, float]:
-        """(seconds, images/s, steady images/s: after the first step, which also traces the step function)."""
-        now = time.perf_counter()
-        seconds, whole = now - self.started, self.seen / max(now - self.started, 1e-9)
-        if self.after_first is None or self.seen == self.after_first[1]:
-            return seconds, whole, whole
-        at, images = self.after_first
-        return seconds, whole, (self.seen - images) / max(now - at, 1e-9)
-
-    def cpu_ms_per_step(self) -> tuple[float, float]:
-        """CPU ms per step after the first: of the thread that drives the steps, and of the process's other threads
-        (TensorFlow's op pools, tf.data's, Horovod's background thread)."""
-        if self.steps < 2 or self.cpu_after_first is None:
-            return 0.0, 0.0
-        thread, process = self.cpu_after_first
-        trained, n = time.thread_time() - thread, self.steps - 1
-        return 1e3 * trained / n, 1e3 * (time.process_time() - process - trained) / n
+    return {
+        "python": platform.python_version(),
+        "tensorflow": tf.__version__,
+        **installed_versions("tf_keras", "horovod"),
+    }
 
 
 # Logging ---------------------------------------------------------------------------------------------------------
