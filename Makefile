@@ -3,15 +3,20 @@
 # and the cached Horovod wheel.
 PYTHON ?= python3
 VENV ?= .venv
-# Horovod is compiled once per torch version and patch (containers/build/) and kept outside the checkout, so fresh
-# clones reuse it; the wheel is reinstalled over an older build of the same version.
+# Horovod is compiled once per torch and TensorFlow version and patch (containers/build/) and kept outside the checkout,
+# so fresh clones reuse it; the wheel is reinstalled over an older build of the same version.
 WHEEL_CACHE ?= $(HOME)/.cache/trainflow/wheels
 WORKDIR ?= .trainflow
 PYTEST_ARGS ?=
-# `make demo LAUNCHER=horovodrun` trains with Horovod instead of torch.distributed.
-LAUNCHER ?= torchrun
-# torch and torchvision must be installed before Horovod is built against them: take their pins from pyproject.toml.
-TORCH_PINS := $(shell grep -oE '"torch(vision)?==[^"]+"' pyproject.toml | tr -d '"')
+# `make demo LAUNCHER=horovodrun` trains with Horovod instead of torch.distributed (PyTorch's default, torchrun);
+# `make demo FRAMEWORK=keras` (or tensorflow) trains with that framework, under horovodrun.
+LAUNCHER ?=
+FRAMEWORK ?=
+# The frameworks must be installed before Horovod is built against them (its wheel then has both): torch, torchvision
+# and tensorflow-cpu at pyproject.toml's pins, and tf_keras with --no-deps (TF_KERAS says why).
+FRAMEWORK_PINS := $(shell grep -oE '"(torch|torchvision|tensorflow-cpu)==[^"]+"' pyproject.toml | tr -d '"')
+TF_KERAS := containers/requirements/tf-keras.txt
+HOROVOD_BUILD := $(addprefix containers/build/,horovod-wheel.sh horovod-idle-cycle.patch horovod-tensorflow.patch)
 BIN := $(VENV)/bin
 
 # checkov (the Bicep lint of tests/unit/infra/compute/test_azure_templates.py) has its own venv: its pins (packaging<24,
@@ -40,9 +45,10 @@ docker-setup:
 
 # Every version comes from the lock (pip -c $(LOCK)): the index gains releases between two installs.
 LOCK := containers/requirements/constraints.txt
-$(VENV)/.installed: pyproject.toml $(LOCK) containers/build/horovod-wheel.sh containers/build/horovod-idle-cycle.patch
+$(VENV)/.installed: pyproject.toml $(LOCK) $(TF_KERAS) $(HOROVOD_BUILD)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q -c $(LOCK) $(TORCH_PINS) setuptools wheel packaging psutil cloudpickle pyyaml
+	$(BIN)/pip install -q -c $(LOCK) $(FRAMEWORK_PINS) setuptools wheel packaging psutil cloudpickle pyyaml
+	$(BIN)/pip install -q -c $(LOCK) --no-deps -r $(TF_KERAS)
 	wheel=$$(containers/build/horovod-wheel.sh $(BIN)/python $(WHEEL_CACHE)) && \
 	  $(BIN)/pip install -q --force-reinstall --no-deps "$$wheel" && \
 	  $(BIN)/pip install -q -c $(LOCK) "$$wheel" -e '.[dev]'
@@ -61,7 +67,8 @@ node_modules/.installed: package.json package-lock.json
 	touch $@
 
 demo: setup
-	TRAINFLOW_TRAINING__LAUNCHER=$(LAUNCHER) $(BIN)/trainflow run --config flows/configs/demo.yaml --workdir $(WORKDIR)
+	$(if $(LAUNCHER),TRAINFLOW_TRAINING__LAUNCHER=$(LAUNCHER)) $(BIN)/trainflow run --config flows/configs/demo.yaml \
+	  --workdir $(WORKDIR) $(if $(FRAMEWORK),--framework $(FRAMEWORK))
 
 # The project's own checks (also run by `make test`, and before each commit by .pre-commit-config.yaml): ruff's lint
 # and format, the type checker, and the import contracts of pyproject.toml (the layers of the house).

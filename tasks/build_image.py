@@ -1,7 +1,10 @@
 """Step 4: build the training image, tag it by content, push it; later steps use the returned digest.
 
-The tag is a hash of the build context and build arguments (infra/images/build_context.py). If the registry
-already holds that tag, nothing is built or pushed; if the local engine holds it, it is only pushed.
+The image is the run's framework's: its image stack ("" PyTorch, "tf-" TensorFlow and Keras: the engine's
+IMAGE_STACK) picks the Dockerfile, containers/<stack><flavour>.Dockerfile, and the default repository,
+trainflow-<stack><flavour>. The tag is a hash of the build context and build arguments
+(infra/images/build_context.py). If the registry already holds that tag, nothing is built or pushed; if the local
+engine holds it, it is only pushed.
 """
 
 import tempfile
@@ -11,7 +14,7 @@ from pathlib import Path
 from prefect import get_run_logger, task
 
 from infra.images.build_context import assemble_context, context_tag
-from infra.images.local_docker import local_base_image, local_base_tag
+from infra.images.local_docker import debootstrap_image, local_base_image, local_base_tag
 from infra.images.registry import (
     DockerEngine,
     ImageConfig,
@@ -32,10 +35,27 @@ def build_args(cfg: ImageConfig, base: str | None) -> dict[str, str]:
     return {**cfg.build_args, **({"BASE_IMAGE": base} if base else {})}
 
 
-def image_ref(cfg: ImageConfig, context_dir: Path, wheel_cache: Path, base: str | None) -> ImageRef:
+def image_ref(cfg: ImageConfig, context_dir: Path, wheel_cache: Path, base: str | None, stack: str = "") -> ImageRef:
     """name:<content tag> of the image the context and build arguments make (its digest comes at push)."""
-    context = assemble_context(cfg.flavour, context_dir, cfg.python, wheel_cache)
-    return ImageRef(cfg.image_name(), context_tag(context, build_args(cfg, base)))
+    context = assemble_context(cfg.dockerfile(stack), context_dir, cfg.python, wheel_cache)
+    return ImageRef(cfg.image_name(stack), context_tag(context, build_args(cfg, base)))
+
+
+def local_python_tag() -> str:
+    """The local Debian base with Python alone: the one local_base_image makes on its way to the torch base (the same
+    name, so one debootstrap serves both)."""
+    return f"trainflow-local/debian-python:{local_base_tag().rsplit(':', 1)[1]}"
+
+
+def local_base(engine: DockerEngine, stack: str, log: Log) -> str:
+    """`image.base_image: local` for the stack: PyTorch's image builds on Debian's Python with the pinned torch; the
+    others on Debian's Python alone (their framework comes from the context's wheels; their images hold no torch)."""
+    if not stack:
+        return local_base_image(engine, log)
+    tag = local_python_tag()
+    if not engine.has_image(tag):
+        debootstrap_image(engine, tag, log)
+    return tag
 
 
 def decide_image(engine: DockerEngine, cfg: ImageConfig, ref: ImageRef, password: str | None) -> dict:
@@ -61,16 +81,18 @@ def decide_image(engine: DockerEngine, cfg: ImageConfig, ref: ImageRef, password
     )
 
 
-def plan_image(cfg: ImageConfig, wheel_cache: Path) -> dict:
+def plan_image(cfg: ImageConfig, wheel_cache: Path, stack: str = "") -> dict:
     """The dry run's row: the same decision, with the local base image's tag (it is not made here); its `image`
-    is the reference the pool would run (name:tag; the run's has the digest the push returns)."""
+    is the reference the pool would run (name:tag; the run's has the digest the push returns). `stack`: the
+    framework's image stack (module docstring)."""
     if cfg.use:
         return step_plan(
             "build-image", "skip", f"image.use: {cfg.use} (its registry is checked when the run starts)", image=cfg.use
         )
-    base = local_base_tag() if cfg.base_image == "local" else cfg.base_image
+    local = local_python_tag() if stack else local_base_tag()
+    base = local if cfg.base_image == "local" else cfg.base_image
     with tempfile.TemporaryDirectory() as tmp:
-        ref = image_ref(cfg, Path(tmp) / "ctx", wheel_cache, base)
+        ref = image_ref(cfg, Path(tmp) / "ctx", wheel_cache, base, stack)
     try:
         return {**decide_image(DockerEngine(cfg.engine), cfg, ref, registry_password(cfg)), "image": ref.tagged}
     except ImageError as exc:
@@ -85,13 +107,15 @@ def build_and_push(
     password: str | None,
     log: Log,
     nocache: bool = False,
+    stack: str = "",
 ) -> dict:
-    """Build (unless built) and push (unless pushed) the configured image; returns what happened and the reference.
+    """Build (unless built) and push (unless pushed) the configured image of the image stack `stack` (module
+    docstring); returns what happened and the reference.
 
     `nocache` runs every Dockerfile step again (the engine's layer cache is not used)."""
     started = time.perf_counter()
-    base = local_base_image(engine, log) if cfg.base_image == "local" else cfg.base_image
-    ref = image_ref(cfg, context_dir, wheel_cache, base)
+    base = local_base(engine, stack, log) if cfg.base_image == "local" else cfg.base_image
+    ref = image_ref(cfg, context_dir, wheel_cache, base, stack)
     plan = decide_image(engine, cfg, ref, password)
     log(plan["detail"])
     if plan["build"]:
@@ -149,12 +173,12 @@ def push(engine: DockerEngine, ref: ImageRef, auth: dict | None, log: Log) -> st
 
 
 @task(name="build-image", retries=2, retry_delay_seconds=[5, 30], retry_condition_fn=unless_permanent)
-def build_image_task(cfg: ImageConfig, workdir: Path, wheel_cache: Path) -> dict:
-    """Prefect step: build and push the training image (or check image.use); build output streams into the log."""
+def build_image_task(cfg: ImageConfig, workdir: Path, wheel_cache: Path, stack: str = "") -> dict:
+    """Prefect step: build and push the training image of the framework's image stack `stack` ("" PyTorch, "tf-"
+    TensorFlow and Keras), or check image.use; build output streams into the log."""
     logger = get_run_logger()
     engine = DockerEngine(cfg.engine)
     if cfg.use:
         return use_existing(engine, cfg, registry_password(cfg), logger.info)
-    return build_and_push(
-        engine, cfg, workdir / "build" / f"{cfg.flavour}-context", wheel_cache, registry_password(cfg), logger.info
-    )
+    context = workdir / "build" / f"{stack}{cfg.flavour}-context"
+    return build_and_push(engine, cfg, context, wheel_cache, registry_password(cfg), logger.info, stack=stack)

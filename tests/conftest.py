@@ -1,6 +1,6 @@
 """Shared fixtures: the small digits data set, hand-made image trees, and the real local services (Azurite, Prefect's
-test server, a Docker engine, a registry with authentication, the CPU training image); and how the suite shares its
-tests among pytest-xdist's workers (tests/fakes/xdist_groups.py)."""
+test server, a Docker engine, a registry with authentication, the CPU training images of PyTorch and TensorFlow); and
+how the suite shares its tests among pytest-xdist's workers (tests/fakes/xdist_groups.py)."""
 
 import secrets
 import shutil
@@ -8,6 +8,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import torchvision  # noqa: F401 - before anything imports TensorFlow: importing torchvision after it crashes the process
 
 from infra.data.sample_data import write_digits
 from infra.images.build_context import wheel_cache
@@ -25,12 +26,14 @@ from tests.fakes.xdist_groups import Groups
 # command lines) marks itself `xdist_group` and is a group of its own, so that its fixture runs once, not once per
 # worker. The workers see only node ids, so the groups are named by module here; collection stops, naming the
 # module, if a test that needs a group is in a module outside it.
-DOCKER_FIXTURES = ("docker_engine", "registry", "cpu_image")
+DOCKER_FIXTURES = ("docker_engine", "registry", "cpu_image", "tf_cpu_image")
+IMAGES = ("cpu_image", "tf_cpu_image")  # the fixtures that build a training image
 GROUPS = {
     "tests/integration/infra/images/test_images.py": "docker",
     "tests/integration/flows/test_train_flow_docker.py": "docker",
     "tests/integration/trainer/test_loaders.py": "loaders",
     "tests/integration/flows/test_bad_inputs.py": "bad-inputs",
+    "tests/integration/trainer/test_tf_training.py": "tf-training",
 }
 
 
@@ -40,10 +43,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects: `-m "not slow"` must see the mark
 def pytest_collection_modifyitems(config, items) -> None:
-    """Every test that uses the CPU image is `slow`: the session's first user builds it (about 6 GB, ~15 min cold),
-    so `-m "not slow"` must leave them all out, however a test gets at the image."""
+    """Every test that uses a CPU image is `slow`: the session's first user builds it (PyTorch's about 6 GB, ~15 min
+    cold; TensorFlow's about 2 GB, ~10 min), so `-m "not slow"` must leave them all out, however a test gets at it."""
     for item in items:
-        if "cpu_image" in getattr(item, "fixturenames", ()):
+        if set(IMAGES) & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
 
 
@@ -126,3 +129,15 @@ def cpu_image(docker_engine, registry, tmp_path_factory) -> dict:
 
     context = tmp_path_factory.mktemp("context") / "cpu"
     return build_and_push(docker_engine, image_config(registry), context, wheel_cache(), registry.password, print)
+
+
+@pytest.fixture(scope="session")
+def tf_cpu_image(docker_engine, registry, tmp_path_factory) -> dict:
+    """The TensorFlow CPU training image (containers/tf-cpu.Dockerfile: TensorFlow, tf_keras, Horovod, no torch), built
+    (or found in the engine) and pushed to the session's registry, as `trainflow build` does for training.framework
+    tensorflow or keras."""
+    from tasks.build_image import build_and_push
+
+    context = tmp_path_factory.mktemp("context") / "tf-cpu"
+    cfg, password = image_config(registry), registry.password
+    return build_and_push(docker_engine, cfg, context, wheel_cache(), password, print, stack="tf-")

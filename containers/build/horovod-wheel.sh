@@ -70,7 +70,7 @@ if [ -z "${HOROVOD_GPU_OPERATIONS:-}" ]; then
 fi
 export CMAKE_POLICY_VERSION_MINIMUM=3.5 MAKEFLAGS="-j$(nproc)"
 "$PYTHON" -c 'import setuptools, wheel' 2>/dev/null || "$PYTHON" -m pip install --quiet setuptools wheel >&2
-echo "building Horovod $VERSION against $FRAMEWORKS (8-10 minutes on 2 cores per framework, once)" >&2
+echo "building Horovod $VERSION against $FRAMEWORKS (4 to 10 minutes on 2 cores, once)" >&2
 mkdir -p "$WORK/dist"
 "$PYTHON" -m pip wheel --no-build-isolation --no-deps -w "$WORK/dist" "$SRC" >&2
 mkdir -p "$OUT"

@@ -31,6 +31,7 @@ HERMETIC = {
 # 2.36), and pip takes a manylinux_2_x platform literally (it accepts no older one for it), hence the list.
 PLATFORMS = {"image.txt": ("manylinux2014_x86_64",)}
 NEWER_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux2014_x86_64")
+SDISTS = {"image.txt": (HOROVOD,)}  # built in the image: Horovod, by build/horovod-wheel.sh
 
 
 def source_files(dockerfile: str) -> dict[str, Path]:
@@ -64,27 +65,23 @@ def assemble_context(dockerfile: str, dest: Path, python: str, wheel_cache: Path
 
 
 def wheelhouse(python: str, cache: Path, requirements: str = "image.txt") -> Path:
-    """A folder with the pinned wheels of containers/requirements/`requirements` for `python` on Linux x86-64, fetched
-    once; image.txt's also holds the Horovod sdist."""
+    """A folder with the pinned wheels of containers/requirements/`requirements` for `python` on Linux x86-64 (and
+    its SDISTS), fetched once."""
     pins = (CONTAINERS / "requirements" / requirements).read_text()
-    platforms = PLATFORMS.get(requirements, NEWER_PLATFORMS)
-    if requirements == "image.txt":  # the key of the folders fetched before there were others: kept, so is the cache
-        key = hashlib.sha256(f"{HOROVOD}\n{python}\n{pins}".encode()).hexdigest()[:16]
-        folder = cache / f"wheelhouse-py{python}-{key}"
-    else:
-        key = hashlib.sha256(f"{python}\n{platforms}\n{pins}".encode()).hexdigest()[:16]
-        folder = cache / f"wheelhouse-{Path(requirements).stem}-py{python}-{key}"
+    platforms, sdists = PLATFORMS.get(requirements, NEWER_PLATFORMS), SDISTS.get(requirements, ())
+    key = hashlib.sha256(f"{python}\n{platforms}\n{sdists}\n{pins}".encode()).hexdigest()[:16]
+    folder = cache / f"wheelhouse-{Path(requirements).stem}-py{python}-{key}"
     if (folder / ".complete").exists():
         return folder
     partial = folder.with_name(folder.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     pip = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "-d", str(partial)]
-    wanted = ["--only-binary", ":all:", "--python-version", python, "--implementation", "cp"]
+    binaries = ["--only-binary", ":all:", "--python-version", python, "--implementation", "cp"]
     for platform in platforms:
-        wanted += ["--platform", platform]
-    run_pip(pip + wanted + ["-r", str(CONTAINERS / "requirements" / requirements)])
-    if requirements == "image.txt":
-        run_pip(pip + ["--no-binary", ":all:", HOROVOD])
+        binaries += ["--platform", platform]
+    run_pip(pip + binaries + ["-r", str(CONTAINERS / "requirements" / requirements)])
+    for sdist in sdists:
+        run_pip(pip + ["--no-binary", ":all:", sdist])
     partial.rename(folder)
     (folder / ".complete").write_text(key)
     return folder

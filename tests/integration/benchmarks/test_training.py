@@ -56,16 +56,21 @@ def repeated(figure: dict) -> bool:
 
 def test_bench_train_repeats_every_run_and_computes_the_ceiling(tmp_path):
     """At its smallest: one launcher (`--launcher horovodrun`, the slower to start; torchrun's runs are the
-    parallel bench's and the flow bench's)."""
+    parallel bench's and the flow bench's), PyTorch and TensorFlow side by side."""
     result = bench(
         tmp_path,
-        ["train", "--launcher", "horovodrun"],
+        ["train", "--launcher", "horovodrun", "--framework", "pytorch", "--framework", "tensorflow"],
         TRAINFLOW_TRAINING__BATCH_SIZE="8",
         TRAINFLOW_TRAINING__STEPS_PER_EPOCH="3",
     )
-    assert [(r["backend"], r["workers"]) for r in result["runs"]] == [("horovod", 1), ("horovod", 2)]
+    rows = [("horovod", 1), ("horovod", 2), ("tensorflow/horovod", 1), ("tensorflow/horovod", 2)]
+    assert [(r["backend"], r["workers"]) for r in result["runs"]] == rows
     assert all(repeated(r["images_per_sec"]) and r["images_per_sec"]["min"] > 0 for r in result["runs"])
-    assert set(result["scaling_efficiency"]) == {"horovod"} == set(result["per_step_ms"])
+    assert set(result["scaling_efficiency"]) == {"horovod", "tensorflow/horovod"} == set(result["per_step_ms"])
+    efficiency = result["scaling_efficiency"]
+    assert result["against_pytorch"]["tensorflow/horovod"]["all"] == pytest.approx(
+        [tf - pt for tf, pt in zip(efficiency["tensorflow/horovod"]["all"], efficiency["horovod"]["all"])]
+    )
     steps = result["per_step_ms"]["horovod"]
     assert all(repeated(f) for f in steps.values())
     # the step's CPU split: Horovod's background thread (the all-reduce) spends CPU beside the thread that trains
@@ -91,6 +96,24 @@ def test_bench_train_repeats_every_run_and_computes_the_ceiling(tmp_path):
     assert result["of_the_ceiling"]["horovod"]["all"] == pytest.approx(
         [e / c for e, c in zip(result["scaling_efficiency"]["horovod"]["all"], ceiling["all"])]
     )
+
+
+def test_bench_frameworks_trains_each_framework_side_by_side(tmp_path):
+    """At its smallest (ResNet-18 at 32 px instead of ResNet-50 at 224): each framework in every round, the ratios
+    to PyTorch's computed within the round."""
+    result = bench(
+        tmp_path,
+        ["frameworks"],
+        TRAINFLOW_TRAINING__MODEL="resnet18",
+        TRAINFLOW_TRAINING__STEPS_PER_EPOCH="3",
+        TRAINFLOW_TRAINING__EPOCHS="2",
+    )
+    runs = {r["framework"]: r for r in result["runs"]}
+    assert list(runs) == ["pytorch", "tensorflow", "keras"] and result["settings"]["model"] == "resnet18"
+    assert all(repeated(r["images_per_sec"]) and r["images_per_sec"]["min"] > 0 for r in runs.values())
+    assert runs["pytorch"]["vs_pytorch"]["all"] == [1.0, 1.0]
+    for framework in ("tensorflow", "keras"):
+        assert repeated(runs[framework]["vs_pytorch"])
 
 
 def test_bench_parallel_repeats_every_layout_with_memory_per_rank(tmp_path):

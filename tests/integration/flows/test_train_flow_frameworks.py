@@ -9,8 +9,8 @@ import pytest
 from flows.plan import plan_run
 from flows.train_flow import train_flow
 from tests.fakes.flow_runs import flow_config
-from tests.integration.flows.test_train_flow import artifacts_of, trainflow
 from tests.integration.flows.test_tracking import mlflow_run
+from tests.integration.flows.test_train_flow import artifacts_of, trainflow
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(1200)]
 

@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import time
-from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
@@ -22,23 +21,8 @@ from infra.engines.tensorflow import KerasTraining, TensorFlowTraining
 from tests.fakes.bad_inputs import images
 from tests.fakes.training import digests, train_locally
 
-
-def horovod_has_tensorflow() -> bool:
-    """Whether the installed Horovod was built with TensorFlow (containers/build/horovod-wheel.sh, with TensorFlow
-    installed): its TensorFlow library is there. Looked up without importing TensorFlow into the test process."""
-    spec = find_spec("horovod")
-    if find_spec("tensorflow") is None or spec is None or spec.origin is None:
-        return False
-    return any(Path(spec.origin).parent.glob("tensorflow/mpi_lib*.so"))
-
-
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(
-        not horovod_has_tensorflow(),
-        reason="Horovod without TensorFlow: containers/build/horovod-wheel.sh builds it with TensorFlow installed",
-    ),
-]
+# Its module fixtures (PyTorch's demo run, the uninterrupted runs) train once: one group of the suite's workers.
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("tf-training")]
 ENGINES = {"tensorflow": TensorFlowTraining, "keras": KerasTraining}
 ENTRIES = {"tensorflow": PACKAGE / "tf" / "loop.py", "keras": PACKAGE / "tf" / "fit.py"}
 # 2 workers, 2 epochs of 6 steps, a checkpoint every 4: enough to kill a run after its first checkpoint

@@ -1,6 +1,7 @@
 import pytest
 
-from benchmarks.training import scaling_efficiency, summarise
+from benchmarks.frameworks import summarise_frameworks
+from benchmarks.training import against_pytorch, scaling_efficiency, summarise
 from infra.engines.pytorch import PyTorchTraining
 
 CPU = {
@@ -67,3 +68,16 @@ def test_the_two_worker_step_s_extra_time_splits_into_the_machine_s_share_and_co
     # per worker, the 250 ms step: 200 ms of the training thread's CPU, 30 of the all-reduce's threads, 20 off the CPU
     assert ms["training_thread_cpu_ms"]["median"] == 200 and ms["other_threads_cpu_ms"]["median"] == 30
     assert ms["off_cpu_ms"]["median"] == pytest.approx(20)
+
+
+def test_another_framework_s_efficiency_is_compared_with_pytorch_s_within_each_round():
+    rounds = [{"horovod": 0.9, "ddp": 0.95, "tensorflow/horovod": 0.8}, {"horovod": 0.7, "tensorflow/horovod": 0.75}]
+    assert against_pytorch(rounds)["tensorflow/horovod"]["all"] == pytest.approx([-0.1, 0.05])
+    assert set(against_pytorch(rounds)) == {"tensorflow/horovod"}
+
+
+def test_the_frameworks_bench_gives_each_ratio_to_pytorch_within_its_round():
+    rounds = [{"pytorch": 100.0, "keras": 80.0}, {"pytorch": 50.0, "keras": 45.0}, {"pytorch": 90.0, "keras": 72.0}]
+    runs = {r["framework"]: r for r in summarise_frameworks(rounds, {"model": "resnet50"})["runs"]}
+    assert runs["keras"]["vs_pytorch"]["all"] == pytest.approx([0.8, 0.9, 0.8])
+    assert runs["keras"]["images_per_sec"]["median"] == 72.0 and runs["pytorch"]["vs_pytorch"]["median"] == 1.0

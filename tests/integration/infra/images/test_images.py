@@ -1,5 +1,6 @@
-"""The CPU training image with a real Docker engine and a registry with authentication: built, pushed,
-pulled back by digest, reused when unchanged, and running Horovod across two containers."""
+"""The CPU training images with a real Docker engine and a registry with authentication: PyTorch's built, pushed,
+pulled back by digest, reused when unchanged, and running Horovod across two containers; TensorFlow's built without
+torch, with Horovod for TensorFlow and tf_keras."""
 
 import io
 import json
@@ -57,6 +58,73 @@ def test_image_has_the_pinned_stack(docker_engine, cpu_image):
         cpu_image["image"], ["python", "-c", probe], remove=True, network_mode="none"
     )
     assert output.decode().split() == ["2.14.1", "0.29.1", "0.28.1", "True", "True"]
+
+
+TF_PROBE = """
+import importlib.util, os, horovod, tensorflow as tf, tf_keras
+import horovod.tensorflow.keras as hvd
+from tensorflow import keras
+lib = importlib.util.find_spec("horovod.tensorflow.mpi_lib").origin
+print(tf.__version__, tf_keras.__version__, horovod.__version__, os.environ["TF_USE_LEGACY_KERAS"],
+      keras.__name__.split(".")[0], hvd.K.__name__.split(".")[0], hvd.gloo_built(),
+      importlib.util.find_spec("torch") is None, b"HOROVOD_IDLE_CYCLE_TIME" in open(lib, "rb").read())
+"""
+
+
+def test_tf_image_has_tensorflow_tf_keras_and_horovod_and_no_torch(docker_engine, registry, tf_cpu_image):
+    """tf.keras is tf_keras (TF_USE_LEGACY_KERAS=1), Horovod's Keras API takes its backend from it
+    (horovod-tensorflow.patch), Horovod's TensorFlow library is built with horovod-idle-cycle.patch, torch is absent."""
+    assert tf_cpu_image["image"] == f"{registry.host}/trainflow-tf-cpu@{tf_cpu_image['digest']}"
+    output = docker_engine.client.containers.run(
+        tf_cpu_image["image"], ["python", "-c", TF_PROBE], remove=True, network_mode="none", stderr=False
+    )
+    assert output.decode().split() == [
+        "2.21.0",
+        "2.21.0",
+        "0.28.1",
+        "1",
+        "tf_keras",
+        "tf_keras",
+        "True",
+        "True",
+        "True",
+    ]
+
+
+def test_tf_image_s_horovod_is_built_for_tensorflow_alone(docker_engine, tf_cpu_image):
+    output = docker_engine.client.containers.run(
+        tf_cpu_image["image"], ["horovodrun", "--check-build"], remove=True, network_mode="none", stderr=False
+    ).decode()
+    frameworks = output.split("Available Frameworks:")[1].split("Available Controllers:")[0]
+    assert "[X] TensorFlow" in frameworks and "[ ] PyTorch" in frameworks, output
+    assert "[X] Gloo" in output.split("Available Controllers:")[1], output
+
+
+TF_HOROVOD_FIT = """
+import horovod.tensorflow.keras as hvd, tensorflow as tf, tf_keras
+hvd.init()
+total = hvd.allreduce(tf.constant([float(hvd.rank() + 1)]), op=hvd.Sum)
+model = tf_keras.Sequential([tf_keras.layers.Dense(1, input_shape=(2,))])
+model.compile(hvd.DistributedOptimizer(tf_keras.optimizers.legacy.SGD(0.1 * hvd.size())), "mse")
+callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.MetricAverageCallback()]
+model.fit(tf.ones((8, 2)) * (hvd.rank() + 1), tf.ones((8, 1)), epochs=2, verbose=0, callbacks=callbacks)
+weights = hvd.allgather(tf.reshape(model.layers[0].kernel, (1, -1)))
+print("rank", hvd.rank(), "sum", float(total[0]), "in-sync", bool(tf.reduce_all(weights[0] == weights[1])))
+"""
+
+
+def test_tf_image_fits_a_tf_keras_model_with_horovod_on_two_workers(docker_engine, tf_cpu_image):
+    """Horovod's all-reduce, its Keras optimizer and callbacks on tf_keras, across two processes under horovodrun."""
+    output = docker_engine.client.containers.run(
+        tf_cpu_image["image"],
+        ["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", "python", "-c", TF_HOROVOD_FIT],
+        remove=True,
+        network_mode="host",  # Gloo's rendezvous: with the loopback alone (network "none"), both images' workers crash
+        shm_size="256m",
+        stderr=False,
+    ).decode()
+    for rank in (0, 1):
+        assert f"rank {rank} sum 3.0 in-sync True" in output, output
 
 
 def test_horovod_trains_across_two_containers_on_mounted_data(docker_engine, cpu_image, digits, tmp_path):
