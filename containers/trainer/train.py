@@ -30,7 +30,6 @@ import itertools
 import json
 import logging
 import os
-import re
 import socket
 import sys
 import time
@@ -42,7 +41,7 @@ if __package__ in (None, ""):  # run as a script: make the `trainer` package imp
 
 import torch
 
-from trainer import badfiles, checkpoint, data, metrics, tracking
+from trainer import badfiles, checkpoint, console, data, metrics, tracking
 from trainer.distributed import Backend, leave_process_group, make_backend, pick_device
 from trainer.errors import UsageError
 from trainer.layout import SYNTHETIC
@@ -104,27 +103,7 @@ class Run:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse the arguments, train, and turn bad input into a one-line error with exit status 2."""
-    args = build_parser().parse_args(argv)
-    setup_logging(rank_from_env())
-    try:
-        check_args(args)
-        if args.check:
-            return check_only(args)
-        train(args)
-        return 0
-    except UsageError as exc:
-        log.error("error: %s", one_line(exc))
-        leave_process_group()  # every rank that refuses exits 2, none aborts on the way out
-        return 2
-    except Exception as exc:
-        log.exception("error: unexpected %s: %s", type(exc).__name__, exc)
-        return 1
-
-
-def one_line(exc: Exception) -> str:
-    """The message of a UsageError, also when a DataLoader worker re-raised it inside its own text."""
-    text = str(exc).strip().splitlines()[-1]
-    return re.sub(r"^(\w+\.)*(UsageError|BadImage): ", "", text)  # its class named by a DataLoader worker's traceback
+    return console.run_main(build_parser().parse_args(argv), check_args, check_only, train, leave_process_group)
 
 
 def check_only(args) -> int:
@@ -194,7 +173,7 @@ def set_up(args) -> Run:
     backend = make_backend(args.backend)
     wants_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
     backend.setup(torch.device("cuda" if wants_cuda else "cpu"))
-    setup_logging(backend.rank)
+    console.setup_logging(backend.rank)
     device = pick_device(args.device, backend.local_rank)
     log.info(
         "worker %d of %d (%s) on host %s, %s",
@@ -479,17 +458,7 @@ def log_step(run: Run, done: int, loss: float, counted: metrics.Throughput) -> N
     """The progress line (the orchestrator's PROGRESS_LINE reads it) and the step's metrics to the tracker. images/s
     is this rank's rate so far this epoch times the replicas: all of them, as the epoch's row counts."""
     lr, images_per_sec = run.scheduler.get_last_lr()[0], counted.rates()[1] * run.replicas
-    log.info(
-        "epoch %d step %d (%d/%d) loss %.4f lr %.5f, %.1f images/s",
-        run.epoch + 1,
-        run.step,
-        done,
-        steps_per_epoch(run),
-        loss,
-        lr,
-        images_per_sec,
-    )
-    run.tracker.log(tracking.step_metrics(loss, lr, images_per_sec), run.step)
+    console.progress(run.tracker, run.epoch + 1, run.step, done, steps_per_epoch(run), loss, lr, images_per_sec)
 
 
 def train_step(run: Run, images: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
@@ -736,16 +705,7 @@ def log_epoch(run: Run, row: dict) -> None:
     """One line per epoch on rank 0; the epoch's metrics to the tracker."""
     run.tracker.log(tracking.epoch_metrics(row), run.step)
     if run.master:
-        top1 = "n/a" if row["val_top1"] is None else f"{row['val_top1']:.4f}"
-        log.info(
-            "epoch %d/%d done: train loss %.4f, val top-1 %s, %.1f images/s (%.1f per worker)",
-            row["epoch"],
-            run.args.epochs,
-            row["train_loss"],
-            top1,
-            row["images_per_sec"],
-            row["images_per_sec_per_worker"],
-        )
+        console.epoch_done(row, run.args.epochs)
 
 
 def resolve(choice: str, device: torch.device) -> bool:
@@ -756,25 +716,6 @@ def resolve(choice: str, device: torch.device) -> bool:
 def resolve_precision(choice: str, device: torch.device) -> str:
     """auto means bf16 autocast on GPU, fp32 on the CPU."""
     return ("bf16" if device.type == "cuda" else "fp32") if choice == "auto" else choice
-
-
-def rank_from_env() -> int:
-    """The global rank, as far as the launcher's environment tells before the backend starts."""
-    for name in ("RANK", "HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
-        if name in os.environ:
-            return int(os.environ[name])
-    return 0
-
-
-def setup_logging(rank: int) -> None:
-    """Every line starts with the worker's rank."""
-    logging.basicConfig(
-        level=logging.INFO,
-        force=True,
-        stream=sys.stdout,
-        format=f"[rank {rank}] %(asctime)s %(levelname)s %(message)s",
-        datefmt="%H:%M:%S",
-    )
 
 
 if __name__ == "__main__":

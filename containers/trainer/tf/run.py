@@ -29,7 +29,6 @@ import os
 import platform
 import re
 import socket
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,7 +40,7 @@ import numpy as np
 import tensorflow as tf
 import tf_keras as keras
 
-from trainer import badfiles, checkpoint, tracking
+from trainer import badfiles, checkpoint, console, tracking
 from trainer.errors import UsageError
 from trainer.layout import SYNTHETIC, index_folder
 from trainer.memory import peak_resident_mb, resident_mb
@@ -106,26 +105,7 @@ class Run:
 
 def main(train: Callable, prog: str, argv: list[str] | None = None) -> int:
     """Parse the arguments, check them (--check: only that) or `train`; bad input is one line and exit status 2."""
-    args = build_parser(prog).parse_args(argv)
-    setup_logging(rank_from_env())
-    try:
-        check_args(args)
-        if args.check:
-            return check_only(args)
-        train(args)
-        return 0
-    except UsageError as exc:
-        log.error("error: %s", one_line(exc))
-        return 2
-    except Exception as exc:
-        log.exception("error: unexpected %s: %s", type(exc).__name__, exc)
-        return 1
-
-
-def one_line(exc: Exception) -> str:
-    """The last line of a UsageError's message (as train.py's)."""
-    text = str(exc).strip().splitlines()[-1]
-    return re.sub(r"^(\w+\.)*(UsageError|BadImage): ", "", text)
+    return console.run_main(build_parser(prog).parse_args(argv), check_args, check_only, train)
 
 
 def check_only(args) -> int:
@@ -166,7 +146,7 @@ def start_worker(args, framework: str) -> tuple[Worker, str, str]:
     device and the precision; (worker, device, precision)."""
     hvd.init()  # Horovod:
     worker = Worker(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size())
-    setup_logging(worker.rank)
+    console.setup_logging(worker.rank)
     threads = args.threads or max(1, len(os.sched_getaffinity(0)) // worker.local_size)
     tf.config.threading.set_intra_op_parallelism_threads(threads)  # before TensorFlow's runtime starts
     tf.config.threading.set_inter_op_parallelism_threads(threads)
@@ -386,17 +366,7 @@ def log_step(run: Run, done: int, loss: float, counted: Throughput) -> None:
     """The progress line (infra/engines/contract.py's PROGRESS_LINE) and the step's metrics to the tracker; lr is
     the next step's, images/s this rank's rate so far this epoch times the workers, as train.py's."""
     lr, images_per_sec = run.learning_rate(run.step), counted.rates()[1] * run.worker.size
-    log.info(
-        "epoch %d step %d (%d/%d) loss %.4f lr %.5f, %.1f images/s",
-        run.epoch + 1,
-        run.step,
-        done,
-        run.steps,
-        loss,
-        lr,
-        images_per_sec,
-    )
-    run.tracker.log(tracking.step_metrics(loss, lr, images_per_sec), run.step)
+    console.progress(run.tracker, run.epoch + 1, run.step, done, run.steps, loss, lr, images_per_sec)
 
 
 def epoch_row(run: Run, loss_sum: float, counted: Throughput, measured_waits: bool = True) -> dict:
@@ -486,16 +456,7 @@ def log_epoch(run: Run, row: dict) -> None:
     """One line per epoch on rank 0; the epoch's metrics to the tracker."""
     run.tracker.log(tracking.epoch_metrics(row), run.step)
     if run.master:
-        top1 = "n/a" if row["val_top1"] is None else f"{row['val_top1']:.4f}"
-        log.info(
-            "epoch %d/%d done: train loss %.4f, val top-1 %s, %.1f images/s (%.1f per worker)",
-            row["epoch"],
-            run.args.epochs,
-            row["train_loss"],
-            top1,
-            row["images_per_sec"],
-            row["images_per_sec_per_worker"],
-        )
+        console.epoch_done(row, run.args.epochs)
 
 
 # Collectives -----------------------------------------------------------------------------------------------------
@@ -626,25 +587,3 @@ def library_versions() -> dict[str, str]:
         "tensorflow": tf.__version__,
         **installed_versions("tf_keras", "horovod"),
     }
-
-
-# Logging ---------------------------------------------------------------------------------------------------------
-
-
-def rank_from_env() -> int:
-    """The global rank, as far as the launcher's environment tells before Horovod starts."""
-    for name in ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "RANK"):
-        if name in os.environ:
-            return int(os.environ[name])
-    return 0
-
-
-def setup_logging(rank: int) -> None:
-    """Every line starts with the worker's rank (train.py's format)."""
-    logging.basicConfig(
-        level=logging.INFO,
-        force=True,
-        stream=sys.stdout,
-        format=f"[rank {rank}] %(asctime)s %(levelname)s %(message)s",
-        datefmt="%H:%M:%S",
-    )
