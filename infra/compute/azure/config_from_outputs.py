@@ -34,8 +34,7 @@ fileshare:
   auth: key
 image:
   flavour: gpu
-  registry: {out["registry"]}
-  repository: trainflow-gpu
+  registry: {out["registry"]}  # repository: trainflow-gpu (trainflow-tf-gpu for tensorflow and keras)
   # an Entra ID token:
   #   export REGISTRY_PASSWORD=$(az acr login -n {out["registry"].split(".")[0]} --expose-token \\
   #     --query accessToken -o tsv)

@@ -166,9 +166,9 @@ def printed_specs(stdout: str) -> dict[str, str]:
     return dict(zip(parts[1::2], parts[2::2]))
 
 
-def test_dry_run_prints_the_specs_and_touches_nothing(tmp_path, digits):
-    work = tmp_path / "work"
-    proc = subprocess.run(
+def dry_run(tmp_path: Path, digits: Path, *more: str) -> subprocess.CompletedProcess:
+    """`trainflow run --dry-run` with the Azure example config on the digits set."""
+    return subprocess.run(
         [
             str(Path(sys.executable).parent / "trainflow"),
             "run",
@@ -177,13 +177,19 @@ def test_dry_run_prints_the_specs_and_touches_nothing(tmp_path, digits):
             "--data",
             str(digits),
             "--workdir",
-            str(work),
+            str(tmp_path / "work"),
             "--dry-run",
+            *more,
         ],
         capture_output=True,
         text=True,
         env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
     )
+
+
+def test_dry_run_prints_the_specs_and_touches_nothing(tmp_path, digits):
+    work = tmp_path / "work"
+    proc = dry_run(tmp_path, digits)
     assert proc.returncode == 0, proc.stderr
     specs = printed_specs(proc.stdout)
     assert set(specs) == {"compute", "environment", "sync job", "job", "later attempts", "storage"}
@@ -191,6 +197,14 @@ def test_dry_run_prints_the_specs_and_touches_nothing(tmp_path, digits):
     assert "trainflow-<run id>-train-2, trainflow-<run id>-train-3" in specs["later attempts"]
     assert "sync-to-file-server" in proc.stdout and "trainflow-<run id>-sync-1" in proc.stdout
     assert not work.exists()
+
+
+def test_the_dry_run_of_a_tensorflow_run_shows_an_mpi_job_in_the_tensorflow_image(tmp_path, digits):
+    proc = dry_run(tmp_path, digits, "--framework", "tensorflow")
+    assert proc.returncode == 0, proc.stderr
+    job = loaded_job(printed_specs(proc.stdout)["job"], tmp_path)
+    assert job.distribution.type == "mpi" and "/trainer/tf/loop.py " in job.command
+    assert job.environment.image.startswith("myregistry.azurecr.io/trainflow-tf-gpu:")
 
 
 def test_a_registry_connection_is_rendered_without_the_password(tmp_path):
