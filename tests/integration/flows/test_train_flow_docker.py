@@ -81,24 +81,25 @@ def test_whole_flow_on_the_docker_pool(
     assert not docker_engine.client.containers.list(all=True, filters={"label": f"trainflow.run={result['run_id']}"})
 
 
-def test_whole_flow_with_keras_on_the_docker_pool_in_the_tensorflow_image(
-    prefect_server, docker_engine, registry, tf_cpu_image, digits, tmp_path, monkeypatch
+@pytest.mark.parametrize("framework", ["tensorflow", "keras"])
+def test_whole_flow_with_tensorflow_on_the_docker_pool_in_its_image(
+    prefect_server, docker_engine, registry, tf_cpu_image, digits, tmp_path, monkeypatch, framework
 ):
-    """training.framework keras: the flow builds (here: finds) the TensorFlow image, and two container nodes train
-    under horovodrun from the scripts on the share."""
+    """training.framework tensorflow or keras: the flow builds (here: finds) the TensorFlow image, and two container
+    nodes train under horovodrun from the scripts on the share."""
     monkeypatch.setenv("REGISTRY_PASSWORD", registry.password)
     cfg = flow_config(
         tmp_path / "work",
         digits,
         image=image_config(registry).model_dump(),
         pool={"backend": "docker", "nodes": 2, "slots_per_node": 1},
-        training={"framework": "keras"},
+        training={"framework": framework},
     )
     result = train_flow(cfg)
     assert result["image"] == tf_cpu_image["image"] and "/trainflow-tf-cpu" in result["image"]
     metrics = result["metrics"]
-    assert (metrics["framework"], metrics["backend"], metrics["world_size"]) == ("keras", "horovod", 2)
-    assert metrics["parameters_in_sync"] and result["receipt"]["framework"] == "keras"
+    assert (metrics["framework"], metrics["backend"], metrics["world_size"]) == (framework, "horovod", 2)
+    assert metrics["parameters_in_sync"] and result["receipt"]["framework"] == framework
     assert metrics["trainer"] == f"/scripts/{Path(result['scripts']).name}/trainer"
     shared = tmp_path / "work" / "fileshare" / "results" / result["run_id"]
     assert (shared / "model.keras").exists() and (shared / "logs" / "rank1.log").read_text()
