@@ -253,6 +253,8 @@ CASES = [
         files(c_yaml="budget: 1\ncost: {this_machine: Standard_NC24ads_A100_v4}\njob: {timeout_s: 3600}\n"),
     ),
     Case("runs diff of a run that is not there", ["runs", "diff", "abc", "def", "--workdir", "{dir}/w"]),
+    # input checks (issue 36)
+    # disk space (issue 36)
 ]
 
 
