@@ -24,7 +24,7 @@ BIN := $(VENV)/bin
 TOOLS_VENV ?= .venv-tools
 CHECKOV ?= checkov==3.3.30
 
-.PHONY: setup docker-setup tools demo lint test bench clean
+.PHONY: setup docker-setup tools demo lint test bench docs clean
 # The four parts at once (the venv's install is one process; npm, apt and the tools' venv wait on the network and
 # the disk meanwhile): measured from a clean clone, see the README.
 SETUP_PARTS := $(VENV)/.installed node_modules/.installed docker-setup tools
@@ -51,7 +51,7 @@ $(VENV)/.installed: pyproject.toml $(LOCK) $(TF_KERAS) $(HOROVOD_BUILD)
 	$(BIN)/pip install -q -c $(LOCK) --no-deps -r $(TF_KERAS)
 	wheel=$$(containers/build/horovod-wheel.sh $(BIN)/python $(WHEEL_CACHE)) && \
 	  $(BIN)/pip install -q --force-reinstall --no-deps "$$wheel" && \
-	  $(BIN)/pip install -q -c $(LOCK) "$$wheel" -e '.[dev]'
+	  $(BIN)/pip install -q -c $(LOCK) "$$wheel" -e '.[dev,docs]'
 	touch $@
 
 tools: $(TOOLS_VENV)/.installed
@@ -88,5 +88,11 @@ test: setup lint
 bench: setup
 	$(BIN)/trainflow bench train --workdir $(WORKDIR) --json $(WORKDIR)/bench-train.json
 
+# The documentation site (mkdocs.yml): the reference pages written afresh from the code (flows/reference.py), then
+# the site built into site/ with --strict, as the tests build it (tests/integration/test_docs_site.py).
+docs: setup
+	$(BIN)/python -m flows.reference
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
 clean:
-	rm -rf $(VENV) $(TOOLS_VENV) $(WORKDIR)
+	rm -rf $(VENV) $(TOOLS_VENV) $(WORKDIR) site
