@@ -157,16 +157,38 @@ def load_config(
         raise ConfigError(describe(exc, path)) from None
 
 
+class UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last one silently, so one
+    of the two settings would be dropped without a word)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, str) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"{key} is set twice (first on line {seen[key] + 1}); keep one of the two",
+                    key_node.start_mark,
+                )
+            seen.setdefault(key, key_node.start_mark.line)
+        return super().construct_mapping(node, deep)
+
+
 def read_yaml(path: Path) -> dict:
     """A YAML mapping from `path`, or a ConfigError that says what is wrong with the file and where."""
     try:
-        loaded = yaml.safe_load(path.read_text())
+        loaded = yaml.load(path.read_text(), Loader=UniqueKeyLoader)  # a SafeLoader: builds plain data only
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path} ({exc.strerror}); check the --config path") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"config file {path} is not valid YAML{yaml_problem(exc)}") from None
     if loaded is None:
-        return {}
+        raise ConfigError(
+            f"config file {path} is empty (it holds no settings, only blank lines or comments); write settings "
+            "in it such as `training: {epochs: 3}`, or leave out --config"
+        )
     if not isinstance(loaded, dict):
         raise ConfigError(f"config file {path} must hold a mapping such as `training: {{epochs: 3}}`")
     return loaded

@@ -73,6 +73,8 @@ def folder_images(data_dir: Path) -> Iterator[str]:
     train_dir, val_dir = split_folders(data_dir)
     classes = class_names(train_dir, None)
     check_classes(data_dir, classes)
+    if val_dir:
+        class_names(val_dir, classes)  # every val/ class is one of train/'s, checked before any file is listed
     for split_dir in filter(None, (train_dir, val_dir)):
         for path, _ in split_images(split_dir, classes):
             yield path
@@ -118,11 +120,26 @@ def class_names(split_dir: Path, classes: list[str] | None) -> list[str]:
     found = [d.name for d in _class_dirs(split_dir)]
     unknown = sorted(set(found) - set(classes)) if classes is not None else []
     if unknown:
-        raise UsageError(
-            f"{split_dir} has class folders that train/ lacks: {', '.join(unknown[:5])}; "
-            "add them to train/ or remove them"
-        )
+        raise unknown_classes(split_dir, unknown, classes or [])
     return classes if classes is not None else found
+
+
+def unknown_classes(split_dir: Path, unknown: list[str], classes: list[str]) -> UsageError:
+    """The error for class folders of a split that train/ lacks: the first few by name, each one that differs from
+    a train/ class only in case with that class, how many more there are, and the fix."""
+    by_case = {name.casefold(): name for name in classes}
+    named = [
+        f"{name} (train/ has {by_case[name.casefold()]}: class names are case-sensitive)"
+        if name.casefold() in by_case
+        else name
+        for name in unknown[:5]
+    ]
+    more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
+    folders, them = ("class folders", "them") if len(unknown) > 1 else ("a class folder", "it")
+    return UsageError(
+        f"{split_dir} has {folders} that train/ lacks: {', '.join(named)}{more}; rename {them} "
+        f"to train/'s class names, add {them} to train/, or remove {them}"
+    )
 
 
 def split_images(split_dir: Path, classes: list[str]) -> Iterator[tuple[str, int]]:

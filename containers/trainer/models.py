@@ -3,7 +3,7 @@
 import torch
 import torchvision
 
-from trainer.errors import UsageError
+from trainer.options import check_model_in
 
 
 def model_names() -> list[str]:
@@ -18,11 +18,8 @@ def build_model(name: str, num_classes: int) -> torch.nn.Module:
 
 
 def check_model_name(name: str) -> None:
-    """Fail with the list of known names when `name` is not a torchvision classifier."""
-    names = model_names()
-    if name not in names:
-        close = [n for n in names if n.startswith(name[:4])][:8] or names[:8]
-        raise UsageError(f"unknown model {name!r}; pick a torchvision classifier such as {', '.join(close)}")
+    """Fail with known names when `name` is not a classifier of this torchvision."""
+    check_model_in(name, model_names())
 
 
 def build_on_meta(name: str, num_classes: int) -> tuple[torch.nn.Module, dict[str, list]]:

@@ -17,6 +17,23 @@ from trainer.tracking import check_trackers
 
 LOADERS = ("fast", "pil", "dali")  # --loader: see data.py and dali.py
 GRAD_COMPRESSIONS = ("none", "fp16", "bf16")  # --grad-compression: see distributed.py
+# The classifiers of the pinned torchvision (torchvision.models.list_models(module=torchvision.models)), listed here
+# so that the orchestrator checks training.model before anything starts without importing torch; the trainer checks
+# --model against its own torchvision (trainer/models.py), and tests/unit/trainer/test_model_names.py keeps the two
+# lists equal.
+TORCHVISION_CLASSIFIERS = """
+alexnet convnext_base convnext_large convnext_small convnext_tiny densenet121 densenet161 densenet169 densenet201
+efficientnet_b0 efficientnet_b1 efficientnet_b2 efficientnet_b3 efficientnet_b4 efficientnet_b5 efficientnet_b6
+efficientnet_b7 efficientnet_v2_l efficientnet_v2_m efficientnet_v2_s googlenet inception_v3 maxvit_t mnasnet0_5
+mnasnet0_75 mnasnet1_0 mnasnet1_3 mobilenet_v2 mobilenet_v3_large mobilenet_v3_small regnet_x_16gf regnet_x_1_6gf
+regnet_x_32gf regnet_x_3_2gf regnet_x_400mf regnet_x_800mf regnet_x_8gf regnet_y_128gf regnet_y_16gf regnet_y_1_6gf
+regnet_y_32gf regnet_y_3_2gf regnet_y_400mf regnet_y_800mf regnet_y_8gf resnet101 resnet152 resnet18 resnet34
+resnet50 resnext101_32x8d resnext101_64x4d resnext50_32x4d shufflenet_v2_x0_5 shufflenet_v2_x1_0 shufflenet_v2_x1_5
+shufflenet_v2_x2_0 squeezenet1_0 squeezenet1_1 swin_b swin_s swin_t swin_v2_b swin_v2_s swin_v2_t vgg11 vgg11_bn
+vgg13 vgg13_bn vgg16 vgg16_bn vgg19 vgg19_bn vit_b_16 vit_b_32 vit_h_14 vit_l_16 vit_l_32 wide_resnet101_2
+wide_resnet50_2
+"""
+TORCHVISION_MODELS = tuple(TORCHVISION_CLASSIFIERS.split())
 
 
 @dataclass(frozen=True)
@@ -262,6 +279,13 @@ def check_common_args(args: argparse.Namespace, at_least_one: tuple[str, ...] = 
         raise UsageError(f"--min-crop-scale must be in (0, 1] (got {args.min_crop_scale})")
     decay_epochs(args.lr_decay_epochs)
     check_trackers(args.tracking_uri, args.tensorboard)
+
+
+def check_model_in(name: str, names: "list[str] | tuple[str, ...]") -> None:
+    """Fail, naming known models close to `name`, when it is not one of torchvision's classifiers `names`."""
+    if name not in names:
+        close = [n for n in names if n.startswith(name[:4])][:8] or list(names[:8])
+        raise UsageError(f"unknown model {name!r} (--model); pick a torchvision classifier such as {', '.join(close)}")
 
 
 def check_layout(world: int, stages: int, batch: int, microbatches: int) -> None:

@@ -2,6 +2,7 @@
 `smoke`, its dry run), staging the data (`stage`), building the training image (`build`) and scheduling the flow
 (`deploy`)."""
 
+import os
 import shlex
 from datetime import datetime
 from pathlib import Path
@@ -10,12 +11,21 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from flows.cli.common import ConfigOpt, DataOpt, WorkdirOpt, configure, friendly_errors
+from flows.cli.common import (
+    ConfigOpt,
+    DataOpt,
+    WorkdirOpt,
+    check_staging_space,
+    configure,
+    friendly_errors,
+    say,
+)
 from flows.cli.services import holding, prefect_api
 from flows.config import LOCAL_DATA_FREE, ConfigError, FlowConfig, smoke_config
 from flows.dataset import check_data_names, with_data
 from flows.preflight import check_access
-from infra.compute import check_fits
+from infra.compute import backend_of, check_fits
+from infra.compute.base import LocalBackend
 from infra.compute.process import train_here
 from infra.engines import ENGINES
 from infra.engines.contract import SYNTHETIC, TrainingMetrics
@@ -26,6 +36,8 @@ FrameworkOpt = Annotated[
     str | None, typer.Option(help=f"Training framework (training.framework): {', '.join(ENGINES)}.")
 ]
 
+LauncherOpt = Annotated[str | None, typer.Option(help="torchrun or horovodrun (training.launcher).")]
+
 
 @friendly_errors
 def train(
@@ -34,7 +46,7 @@ def train(
     workdir: WorkdirOpt = None,
     workers: Annotated[int | None, typer.Option(help="Training processes.")] = None,
     framework: FrameworkOpt = None,
-    launcher: Annotated[str | None, typer.Option(help="torchrun or horovodrun.")] = None,
+    launcher: LauncherOpt = None,
     out: Annotated[Path | None, typer.Option(help="Results folder; a folder with checkpoints is resumed.")] = None,
     model: Annotated[str | None, typer.Option(help="torchvision model name.")] = None,
     epochs: Annotated[int | None, typer.Option()] = None,
@@ -61,6 +73,7 @@ def train(
         "precision": precision,
     }
     cfg = with_data(configure(config, data, workdir, overrides))
+    warn_if_oversubscribed(cfg.training.workers)
     given = out
     out = (out or cfg.workdir / "results" / datetime.now().strftime("train-%Y%m%d-%H%M%S")).resolve()
     try:
@@ -69,6 +82,18 @@ def train(
         exc.add_note(f"run `{command_line()}`" + ("" if given else f" with --out {shlex.quote(str(out))}"))
         raise
     print_summary(metrics, out)
+
+
+def warn_if_oversubscribed(workers: int) -> None:
+    """One line when more workers are to run on this machine than it has cores: allowed (a test of a larger world
+    on a laptop), but each worker then gets part of a core and the run is slower than with fewer."""
+    cores = len(os.sched_getaffinity(0))
+    if workers > cores:
+        say(
+            f"warning: {workers} workers on {cores} cores oversubscribe this machine (each worker gets part of a "
+            f"core, so the run is no faster than with {cores}); set training.workers (--workers) to {cores} or "
+            "fewer unless that is what you test"
+        )
 
 
 def echo_line(line: str) -> None:
@@ -95,6 +120,7 @@ def stage(config: ConfigOpt = None, data: DataOpt = None, workdir: WorkdirOpt = 
     if cfg.data in LOCAL_DATA_FREE:
         raise ConfigError(f"data: {cfg.data} has nothing to stage; pass --data DIR")
     cfg = with_data(cfg)
+    check_staging_space(cfg)
     with holding(cfg):
         from flows.stage import stage_data
         from infra.storage.transfers import print_summary_table
@@ -112,12 +138,13 @@ def run(
     data: DataOpt = None,
     workdir: WorkdirOpt = None,
     framework: FrameworkOpt = None,
+    launcher: LauncherOpt = None,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print what each step would do or skip; change nothing.")
     ] = False,
 ) -> None:
     """The whole flow: build, stage, pool, train, collect; prints the summary."""
-    run_flow(configure(config, data, workdir, {"framework": framework}), dry_run)
+    run_flow(configure(config, data, workdir, {"framework": framework, "launcher": launcher}), dry_run)
 
 
 @friendly_errors
@@ -135,9 +162,12 @@ def run_flow(cfg: FlowConfig, dry_run: bool) -> None:
     """Plan (dry run) or run the train-flow for `cfg` and print its summary."""
     check_fits(cfg.pool, cfg.training.workers)
     check_budget(cfg)  # the flow checks it too (deployments); here nothing has started yet
+    if isinstance(backend_of(cfg.pool), LocalBackend):  # its workers, in processes or containers, share this machine
+        warn_if_oversubscribed(cfg.training.workers)
     if dry_run:
         return print_plan(cfg)
     cfg = with_data(cfg)
+    check_staging_space(cfg)
     with holding(cfg):
         from flows.train_flow import train_flow
 

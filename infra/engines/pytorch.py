@@ -2,14 +2,15 @@
 
 Its section of the config is made from the trainer's own argument parser (trainer/options.py, see
 infra/engines/options.py): every option is a setting with the trainer's default, choices and help, and the
-trainer's own checks (`check_args`, `check_layout`) validate it, so the two cannot drift apart.
+trainer's own checks (`check_args`, `check_layout`, the model's name) validate it, so the two cannot drift apart.
 """
 
 from argparse import Namespace
 from typing import TYPE_CHECKING, ClassVar, Literal
 
 from infra.engines.options import ParsedSettings, with_options
-from trainer.options import build_parser, check_args, check_layout
+from trainer.errors import UsageError
+from trainer.options import TORCHVISION_MODELS, build_parser, check_args, check_layout, check_model_in
 
 
 class PyTorchSettings(ParsedSettings):
@@ -25,8 +26,33 @@ class PyTorchSettings(ParsedSettings):
         if self.launcher == "horovodrun" and args.backend == "auto":
             args.backend = "horovod"
         check_args(args)
+        check_model_in(args.model, TORCHVISION_MODELS)  # by name only: the trainer's preflight builds it
+        check_image_size(args.model, args.image_size)
         if self.parallel == "pipeline":
             check_layout(self.workers, self.stages, self.batch_size, self.microbatches)
+
+
+# The image sizes some of torchvision's classifiers cannot take, whatever the batch (a forward pass in training mode,
+# torchvision 0.29; tests/unit/infra/engines/test_image_sizes.py keeps them true): refused with the config, before
+# anything starts. The trainer's preflight, a step on a tiny batch, finds any other misfit.
+IMAGE_SIZES: dict[str, tuple[int, int | None]] = {
+    **dict.fromkeys(("vit_b_16", "vit_b_32", "vit_h_14", "vit_l_16", "vit_l_32"), (224, 224)),
+    "maxvit_t": (221, 224),
+    "inception_v3": (299, None),  # its auxiliary classifier, which trains with it
+    "alexnet": (63, None),
+}
+
+
+def check_image_size(model: str, size: int) -> None:
+    """Refuse an image size that the model cannot take (IMAGE_SIZES)."""
+    low, high = IMAGE_SIZES.get(model, (1, None))
+    if low <= size and (high is None or size <= high):
+        return
+    takes = f"{low} px or more" if high is None else f"{high} px" if low == high else f"{low} to {high} px"
+    raise UsageError(
+        f"{model} takes images of {takes}, not --image-size {size}; set --image-size {high or low} or pick another "
+        "--model"
+    )
 
 
 DOC = (

@@ -3,7 +3,8 @@
 Everything a run keeps on this machine lives under the workdir (Azurite's data, the file share and file
 server folders, Prefect's database, runs, pools), so two commands that start services on one workdir (two
 Azurites on one data folder, two uploads of the same shards) would damage each other. A command that starts
-services takes the workdir's lock first; a second one is refused at once, with a line naming the first.
+services takes the workdir's lock first; a second one is refused at once, with a line naming the first. A lock left
+by a command that was killed is taken over, with a line naming that command.
 """
 
 import fcntl
@@ -73,6 +74,9 @@ def workdir_lock(workdir: Path) -> Iterator[None]:
                 f"workdir {workdir} is in use by {holder_line(read_record(lock.read()))}; wait for it "
                 "to end, or pass another --workdir"
             ) from None
+        lock.seek(0)
+        if left := read_record(lock.read()):
+            say_reclaimed(workdir, left)
         lock.truncate(0)
         lock.write(
             json.dumps(
@@ -91,6 +95,27 @@ def workdir_lock(workdir: Path) -> Iterator[None]:
         finally:
             _held.discard(workdir)
             lock.truncate(0)
+
+
+def say_reclaimed(workdir: Path, record: dict) -> None:
+    """One line on stderr for a lock whose holder ended without releasing it (a command that ends, even by an
+    exception or an interrupt, empties the file; one killed, or on a machine that went down, cannot)."""
+    pid = record.get("pid")
+    gone = isinstance(pid, int) and record.get("host") == socket.gethostname() and not pid_alive(pid)
+    how = "which is no longer running" if gone else "which ended without releasing it"
+    sys.stderr.write(f"workdir {workdir} was left locked by {holder_line(record)}, {how} (killed?); reclaimed\n")
+    sys.stderr.flush()
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process `pid` runs on this machine (another user's included)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def read_record(text: str) -> dict:

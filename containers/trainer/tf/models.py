@@ -22,6 +22,7 @@ import numpy as np
 import tf_keras as keras
 
 from trainer.errors import UsageError
+from trainer.tf.options import check_model_name
 
 layers = keras.layers
 
@@ -48,14 +49,6 @@ MODELS = {
     "wide_resnet101_2": ResNet("bottleneck", (3, 4, 23, 3), width=128),
 }
 EXPANSION = {"basic": 1, "bottleneck": 4}  # output channels of a block per `planes`
-
-
-def check_model_name(name: str) -> None:
-    """Fail with the list of known names when `name` is not a model of the TensorFlow trainers."""
-    if name not in MODELS:
-        raise UsageError(
-            f"unknown model {name!r} for the TensorFlow and Keras trainers; pick one of {', '.join(MODELS)}"
-        )
 
 
 def build_model(name: str, num_classes: int, image_size: int, seed: int) -> keras.Model:

@@ -6,12 +6,15 @@ nor torch is imported here: the orchestrator builds the config sections of both 
 
 import argparse
 
+from trainer.errors import UsageError
 from trainer.options import FrameworkHelp, add_common_options, check_common_args
 
+# The models of tf/models.py (torchvision's ResNets, built in Keras), named here so that the orchestrator checks
+# training.model without importing TensorFlow; tests/unit/trainer/test_model_names.py keeps the two equal.
+MODEL_NAMES = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "wide_resnet50_2", "wide_resnet101_2")
 TENSORFLOW_HELP = FrameworkHelp(
     out="results folder: checkpoints, metrics.json, model.keras; resumed if it holds a checkpoint",
-    model="a ResNet: resnet18, resnet34, resnet50, resnet101, resnet152, wide_resnet50_2, wide_resnet101_2 "
-    "(torchvision's architectures, built in Keras)",
+    model=f"a ResNet: {', '.join(MODEL_NAMES)} (torchvision's architectures, built in Keras)",
     loader_workers="images decoded and augmented at once per training process, by tf.data's threads (0: as many as "
     "tf.data finds best)",
     device="auto: a GPU when TensorFlow sees one (cuda: a GPU, as the PyTorch trainer names it)",
@@ -34,5 +37,15 @@ def build_parser(prog: str = "loop.py") -> argparse.ArgumentParser:
 
 
 def check_args(args: argparse.Namespace) -> None:
-    """Reject values that cannot train, naming the option and a valid range."""
+    """Reject values that cannot train, naming the option and a valid range, and a model these trainers lack."""
     check_common_args(args)
+    check_model_name(args.model)
+
+
+def check_model_name(name: str) -> None:
+    """Fail with the list of known names when `name` is not a model of the TensorFlow trainers."""
+    if name not in MODEL_NAMES:
+        raise UsageError(
+            f"unknown model {name!r} (--model) for the TensorFlow and Keras trainers; pick one of "
+            f"{', '.join(MODEL_NAMES)}"
+        )

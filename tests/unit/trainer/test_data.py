@@ -39,7 +39,7 @@ def test_val_labels_follow_train_class_order(tmp_path):
         ({"train/a/x.png": "img", "train/a/notes.txt": "text"}, "notes.txt is not an image file"),
         (
             {"train/a/x.png": "img", "train/b/y.png": "img", "val/zebra/y.png": "img"},
-            "class folders that train/ lacks: zebra",
+            "class folder that train/ lacks: zebra",
         ),
         ({"train/a/x.png": "img", "train/b/y.png": "img", "val/": None}, "val has no class folders"),
         ({"train/a/x.png": "img", "train/b/y.png": "img", "val": "text"}, "val has no class folders"),
