@@ -2,10 +2,13 @@
 
 import os
 import platform
+import shlex
 import shutil
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
 import psutil
@@ -112,7 +115,16 @@ def log_quietly(line: str) -> None:
 
 
 def write_json(result: dict, json_out: Path | None) -> None:
-    """The figures as JSON, with the machine they were measured on, when asked for; written whole (a bench that
-    writes it after every run and is stopped leaves the last whole file)."""
+    """The figures as JSON, with the machine they were measured on and the record of when and how (what
+    benchmarks/report.py makes a dated report of), when asked for; written whole (a bench that writes it after every
+    run and is stopped leaves the last whole file)."""
     if json_out:
-        keep_json(json_out, {**result, "machine": machine()}, indent=2)
+        keep_json(json_out, {**result, "machine": machine(), "measured": how_measured(sys.argv[1:])}, indent=2)
+
+
+def how_measured(args: list[str]) -> dict:
+    """The "measured" entry of a bench's JSON: today's date (UTC), the command as typed, a title, and the bench's
+    name for a single bench (`bench all` keeps its figures under "benches")."""
+    bench = args[1] if args[:1] == ["bench"] and len(args) > 1 else "bench"
+    entry = {"date": f"{datetime.now(UTC):%Y-%m-%d}", "command": shlex.join(["trainflow", *args])}
+    return entry | {"title": f"trainflow bench {bench}"} | ({} if bench == "all" else {"bench": bench})

@@ -1,9 +1,15 @@
 """The benchmarks' report: one markdown file with, per benchmark, a plot (an SVG beside it), a table of every figure as
 median (min-max) and the ratios the benchmark computes within its rounds, from the benchmarks' own JSON.
 
-`trainflow bench all` writes it after running them; `trainflow bench report` writes it from JSON files made earlier.
+`trainflow bench all` writes it after running them. The committed measurements are dated reports: each JSON in
+docs/benchmarks/ says when, how and on what it was measured (its "measured" entry beside "machine"), and
+`python -m benchmarks.report` writes one page per JSON beside it and the index of them all
+(tests/unit/benchmarks/test_dated_reports.py fails when the committed pages differ from what it writes).
 """
 
+import json
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,9 +65,10 @@ def training_chart(r: dict) -> Chart:
         ("one process alone", r["alone_images_per_sec"]),
         ("two independent processes", r["independent_2x1_images_per_sec"]),
     ]
+    ceiling = r.get("of_the_ceiling", {})  # measurements before 2026-11-25 did not compute it
     ratios = [
-        f"scaling efficiency at 2 workers, {b}: {shown(f, '.2f')}, {shown(r['of_the_ceiling'][b], '.2f')} of the "
-        "machine's ceiling"
+        f"scaling efficiency at 2 workers, {b}: {shown(f, '.2f')}"
+        + (f", {shown(ceiling[b], '.2f')} of the machine's ceiling" if b in ceiling else "")
         for b, f in r["scaling_efficiency"].items()
     ]
     steps = [
@@ -70,26 +77,51 @@ def training_chart(r: dict) -> Chart:
         f"communication {shown(ms['communication_ms'], '.0f')} ms"
         for b, ms in r["per_step_ms"].items()
     ]
+    against = [
+        f"{b} scaling efficiency minus PyTorch's, within each round: {shown(f, '+.2f')}"
+        for b, f in r.get("against_pytorch", {}).items()
+    ]
     return Chart(
         f"synthetic training: {s['model']}, {s['image_size']} px, batch {s['batch_size']} per worker",
         "steady images/s (higher is better)",
         bars,
-        ratios + [f"the machine's ceiling: {shown(r['machine_ceiling_efficiency'], '.2f')}"] + steps,
+        ratios + against + [f"the machine's ceiling: {shown(r['machine_ceiling_efficiency'], '.2f')}"] + steps,
+    )
+
+
+def runs_chart(title: str, r: dict, name: str, ratio: Callable[[dict], str]) -> Chart:
+    """Steady images/s of each run, named by its `name`; `ratio`'s line for each run after the first (the baseline)."""
+    runs = r["runs"]
+    return Chart(
+        title,
+        "steady images/s (higher is better)",
+        [(run[name], run["images_per_sec"]) for run in runs],
+        [ratio(run) for run in runs[1:]],
+    )
+
+
+def frameworks_chart(r: dict) -> Chart:
+    """Steady images/s of each framework's trainer, one process each; each one's ratio to PyTorch's."""
+    s = r["settings"]
+    return runs_chart(
+        f"each framework's trainer, one process: {s['model']}, {s['image_size']} px, batch {s['batch_size']}",
+        r,
+        "framework",
+        lambda run: f"{run['framework']} against PyTorch, within each round: {shown(run['vs_pytorch'], '.2f')}x",
     )
 
 
 def parallel_chart(r: dict) -> Chart:
     """Steady images/s of every layout; each one's memory against the data-parallel worker's."""
     s = r["settings"]
-    return Chart(
+    return runs_chart(
         f"data-parallel against pipelines: {s['model']}, {s['image_size']} px, global batch {s['global_batch']}",
-        "steady images/s (higher is better)",
-        [(run["run"], run["images_per_sec"]) for run in r["runs"]],
-        [
+        r,
+        "run",
+        lambda run: (
             f"{run['run']}: {run['vs_data_parallel']:.2f}x the images/s, largest rank's training memory "
             f"{run['training_memory_vs_data_parallel']:.2f} of a data-parallel worker's"
-            for run in r["runs"][1:]
-        ],
+        ),
     )
 
 
@@ -171,6 +203,9 @@ CHARTS = {
     "images": images_chart,
     "scale": scale_chart,
 }
+"""The charts of the benchmarks `trainflow bench all` runs."""
+ALL_CHARTS = {**CHARTS, "frameworks": frameworks_chart}
+"""And of those that run only alone (`trainflow bench frameworks`)."""
 
 
 def draw(chart: Chart, path: Path) -> None:
@@ -186,7 +221,8 @@ def draw(chart: Chart, path: Path) -> None:
     ax.set_xlabel(f"{chart.unit}\nbar: median; whisker: min to max", fontsize=9)
     ax.set_title(chart.title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, format="svg")
+    with plt.rc_context({"svg.hashsalt": "trainflow"}):  # the same figures give the same file: no random ids, no date
+        fig.savefig(path, format="svg", metadata={"Date": None})
     plt.close(fig)
 
 
@@ -201,29 +237,104 @@ def section(name: str, chart: Chart, plot: Path) -> list[str]:
     return lines + [""] + [f"- {ratio}" for ratio in chart.ratios] + [""]
 
 
-def write_report(results: dict[str, dict], report: Path, command: str, machine: dict) -> Path:
+def write_report(
+    results: dict[str, dict], report: Path, command: str, machine: dict, title: str = "trainflow benchmarks"
+) -> Path:
     """The markdown report of `results` (bench name -> its figures), measured on `machine` (benchmarks/common.py),
-    at `report`, each plot an SVG beside it."""
-    unknown = sorted(set(results) - set(CHARTS))
+    at `report`, each plot an SVG beside it; `title` heads it."""
+    unknown = sorted(set(results) - set(ALL_CHARTS))
     if unknown:
-        raise ConfigError(f"no chart for benchmark {unknown[0]}: report one of {', '.join(CHARTS)}")
-    lines = [
-        "# trainflow benchmarks",
-        "",
-        f"`{command}`",
-        "",
-        f"Machine: {machine['cores']} cores, {machine['memory_gb']} GB, {machine['platform']}, "
-        f"Python {machine['python']}; versions: "
-        + ", ".join(f"{k} {v}" for k, v in sorted(machine["versions"].items())),
-        "",
+        raise ConfigError(f"no chart for benchmark {unknown[0]}: report one of {', '.join(ALL_CHARTS)}")
+    lines = [f"# {title}", "", f"`{command}`", "", machine_line(machine), ""]
+    lines += [
         "Every figure is the median (min-max) of the benchmark's repetitions unless it says once; ratios are "
         "computed within each round.",
         "",
     ]
     for name, result in results.items():
-        chart = CHARTS[name](result)
+        chart = ALL_CHARTS[name](result)
         plot = report.with_name(f"{report.stem}-{name}.svg")
         draw(chart, plot)
         lines += section(name, chart, plot)
     report.write_text("\n".join(lines))
     return report
+
+
+def machine_line(machine: dict) -> str:
+    """Cores, memory, platform, Python and the versions that matter, on one line."""
+    return (
+        f"Machine: {machine['cores']} cores, {machine['memory_gb']} GB, {machine['platform']}, "
+        f"Python {machine['python']}; versions: "
+        + ", ".join(f"{k} {v}" for k, v in sorted(machine["versions"].items()))
+    )
+
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "benchmarks"
+
+
+def measured(data: dict, path: Path) -> dict:
+    """A measurement's record of itself: date, bench (a single bench's JSON), command, title and notes."""
+    entry = data.get("measured")
+    if not entry or not {"date", "command", "title"} <= set(entry):
+        raise ConfigError(
+            f'{path} says nothing of when and how it was measured: add "measured": {{"date": "YYYY-MM-DD", '
+            f'"command": ..., "title": ...}} (and "bench" for one bench\'s JSON) beside its "machine"'
+        )
+    return entry
+
+
+def results_of(data: dict, entry: dict) -> dict[str, dict]:
+    """bench name -> figures: `bench all` keeps them under "benches"; a single bench's JSON is its figures."""
+    if "benches" in data:
+        return data["benches"]
+    return {entry["bench"]: {k: v for k, v in data.items() if k not in ("machine", "measured")}}
+
+
+def dated_report(path: Path) -> Path:
+    """The dated page of the measurement JSON at `path`: beside it, named after it, with its plots."""
+    data = json.loads(path.read_text())
+    entry = measured(data, path)
+    report = write_report(
+        results_of(data, entry), path.with_suffix(".md"), entry["command"], data["machine"], dated_title(entry)
+    )
+    notes = [f"- {note}" for note in entry.get("notes", [])]
+    raw = f"The figures, every round of them: [{path.name}]({path.name})."
+    head, body = report.read_text().split("\nEvery figure is", 1)
+    report.write_text("\n".join([head, *notes, *([""] if notes else []), raw, "", "Every figure is" + body]))
+    return report
+
+
+def dated_title(entry: dict) -> str:
+    return f"{entry['date']}: {entry['title']}"
+
+
+def write_index(folder: Path, entries: list[tuple[Path, dict]]) -> Path:
+    """docs/benchmarks/index.md: every dated report, the newest first."""
+    lines = [
+        "# Benchmark reports",
+        "",
+        "One page per measurement, made from its JSON by `python -m benchmarks.report` (command, machine, versions, "
+        "every figure with its spread, a plot per benchmark). How each benchmark works and what its figures mean: "
+        "the guides (staging, GPUs and loaders, frameworks, pipeline parallelism). Figures measured before their "
+        "JSON was kept are in those guides, each with its date and command.",
+        "",
+        "| date | measurement | command |",
+        "|---|---|---|",
+    ]
+    for path, entry in sorted(entries, key=lambda e: (e[1]["date"], e[0].name), reverse=True):
+        lines.append(f"| {entry['date']} | [{entry['title']}]({path.with_suffix('.md').name}) | `{entry['command']}` |")
+    index = folder / "index.md"
+    index.write_text("\n".join(lines) + "\n")
+    return index
+
+
+def write_reports(folder: Path = DOCS) -> list[Path]:
+    """A dated page for every measurement JSON in `folder`, and the index; the pages written."""
+    entries = [(path, measured(json.loads(path.read_text()), path)) for path in sorted(folder.glob("*.json"))]
+    pages = [dated_report(path) for path, _ in entries]
+    return [*pages, write_index(folder, entries)]
+
+
+if __name__ == "__main__":
+    for page in write_reports(Path(sys.argv[1]) if len(sys.argv) > 1 else DOCS):
+        print(page)

@@ -1,6 +1,6 @@
 """The house rules that hold across modules: the import contracts (pyproject.toml's [tool.importlinter], checked by
 import-linter: the layers, the trainer standing apart), one error hierarchy with one retry and one exit-code rule,
-every command reading its config one way, each backend refusing what it cannot run, the README's commands, and
+every command reading its config one way, each backend refusing what it cannot run, the documented commands, and
 the test suite's own groups."""
 
 import importlib
@@ -75,14 +75,14 @@ def command_paths(group, prefix: str = "trainflow") -> list[str]:
     return paths
 
 
-def test_the_readme_lists_every_command():
-    """The README's table of commands has a row for each command the CLI has, and none it lacks."""
+def test_the_table_of_commands_lists_every_command():
+    """The table of commands (docs/getting-started.md) has a row for each command the CLI has, and none it lacks."""
     import typer
 
     from flows.cli import app
 
-    readme = (REPO / "README.md").read_text()
-    listed = set(re.findall(r"^\| `(trainflow [a-z -]+?)(?: \[|`)", readme, re.MULTILINE))
+    page = (REPO / "docs" / "getting-started.md").read_text()
+    listed = set(re.findall(r"^\| `(trainflow [a-z -]+?)(?: \[|`)", page, re.MULTILINE))
     assert listed == set(command_paths(typer.main.get_command(app)))
 
 

@@ -1,9 +1,9 @@
 """The retry policy (tasks/retry.py over infra/core/errors.py's rule): which errors each step retries, and how often.
 
-The rule is checked on real Prefect states, each step's retries and delays against the README's table, and
-Prefect's own engine against a server: a transient error is retried up to the step's limit, a permanent one
-never. `task_runs` (each task run of a flow run, read from the Prefect API) is what the flow tests count
-attempts with."""
+The rule is checked on real Prefect states, each step's retries and delays against the steps table of
+docs/getting-started.md, and Prefect's own engine against a server: a transient error is retried up to the step's
+limit, a permanent one never. `task_runs` (each task run of a flow run, read from the Prefect API) is what the
+flow tests count attempts with."""
 
 import re
 
@@ -27,8 +27,8 @@ from tasks.upload_scripts import upload_scripts_task
 from tests.fakes.paths import REPO
 from tests.fakes.prefect import task_runs
 
-README = REPO / "README.md"
-# The steps of train-flow, by the name the README's table and the Prefect UI give them.
+STEPS_PAGE = REPO / "docs" / "getting-started.md"
+# The steps of train-flow, by the name the steps table and the Prefect UI give them.
 STEPS: dict[str, Task] = {
     t.name: t
     for t in (
@@ -82,9 +82,9 @@ def test_a_state_without_an_exception_is_retried():
     assert unless_permanent(None, None, Completed(data=BadInput)) is True  # a class, not an error that happened
 
 
-def readme_retries() -> dict[str, tuple[int, list[int] | None]]:
-    """The README's table of steps: task name -> (retries, delays in seconds, or None where it gives none)."""
-    text = README.read_text()
+def documented_retries() -> dict[str, tuple[int, list[int] | None]]:
+    """The steps table of getting-started: task name -> (retries, delays in seconds, or None where it gives none)."""
+    text = STEPS_PAGE.read_text()
     table = text[text.index("| step | task | retries | skipped when |") :].split("\n\n", 1)[0]
     rows = {}
     for line in table.splitlines()[2:]:
@@ -94,8 +94,8 @@ def readme_retries() -> dict[str, tuple[int, list[int] | None]]:
     return rows
 
 
-def test_every_step_retries_as_often_and_as_late_as_the_readme_says():
-    table = readme_retries()
+def test_every_step_retries_as_often_and_as_late_as_the_steps_table_says():
+    table = documented_retries()
     assert set(table) == set(STEPS)
     for name, (retries, delays) in table.items():
         step = STEPS[name]
@@ -110,7 +110,7 @@ def test_every_step_retries_as_often_and_as_late_as_the_readme_says():
 
 
 def test_the_sync_job_on_the_pool_is_retried_once_after_10_seconds():
-    """README (steps table): where only the pool reaches the file server, the sync is a job on the pool, retried once
+    """The steps table: where only the pool reaches the file server, the sync is a job on the pool, retried once
     after 10 s (each attempt is a whole job), unless its error is permanent."""
     assert sync_on_pool_task.name == sync_to_file_server_task.name == "sync-to-file-server"
     assert (sync_on_pool_task.retries, sync_on_pool_task.retry_delay_seconds, sync_on_pool_task.retry_condition_fn) == (
@@ -121,7 +121,8 @@ def test_the_sync_job_on_the_pool_is_retried_once_after_10_seconds():
 
 
 def test_staging_steps_retry_after_2_10_and_30_seconds():
-    """README (Blob storage): 'Prefect retries a step (3 times, after 2, 10 and 30 s) unless the error is permanent'."""
+    """docs/guides/staging.md: 'Prefect retries a step (3 times, after 2, 10 and 30 s) unless the error is
+    permanent'."""
     for step in (upload_scripts_task, upload_dataset_task, sync_to_file_server_task, collect_results_task):
         assert (step.retries, step.retry_delay_seconds, step.retry_condition_fn) == (3, [2, 10, 30], unless_permanent)
 
