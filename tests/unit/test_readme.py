@@ -1,0 +1,42 @@
+"""The README's claims that the code can check: short (the docs hold the rest), few dates, every link resolving,
+every YAML example (the README's and the docs' pages) a config trainflow accepts."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from flows.config import load_config
+from tests.fakes.paths import REPO
+
+README = REPO / "README.md"
+PAGES = [README, *sorted((REPO / "docs").rglob("*.md"))]
+YAML_BLOCK = re.compile(r"```yaml\n(.*?)```", re.S)
+
+
+def test_the_readme_is_short_with_at_most_three_dates():
+    text = README.read_text()
+    assert len(text.splitlines()) <= 200
+    assert len(re.findall(r"\b20\d\d-\d\d-\d\d\b", text)) <= 3
+
+
+def test_every_link_of_the_readme_resolves():
+    targets = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", README.read_text())
+    assert targets, "the README links into the docs"
+    missing = [t for t in targets if not t.startswith("http") and not (REPO / t).exists()]
+    assert not missing, missing
+
+
+def yaml_examples() -> list[tuple[str, str]]:
+    return [
+        (f"{page.relative_to(REPO)}#{n}", block)
+        for page in PAGES
+        for n, block in enumerate(YAML_BLOCK.findall(page.read_text()))
+    ]
+
+
+@pytest.mark.parametrize(("where", "block"), yaml_examples(), ids=[where for where, _ in yaml_examples()])
+def test_every_yaml_example_is_a_config_trainflow_accepts(tmp_path: Path, where, block):
+    path = tmp_path / "example.yaml"
+    path.write_text(block)
+    load_config(path, {}, environ={})  # raises ConfigError, naming the setting, for an example that drifted
