@@ -3,7 +3,8 @@
 Files whose path and SHA-256 are unchanged since the current version are hard-linked from it; only
 the shards that hold missing or changed files are downloaded; each extracted file is checked
 against the manifest; the new version appears (as `current`) only once whole. The decision and the
-versions are trainer/datasets.py's, which the sync job on an Azure ML cluster runs too.
+versions are trainer/datasets.py's, which the sync job on an Azure ML cluster runs too. A disk too small for the
+files to extract is refused before the first (fill_version); one that fills meanwhile ends the step in one line.
 """
 
 import tempfile
@@ -17,6 +18,7 @@ from prefect.cache_policies import NO_CACHE
 
 from infra.compute import Pool, RunPaths, run_job
 from infra.compute.base import Job
+from infra.core.diskspace import writing
 from infra.core.errors import BadInput
 from infra.data import manifest as mf
 from infra.storage.blobstore import BlobStore, StorageConfig, StorageError, open_store
@@ -37,7 +39,8 @@ def staged_manifest(store: BlobStore, name: str, workdir: Path) -> Iterator[Mani
         )
     (workdir / "tmp").mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=workdir / "tmp") as tmp:
-        store.download_to(mf.manifest_blob(name), Path(tmp) / "manifest.jsonl")
+        with writing(Path(tmp) / "manifest.jsonl", partial=Path(tmp) / "manifest.jsonl"):
+            store.download_to(mf.manifest_blob(name), Path(tmp) / "manifest.jsonl")
         with Manifest.load(Path(tmp) / "manifest.jsonl", Path(tmp) / "manifest.db") as manifest:
             yield manifest
 
@@ -87,7 +90,8 @@ def shard_fetcher(store: BlobStore, name: str, dest: Path, workdir: Path, advanc
 
     def fetch(sid: str, wanted: Iterator[mf.FileEntry]) -> None:
         with tempfile.TemporaryDirectory(dir=workdir / "tmp") as tmp:
-            store.download_to(mf.shard_blob(name, sid), Path(tmp) / "shard.tar")
+            with writing(Path(tmp) / "shard.tar", partial=Path(tmp) / "shard.tar"):
+                store.download_to(mf.shard_blob(name, sid), Path(tmp) / "shard.tar")
             try:
                 advance(*mf.extract_members(Path(tmp) / "shard.tar", wanted, dest))
             except ValueError as exc:  # a damaged download: the step's retry fetches it again

@@ -2,6 +2,7 @@
 test server, a Docker engine, a registry with authentication, the CPU training images of PyTorch and TensorFlow); and
 how the suite shares its tests among pytest-xdist's workers (tests/fakes/xdist_groups.py)."""
 
+import os
 import secrets
 import shutil
 import tempfile
@@ -48,6 +49,23 @@ def pytest_collection_modifyitems(config, items) -> None:
     for item in items:
         if set(IMAGES) & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+
+
+SUITE_TMP_GIB = 5  # what a full run writes under the temp folder at its peak (the header below says it too)
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Refuse, in one line, a session whose temp folder has less free than the suite writes there: out of space,
+    tests fail in confusing places. TRAINFLOW_TEST_FREE_GIB sets the figure (0 skips the check)."""
+    need = float(os.environ.get("TRAINFLOW_TEST_FREE_GIB", SUITE_TMP_GIB))
+    folder = tempfile.gettempdir()
+    free = shutil.disk_usage(folder).free / 2**30
+    if free < need:
+        pytest.exit(
+            f"error: {folder} has {free:.1f} GiB free and the test suite writes up to {need:g} GiB there; free space "
+            "or point TMPDIR at a bigger disk (TRAINFLOW_TEST_FREE_GIB=N for a smaller selection)",
+            returncode=1,
+        )
 
 
 def pytest_report_header(config) -> str:

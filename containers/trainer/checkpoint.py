@@ -6,24 +6,35 @@ and its optimizer state under the single-device optimizer's indices, so load_che
 single-device model's checkpoint.
 
 torch is imported only by the functions that write or read torch files: the TensorFlow trainers (trainer/tf) use
-write_atomic and save_json in an image without torch."""
+write_atomic and save_json in an image without torch.
+
+A disk too full for a file ends the run in one line (trainer/errors.py's DiskFull) before the write starts where
+the size is known (a checkpoint's tensors), else when the disk fills; either way the temporary file goes and the
+files written before stay whole, so the next run resumes from the newest checkpoint."""
 
 import json
 import os
 import re
 from pathlib import Path
 
+from trainer.errors import check_free, writing
+
 CHECKPOINT = re.compile(r"step-(\d{9})\.pt$")
+FIX = "free space there, or pass an --out on a bigger disk; a re-run resumes from the newest checkpoint"
 
 
-def write_atomic(path: Path, write) -> Path:
-    """Call write(tmp_path), then rename the temporary file over `path`."""
+def write_atomic(path: Path, write, need: int | None = None) -> Path:
+    """Call write(tmp_path), then rename the temporary file over `path`; `need`, the bytes it will take when known,
+    is checked against the free space first."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    write(tmp)
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())  # the data is on disk before the name points at it
-    os.replace(tmp, path)
+    if need:
+        check_free(path, need, FIX)
+    with writing(path, need, tmp, FIX):
+        write(tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())  # the data is on disk before the name points at it
+        os.replace(tmp, path)
     return path
 
 
@@ -33,10 +44,27 @@ def save_json(path: Path, obj) -> Path:
 
 
 def save_torch(path: Path, obj) -> Path:
-    """torch.save atomically."""
+    """torch.save atomically, the tensors' bytes checked against the free space first."""
     import torch
 
-    return write_atomic(path, lambda p: torch.save(obj, p))
+    def save(tmp: Path) -> None:
+        with open(tmp, "wb") as f:  # to a file, not a path: torch's own writer hides ENOSPC in a RuntimeError
+            torch.save(obj, f)
+
+    return write_atomic(path, save, tensor_bytes(obj))
+
+
+def tensor_bytes(obj) -> int:
+    """The bytes of the tensors in a (nested) state dict: about what torch.save writes."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(tensor_bytes(v) for v in obj)
+    return 0
 
 
 def save_checkpoint(folder: Path, state: dict, step: int, keep: int = 3) -> Path:

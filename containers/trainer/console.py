@@ -10,7 +10,7 @@ from argparse import Namespace
 from collections.abc import Callable
 
 from trainer import tracking
-from trainer.errors import UsageError
+from trainer.errors import DiskFull, UsageError
 from trainer.tracking import Tracker
 
 log = logging.getLogger("trainer")
@@ -36,6 +36,9 @@ def run_main(
         log.error("error: %s", one_line(exc))
         refused()
         return 2
+    except DiskFull as exc:  # a fault, not bad input: the newest checkpoint is whole, a re-run resumes from it
+        log.error("error: %s", exc)
+        return 1
     except Exception as exc:
         log.exception("error: unexpected %s: %s", type(exc).__name__, exc)
         return 1

@@ -19,7 +19,6 @@ the export makes the ranks of one node wait for the first one's fetch instead of
 """
 
 import argparse
-import errno
 import fcntl
 import hashlib
 import itertools
@@ -40,6 +39,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script on a node: make the `trainer` package importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from trainer.errors import DiskFull, check_free, writing
 from trainer.layout import write_verified
 
 FORMAT = 2
@@ -47,6 +47,7 @@ MANIFEST = ".manifest.jsonl"  # a complete version's copy of its manifest, on th
 MANIFEST_FILE = "manifest.jsonl"  # the staged manifest, in the data set's folder
 BAD_INPUT = "error: "  # how this command's bad-input lines begin
 ROWS_PER_BATCH = 10_000  # rows moved between the manifest file and its index at a time
+FILESERVER_FIX = "free space there, or export the file server from a bigger disk (fileserver_export, or --workdir)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +89,7 @@ class Manifest:
     """
 
     def __init__(self, db: Path | str, header: dict | None = None):
+        self.path = Path(db)  # where a full disk is met (":memory:" holds it in memory)
         self.db = sqlite3.connect(db, check_same_thread=False, isolation_level=None)
         self.db.executescript(
             "PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF; PRAGMA temp_store=FILE;"
@@ -106,7 +108,8 @@ class Manifest:
             found = header.get("format") if isinstance(header, dict) else None
             raise ValueError(f"manifest format {found} is not {FORMAT}")
         manifest = cls(db, header)
-        manifest.insert(json.loads(line) for line in lines if line.strip())
+        with writing(manifest.path):
+            manifest.insert(json.loads(line) for line in lines if line.strip())
         return manifest
 
     @classmethod
@@ -154,7 +157,7 @@ class Manifest:
     def write(self, path: Path) -> Path:
         """Write the manifest to a file, whole or not at all."""
         tmp = path.with_name(f".{path.name}.partial")
-        with open(tmp, "wb") as f:
+        with writing(path, partial=tmp), open(tmp, "wb") as f:
             f.writelines(manifest_lines(self.header, self.rows()))
         os.replace(tmp, path)
         return path
@@ -357,6 +360,13 @@ class SyncPlan:
     def needed_bytes(self) -> int:
         return self.manifest.header["bytes"] - self.reused_bytes()
 
+    def disk_bytes(self, block: int) -> int:
+        """What the files to extract take on a disk of `block`-byte blocks (each file rounds up to whole blocks)."""
+        return self.manifest.query(
+            "SELECT coalesce(sum((size + ? - 1) / ? * ?), 0) FROM files WHERE path NOT IN (SELECT path FROM reuse)",
+            (block, block, block),
+        )[0][0]
+
 
 def decide_sync(server: FileServer, name: str, manifest: Manifest) -> SyncPlan:
     """The sync's decision for `manifest`: the orchestrator's step, its dry run and the node-side fetch share it.
@@ -364,6 +374,12 @@ def decide_sync(server: FileServer, name: str, manifest: Manifest) -> SyncPlan:
     database, a batch of the current version's rows at a time."""
     if server.is_complete(name, manifest.version):
         return SyncPlan(manifest, True, 0, {})
+    with writing(manifest.path):
+        return compare_versions(server, name, manifest)
+
+
+def compare_versions(server: FileServer, name: str, manifest: Manifest) -> SyncPlan:
+    """decide_sync's comparison with the current version, in the manifest's database."""
     db = manifest.db
     with manifest.lock:
         db.executescript(
@@ -406,7 +422,9 @@ def link_unchanged(plan: SyncPlan, dest: Path) -> None:
 
 def fill_version(plan: SyncPlan, dest: Path, extract: Callable[[str, Iterator[FileEntry]], None], threads: int) -> None:
     """Fill `dest` with the plan's version: reused files linked, each needed shard's files extracted by
-    `extract(shard, wanted)`, `threads` shards at a time; then check that every file is there."""
+    `extract(shard, wanted)`, `threads` shards at a time; then check that every file is there. A disk with less
+    free than the files will take is refused before the first is written."""
+    check_free(dest.parent, plan.disk_bytes(os.statvfs(dest).f_frsize), FILESERVER_FIX)  # names the data set's folder
     if plan.reused:
         link_unchanged(plan, dest)
     with ThreadPoolExecutor(threads) as pool:  # tarfile and hashing release the GIL while reading
@@ -465,10 +483,13 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     try:
-        print(f"fetched {args.dataset}: {fetch(args.source, args.export, args.dataset).resolve()}", flush=True)
+        with writing(args.export, fix=FILESERVER_FIX):
+            print(f"fetched {args.dataset}: {fetch(args.source, args.export, args.dataset).resolve()}", flush=True)
+    except DiskFull as exc:
+        print(f"{BAD_INPUT}{exc}", file=sys.stderr)
+        return 1
     except OSError as exc:
-        full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
-        print(f"{BAD_INPUT}cannot write to {args.export}: {'it is full' if full else exc.strerror}", file=sys.stderr)
+        print(f"{BAD_INPUT}cannot write to {args.export}: {exc.strerror}", file=sys.stderr)
         return 1
     return 0
 

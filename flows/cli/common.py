@@ -2,6 +2,7 @@
 line on stderr for the user, and bad input or a failed run ending in that line and an exit code, not a traceback."""
 
 import functools
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -10,9 +11,13 @@ from rich.console import Console
 
 from flows.config import FlowConfig, load_config
 from flows.interrupts import EXIT_INTERRUPTED, interrupted_line, stop_on_interrupt
+from infra.compute import backend_of
+from infra.core.diskspace import DiskFull, check_needs, is_disk_full, prefect_need, unnamed_full_disk
 from infra.core.errors import exit_code
 from infra.core.redact import redact
+from infra.data.manifest import staging_needs
 from infra.runs.workdir import check_workdir, command_line
+from infra.storage.fileserver import FileServer
 
 err = Console(stderr=True, highlight=False)
 
@@ -24,8 +29,9 @@ WorkdirOpt = Annotated[Path | None, typer.Option("--workdir", help="Root of all 
 
 
 def friendly_errors(command):
-    """Bad input and failed runs end in one line on stderr and a non-zero exit, not a traceback; an interrupt
-    stops what the command started and ends in one line saying how to resume (flows/interrupts.py)."""
+    """Bad input and failed runs end in one line on stderr and a non-zero exit, not a traceback (a full disk that no
+    writer named too: the last net); an interrupt stops what the command started and ends in one line saying how
+    to resume (flows/interrupts.py)."""
 
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
@@ -39,7 +45,8 @@ def friendly_errors(command):
                 code = exit_code(exc)
                 if code is None:
                     raise
-                say(f"error: {exc}")
+                unnamed = is_disk_full(exc) and not isinstance(exc, DiskFull)
+                say(f"error: {unnamed_full_disk(exc) if unnamed else exc}")
                 raise typer.Exit(code) from None
 
     return wrapper
@@ -67,3 +74,19 @@ def configure(
         digits_defaults=digits_defaults,
     )
     return cfg.model_copy(update={"workdir": check_workdir(cfg.workdir).resolve()})
+
+
+def check_staging_space(cfg: FlowConfig) -> None:
+    """Refuse, before anything starts, a staging of cfg's data folder that the disks under it cannot hold: its
+    index, its shards while packed, Azurite's copy (the local default), the file server's copy when this
+    machine syncs it (infra/data/manifest.py's staging_needs) and Prefect's database when the command starts it."""
+    data = Path(cfg.data or "")
+    if not cfg.data or not data.is_dir():
+        return
+    azurite = cfg.workdir / "azurite" if cfg.storage.backend == "azurite" else None
+    here = backend_of(cfg.pool).sync_where(cfg.pool) == "here"
+    current = FileServer(cfg.export_dir()).current(cfg.dataset_name()) if here else None
+    needs = staging_needs(data, cfg.workdir / "cache", cfg.workdir / "tmp", azurite, current)
+    if not os.environ.get("PREFECT_API_URL"):  # the command starts Prefect's server (flows/cli/services.py)
+        needs.append(prefect_need(Path(os.environ.get("PREFECT_HOME") or cfg.workdir / "prefect")))
+    check_needs(needs, f"staging {cfg.dataset_name()}")

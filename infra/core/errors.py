@@ -1,15 +1,18 @@
 """The one hierarchy of errors trainflow reports, and its two rules.
 
 - Retry: a step is retried unless its error is `permanent` (the same attempt would meet it again: bad
-  input, refused credentials, a full disk, a job past its time limit). Other errors are transient.
+  input, refused credentials, a full disk, a job past its time limit). Other errors are transient. A full disk
+  is recognised in one place (trainer/errors.py `is_disk_full`; a writer names it as `DiskFull`).
 - Exit code: `BadInput` (the user must change a setting, an option or the data) exits 2; every other
   `TrainflowError`, and an Azure SDK error that reaches the command line, exits 1 with one line; anything
-  else is a bug and shows its traceback.
+  else is a bug and shows its traceback, but a full disk (one no writer named is still a fault, not a bug).
 
 Each system's errors derive from these (StorageError, ImageError, PoolError, ...), next to the system.
 """
 
 from azure.core.exceptions import AzureError
+
+from trainer.errors import is_disk_full
 
 
 class TrainflowError(Exception):
@@ -38,7 +41,7 @@ def first_line(exc: BaseException) -> str:
 
 def is_permanent(exc: BaseException) -> bool:
     """The retry rule: retry unless the error says the same attempt would meet it again."""
-    return isinstance(exc, TrainflowError) and exc.permanent
+    return (isinstance(exc, TrainflowError) and exc.permanent) or is_disk_full(exc)
 
 
 def exit_code(exc: BaseException) -> int | None:
@@ -47,4 +50,4 @@ def exit_code(exc: BaseException) -> int | None:
     cannot be created)."""
     if isinstance(exc, TrainflowError):
         return exc.exit_code
-    return 1 if isinstance(exc, AzureError) else None
+    return 1 if isinstance(exc, AzureError) or is_disk_full(exc) else None

@@ -10,6 +10,10 @@ server's versions and the checked extraction live in trainer/datasets.py, which 
 Nothing here holds the data set's file list in memory (ImageNet has 1.33 million files): a scan writes one
 row per file to a SQLite index (`Index`), a batch at a time, taking each unchanged file's SHA-256 and image
 check from the previous scan's index (same size and mtime), and the manifest and shards are read back from it.
+
+A full disk ends each writer here in one line (infra/core/diskspace.py) with its partial file gone and the previous
+complete one kept: the index replaces the cache only once whole, and a cache it cannot finish is dropped.
+`staging_needs` is what staging will write where, checked before anything starts.
 """
 
 import hashlib
@@ -27,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
+from infra.core.diskspace import Need, check_needs, existing, writing
 from infra.core.errors import BadInput, TrainflowError
 from trainer.datasets import (  # those marked F401 are re-exported: the orchestrator's manifest names are here
     FORMAT,  # noqa: F401 - re-exported: the format the orchestrator's steps use
@@ -227,8 +232,9 @@ class Index:
         shards: dict[int, hashlib._Hash] = {}  # a local annotation: never evaluated, _Hash is typeshed's
         version = hashlib.sha256()
         self.db.create_function("bucket_of", 2, bucket_of, deterministic=True)
-        self.db.execute("UPDATE files SET bucket = bucket_of(path, ?)", (count,))
-        self.db.execute("CREATE INDEX IF NOT EXISTS by_bucket ON files (bucket, path)")
+        with writing(self.path, partial=self.path):  # half-updated (no journal), the cache would mislead the next run
+            self.db.execute("UPDATE files SET bucket = bucket_of(path, ?)", (count,))
+            self.db.execute("CREATE INDEX IF NOT EXISTS by_bucket ON files (bucket, path)")
         for path, sha, bucket in self.rows("SELECT path, sha256, bucket FROM files ORDER BY path"):
             line = f"{path}\0{sha}\n".encode()
             shards.setdefault(bucket, hashlib.sha256()).update(line)
@@ -284,9 +290,11 @@ def scanned(data_dir: Path, cache: Path, check, keep: bool, progress=lambda n: N
     with tempfile.TemporaryDirectory(prefix=".index-", dir=cache.parent if keep else None) as tmp:
         index = Index(Path(tmp) / cache.name)
         try:
-            fresh = index.scan(data_dir, cache, check, progress)
+            with writing(cache if keep else index.path, partial=index.path):
+                fresh = index.scan(data_dir, cache, check, progress)
             if keep:  # the hashes and checks are kept even if the caller then fails (on bad images, say)
                 os.replace(index.path, cache)
+                index.path = cache
             yield index, fresh
         finally:
             index.close()
@@ -295,7 +303,7 @@ def scanned(data_dir: Path, cache: Path, check, keep: bool, progress=lambda n: N
 def write_manifest(index: Index, header: dict, path: Path) -> Path:
     """The manifest file of an index whose shards are planned."""
     tmp = path.with_name(f".{path.name}.partial")
-    with open(tmp, "wb") as f:
+    with writing(path, partial=tmp), open(tmp, "wb") as f:
         f.writelines(manifest_lines(header, index.manifest_rows()))
     os.replace(tmp, path)
     return path
@@ -305,8 +313,8 @@ def write_shard(root: Path, files: Iterable[FileEntry], dest: Path) -> int:
     """A reproducible tar of `files` (sorted, zeroed owner and times); returns its size.
 
     Each file is checked against its entry as it is packed: one that changed since it was hashed
-    would otherwise reach the file server as a mismatch."""
-    with tarfile.open(dest, "w", format=tarfile.PAX_FORMAT) as tar:
+    would otherwise reach the file server as a mismatch. A full disk removes the partial tar."""
+    with writing(dest, partial=dest), tarfile.open(dest, "w", format=tarfile.PAX_FORMAT) as tar:
         for entry in files:
             data = (root / entry.path).read_bytes()
             if len(data) != entry.size or hashlib.sha256(data).hexdigest() != entry.sha256:
@@ -321,3 +329,45 @@ def write_shard(root: Path, files: Iterable[FileEntry], dest: Path) -> int:
 
 class ChangedWhileStaging(TrainflowError):
     """A source file changed between hashing and packing (a retry re-hashes it)."""
+
+
+INDEX_ROW = 200  # bytes of the index per file, about (166 measured on the digits set)
+TAR_FILE = 1024  # a tar member's header and padding, at most (PAX headers only for long or non-ASCII names)
+
+
+def tar_bytes(files: int, nbytes: int) -> int:
+    """The size of a shard of `files` files of `nbytes` in all, at most (the 10 kB end included)."""
+    return nbytes + files * TAR_FILE + 10240
+
+
+def check_shard_space(folder: Path, todo: dict[str, tuple[int, int]], concurrency: int) -> None:
+    """Refuse to start packing when `folder` cannot hold the `concurrency` largest shards at once."""
+    largest = sorted((tar_bytes(*counts) for counts in todo.values()), reverse=True)[:concurrency]
+    check_needs([Need(folder, sum(largest), "the shards being packed")], "the shards")
+
+
+def allocated(folder: Path, block: int) -> tuple[int, int, int]:
+    """Files, bytes, and the bytes they take on a disk of `block`-byte blocks (folders included) under `folder`."""
+    files = nbytes = taken = 0
+    for top, _, names in os.walk(folder):
+        taken += block
+        for name in names:
+            size = os.stat(os.path.join(top, name)).st_size
+            files, nbytes, taken = files + 1, nbytes + size, taken + -(-size // block) * block
+    return files, nbytes, taken
+
+
+def staging_needs(data_dir: Path, cache: Path, tmp: Path, azurite: Path | None, current: Path | None) -> list[Need]:
+    """What staging `data_dir` will write: its index in `cache`, its shards while they are packed in `tmp`,
+    Azurite's copy in `azurite` (when staging starts Azurite) and the file server's copy beside `current` (when
+    this machine syncs it); the copies less what a previous staging left there (unchanged files stay)."""
+    block = os.statvfs(existing(current or cache)).f_frsize
+    files, nbytes, taken = allocated(data_dir, block)
+    shards = tar_bytes(files, nbytes)
+    needs = [Need(cache, files * INDEX_ROW, "the index"), Need(tmp, shards, "the shards being packed")]
+    if azurite is not None:
+        needs.append(Need(azurite, shards - allocated(azurite, 1)[1], "Azurite's copy"))
+    if current is not None:
+        kept = allocated(current.resolve(), block)[2] if current.exists() else 0
+        needs.append(Need(current.parent, taken - kept, "the file server's copy"))
+    return needs

@@ -9,17 +9,18 @@ the orchestrator's errors:
     <export>/datasets/<name>/current        symlink to the newest complete version: what training reads
 """
 
-import errno
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from infra.core.diskspace import DiskFull, disk_full, is_disk_full
 from infra.core.errors import TrainflowError
 from trainer import datasets
 
 
 class FileServerError(TrainflowError):
-    """The file server cannot take the data (disk full, not writable): a retry would meet it again."""
+    """The file server cannot take the data (disk full, not writable): a retry would meet it again. A full disk
+    says the bytes needed and free (infra/core/diskspace.py)."""
 
     permanent = True
 
@@ -33,10 +34,13 @@ class FileServer(datasets.FileServer):
         try:
             with super().new_version(name, manifest) as tmp:
                 yield tmp
+        except DiskFull as exc:  # refused before the first file (fill_version), or a writer that named itself
+            raise FileServerError(str(exc)) from None
         except OSError as exc:
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise FileServerError(
-                    f"the file server at {self.export} is full ({manifest.header['bytes'] / 1e6:.1f} MB "
-                    "needed); free space there or point fileserver.export elsewhere"
-                ) from None
+            if is_disk_full(exc):
+                raise FileServerError(self.full(manifest)) from None
             raise FileServerError(f"cannot write to the file server at {self.export} ({exc.strerror})") from None
+
+    def full(self, manifest: datasets.Manifest) -> str:
+        """The line for a file server that filled during a sync: the version's bytes, what is free."""
+        return str(disk_full(self.export, manifest.header["bytes"], fix=datasets.FILESERVER_FIX))

@@ -298,7 +298,8 @@ def save_checkpoint(run: Run, step_in_epoch: int) -> None:
     arrays = {f"model/{i}": v.numpy() for i, v in enumerate(run.model.variables)}
     arrays |= {f"optimizer/{i}": v.numpy() for i, v in enumerate(run.optimizer.variables())}
     folder = checkpoints_folder(run.args)
-    path = checkpoint.write_atomic(folder / f"step-{run.step:09d}.npz", lambda p: write_npz(p, arrays, progress))
+    need = sum(a.nbytes for a in arrays.values())  # checked against the free space before the write starts
+    path = checkpoint.write_atomic(folder / f"step-{run.step:09d}.npz", lambda p: write_npz(p, arrays, progress), need)
     prune_checkpoints(folder, run.args.keep_checkpoints, keep_also=path)
     log.info("checkpoint step %d saved", run.step)  # what a resubmitting backend counts lost work from
 
