@@ -3,7 +3,6 @@ API), and the commands that serve a UI in the foreground until Ctrl-C (`trainflo
 
 import logging
 import os
-import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -15,10 +14,11 @@ import typer
 from flows.cli.common import ConfigOpt, WorkdirOpt, configure, friendly_errors
 from flows.config import ConfigError, FlowConfig
 from flows.preflight import check_access
+from infra.core.diskspace import check_prefect_space
 from infra.core.redact import RedactSecrets
 from infra.runs.tracking import UI_PORT, local_ui, store_folder, store_uri, ui_command
 from infra.runs.workdir import workdir_lock
-from infra.services.supervise import port_open
+from infra.services.supervise import Service, ServiceDied, port_open, stop
 
 
 @friendly_errors
@@ -48,7 +48,9 @@ def ui(
         "PREFECT_UI_API_URL": os.environ.get("PREFECT_UI_API_URL") or f"http://127.0.0.1:{port}/api",
     }
     prefect = str(Path(sys.executable).parent / "prefect")
-    serve([prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port)], env, "Prefect server")
+    serve(
+        [prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port)], env, "Prefect server", home / "ui.log"
+    )
 
 
 @friendly_errors
@@ -64,7 +66,8 @@ def mlflow_ui(
     uri = store_uri(cfg.tracking, cfg.workdir)
     store_folder(cfg.workdir).mkdir(parents=True, exist_ok=True)
     print(f"MLflow UI at {local_ui(port)}  (runs from {uri})", flush=True)
-    serve(ui_command(sys.executable, uri, cfg.workdir, port), dict(os.environ), "MLflow UI")
+    log = store_folder(cfg.workdir) / "ui.log"
+    serve(ui_command(sys.executable, uri, cfg.workdir, port), dict(os.environ), "MLflow UI", log)
 
 
 def check_port_free(port: int, guess: str) -> None:
@@ -75,12 +78,20 @@ def check_port_free(port: int, guess: str) -> None:
         )
 
 
-def serve(command: list[str], env: dict[str, str], name: str) -> None:
-    """Run a server in the foreground until it ends or Ctrl-C (how a UI is meant to end)."""
+def serve(command: list[str], env: dict[str, str], name: str, log: Path) -> None:
+    """Run a server in the foreground until Ctrl-C (how a UI is meant to end), its output shown and kept in `log`. It
+    runs on a leash in a session of its own (Ctrl-C reaches trainflow, which stops it and whatever it started); if it
+    ends otherwise, the command ends in one line that says how, with its last lines."""
+    service = Service(command, log, name, env, echo=True)
     try:
-        sys.exit(subprocess.call(command, env=env))
+        code = service.proc.wait()
     except KeyboardInterrupt:
+        stop(service.proc)
         print(f"{name} stopped")
+        return
+    message, service.echo = service.exited(code), False  # what its leftovers print as they stop is noise
+    stop(service.proc)  # what it started and left behind
+    raise ServiceDied(message)
 
 
 @contextmanager
@@ -108,6 +119,8 @@ def prefect_api(workdir: Path) -> Iterator[None]:
     with ExitStack() as stack:
         if not os.environ.get("PREFECT_API_URL"):
             from infra.services.prefect_server import running_prefect_server
+
+            check_prefect_space(Path(os.environ["PREFECT_HOME"]))  # it would exit at start-up, its log unwritten
 
             os.environ["PREFECT_API_URL"] = stack.enter_context(
                 running_prefect_server(Path(os.environ["PREFECT_HOME"]))

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from infra.core.errors import TrainflowError
 from infra.engines.contract import ERROR_LINE, RANK_LINE
+from infra.services.supervise import ended as how_it_ended
 
 # How the launchers report a worker that ended. torchrun's failure summary: a "rank : N (local_rank: M)" line, then
 # "exitcode : -9 (pid: P)" (negative: the signal that killed it), the first to fail after "Root Cause". horovodrun:
@@ -126,17 +127,6 @@ class Casualties:
     def first(self) -> list[int]:
         """The ranks that died, the first to fail first."""
         return self.roots + self.died
-
-
-def how_it_ended(status: int) -> str:
-    """A process's end from its exit status: "was killed by signal 9 (SIGKILL)" or "exited with status 1"."""
-    if status >= 0:
-        return f"exited with status {status}"
-    try:
-        name = signal.Signals(-status).name
-    except ValueError:
-        name = "an unknown signal"
-    return f"was killed by signal {-status} ({name})"
 
 
 def describe_failure(

@@ -14,6 +14,8 @@ REPO = Path(__file__).resolve().parents[2]
 ACCOUNT = "devstoreaccount1"
 # Azurite's published development key (its README): not a secret, and valid for Azurite only.
 DEV_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+# What survives Azurite's death: the blobs it committed (on disk under data_dir) and the manifest's record of them.
+RERUN = "re-run the command: staging resumes where it stopped, and finished steps are skipped"
 
 
 class AzuriteError(ServiceError):
@@ -58,6 +60,13 @@ def running_azurite(data_dir: Path, startup_seconds: float = 30.0) -> Iterator[i
         "--disableTelemetry",
     ]
     with running_service(
-        cmd, data_dir / "azurite.log", lambda: port_open(port), "Azurite", startup_seconds, AzuriteError
+        cmd,
+        data_dir / "azurite.log",
+        lambda: port_open(port),
+        "Azurite",
+        startup_seconds,
+        AzuriteError,
+        endpoint=f"127.0.0.1:{port}",
+        advice=RERUN,
     ):
         yield port

@@ -6,6 +6,10 @@ interrupted flow then cannot record its end (its client retries a dead server fo
 leash in its own session, it outlives the interrupt long enough for the flow run to be marked crashed, and dies
 with the command however it ends. It is the same server: the same app factory and settings as Prefect's
 `SubprocessASGIServer` (prefect/server/api/server.py), which this mirrors.
+
+If it dies while the command runs, it is started again on the same port and database: Prefect's client retries a
+refused connection, once it has connected, for about a minute (2, 4, ... 32 s), and the flow run goes on and is
+recorded (tests/integration/infra/services/test_watched_services.py). If it cannot start again, the command ends.
 """
 
 import os
@@ -68,5 +72,7 @@ def running_prefect_server(home: Path, startup_seconds: float = 120) -> Iterator
         startup_seconds,
         ServiceError,
         env,
+        advice="re-run the command: finished steps are skipped and training resumes from its last checkpoint",
+        restarted=f"on the same database at {url}",  # the flow's client retries the API meanwhile
     ):
         yield url

@@ -11,6 +11,7 @@ Single requests are retried by the SDK (exponential backoff); whole steps by Pre
 import ipaddress
 import os
 import re
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import timedelta
@@ -34,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from infra.core.errors import BadInput, TrainflowError, first_line
 from infra.core.redact import EnvName, redact
 from infra.services.azurite import connection_string
+from infra.services.supervise import death_at
 from infra.storage.sas import MAX_DELEGATION, Window, container_sas, delegated_container_sas, validity
 
 CONTAINER_NAME = re.compile(r"^(?=.{3,63}$)[a-z0-9](?:[a-z0-9]|-(?!-))*[a-z0-9]$")
@@ -164,7 +166,7 @@ class BlobStore:
         identity of auth default (DefaultAzureCredential when None); `timeouts`: (connect, read) seconds."""
         # retry_total alone still caps 5xx, connect and read retries at 3 each: set them all.
         n = cfg.retry_total
-        retry = ExponentialRetry(
+        retry = WatchedRetry(
             initial_backoff=cfg.retry_initial_backoff,  # type: ignore[arg-type]  # typed int in azure-storage-blob;
             # it is seconds, added to the backoff: a float works
             increment_base=2,
@@ -244,6 +246,11 @@ class BlobStore:
         with self.errors(f"download {name}"), open(path, "wb") as f:
             self.container.download_blob(name, max_concurrency=4).readinto(f)
 
+    def read_range(self, name: str, offset: int, length: int) -> bytes:
+        """`length` bytes of a blob from `offset`, tried twice at most: for checks that must end soon."""
+        with self.errors(f"read {name}"):
+            return self.container.download_blob(name, offset=offset, length=length, retry_total=1).readall()
+
     def read_text(self, name: str) -> str | None:
         """A text blob, or None when it does not exist."""
         with self.errors(f"read {name}"):
@@ -276,13 +283,8 @@ def storage_errors(service: str, where: str, action: str) -> Iterator[None]:
     """Turn Azure SDK errors into StorageErrors that say what failed and how to fix it, secrets removed."""
     try:
         yield
-    except ServiceRequestError as exc:  # no connection at all, after the SDK's own retries: fail fast
-        raise StorageError(
-            f"cannot reach {service} at {where} to {action} ({first_line(exc)}); check the account URL and the network",
-            permanent=True,
-        ) from None
-    except ServiceResponseError as exc:  # a connection dropped mid-answer: worth a step retry
-        raise StorageError(f"{service} at {where} dropped the connection during {action} ({first_line(exc)})") from None
+    except (ServiceRequestError, ServiceResponseError) as exc:
+        raise (death_at(urlparse(where).netloc) or network_error(service, where, action, exc)) from None
     except HttpResponseError as exc:  # ClientAuthenticationError and ResourceNotFoundError included
         code = error_code(exc)
         if exc.status_code is None and not code:  # a credential that failed before any request (an identity)
@@ -290,6 +292,40 @@ def storage_errors(service: str, where: str, action: str) -> Iterator[None]:
                 f"{service} at {where}: the credentials failed to {action} ({first_line(exc)})", permanent=True
             ) from None
         raise storage_error(service, where, action, exc.status_code, code) from None
+
+
+def network_error(
+    service: str, where: str, action: str, exc: ServiceRequestError | ServiceResponseError
+) -> StorageError:
+    """The StorageError of a request that got no answer, after the SDK's own retries."""
+    if isinstance(exc, ServiceRequestError):  # no connection at all: fail fast
+        return StorageError(
+            f"cannot reach {service} at {where} to {action} ({first_line(exc)}); check the account URL and the network",
+            permanent=True,
+        )
+    # a connection dropped mid-answer: worth a step retry
+    return StorageError(f"{service} at {where} dropped the connection during {action} ({first_line(exc)})")
+
+
+class WatchedRetry(ExponentialRetry):
+    """The SDK's exponential retry, which stops waiting on an endpoint whose service trainflow started and has died
+    (a killed Azurite): between tries it checks every 0.2 s, and raises that service's fault at once
+    (infra/services/supervise.py, `death_at`) instead of retrying a dead address for a minute or more."""
+
+    def configure_retries(self, request) -> dict:
+        settings = super().configure_retries(request)
+        settings["endpoint"] = urlparse(request.http_request.url).netloc
+        return settings
+
+    def sleep(self, settings, transport) -> None:
+        deadline = time.monotonic() + self.get_backoff_time(settings)
+        while True:
+            if died := death_at(settings["endpoint"]):
+                raise died
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            transport.sleep(min(left, 0.2))
 
 
 # What the service's error code (x-ms-error-code) means and what fixes it. The code, not the SDK's exception
