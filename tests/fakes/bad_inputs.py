@@ -1,7 +1,8 @@
 """The bad inputs trainflow refuses, each with the one line it answers: run for real by
-tests/integration/flows/test_bad_inputs.py, and listed in the README's table, which this module writes:
+tests/integration/flows/test_bad_inputs.py, and listed in the table of docs/reference/errors.md, which this module
+writes:
 
-    .venv/bin/python -m tests.fakes.bad_inputs     # prints the table (paths shown as DIR)
+    .venv/bin/python -m tests.fakes.bad_inputs     # writes the table there and prints it (paths shown as DIR)
 
 Each case runs `trainflow ARGS` in a fresh folder DIR (made by its `setup`), with `env` added.
 """
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from tempfile import TemporaryDirectory
 
+from flows.reference import PAGES, cell
 from tests.fakes.image_files import write_image, write_png_header
 
 TRAINFLOW = str(Path(sys.executable).parent / "trainflow")
@@ -96,6 +98,12 @@ def busy_port(root: Path) -> None:
     listener = socket.create_server(("127.0.0.1", 0))
     LISTENERS.append(listener)
     (root / "port").write_text(str(listener.getsockname()[1]))
+
+
+def small_disk(folder: Path, size: str) -> None:
+    """Setup: a tmpfs of `size` mounted at `folder` (run_all unmounts it)."""
+    folder.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], check=True)
 
 
 TRAIN = ["train", *QUICK, "--workdir", "{dir}/w"]
@@ -254,7 +262,61 @@ CASES = [
     ),
     Case("runs diff of a run that is not there", ["runs", "diff", "abc", "def", "--workdir", "{dir}/w"]),
     # input checks (issue 36)
+    Case(
+        "a val/ class that train/ lacks",
+        ["stage", "--data", "{dir}/data", "--workdir", "{dir}/w"],
+        data_with(lambda d: write_image(d / "val" / "zebra" / "x.png")),
+    ),
+    Case(
+        "a val/ class that train/ lacks (train)",
+        [*TRAIN, "--data", "{dir}/data"],
+        data_with(lambda d: write_image(d / "val" / "zebra" / "x.png")),
+    ),
+    Case(
+        "a val/ class that train/ lacks (dry run)",
+        ["run", "--dry-run", "--data", "{dir}/data", "--workdir", "{dir}/w"],
+        data_with(lambda d: write_image(d / "val" / "zebra" / "x.png")),
+    ),
+    Case(
+        "val/ classes named as train/'s in another case",
+        ["stage", "--data", "{dir}/data", "--workdir", "{dir}/w"],
+        data_with(lambda d: (write_image(d / "val" / "A" / "x.png"), write_image(d / "val" / "B" / "x.png"))),
+    ),
+    Case("unknown model (dry run)", ["run", "--dry-run"], env={"TRAINFLOW_TRAINING__MODEL": "resnet5000"}),
+    Case(
+        "unknown model (run)",
+        ["run", "--data", "synthetic", "--workdir", "{dir}/w"],
+        env={"TRAINFLOW_TRAINING__MODEL": "resnet5000"},
+    ),
+    Case(
+        "a model the Keras trainer lacks (dry run)",
+        ["run", "--dry-run", "--framework", "keras"],
+        env={"TRAINFLOW_TRAINING__MODEL": "vit_b_16"},
+    ),
+    Case(
+        "a model that cannot take the image size (dry run)",
+        ["run", "--dry-run", "--config", "{dir}/c.yaml"],
+        files(c_yaml="training: {model: vit_b_16, image_size: 32}\n"),
+    ),
+    Case("an empty config file", ["run", "--dry-run", "--config", "{dir}/c.yaml"], files(c_yaml="# to do\n")),
+    Case(
+        "a key set twice in the config file",
+        ["run", "--dry-run", "--config", "{dir}/c.yaml"],
+        files(c_yaml="training:\n  epochs: 3\n  epochs: 5\n"),
+    ),
     # disk space (issue 36)
+    Case(
+        "a workdir on a disk too small for the data set",
+        ["stage", "--data", "{dir}/data", "--workdir", "{dir}/w"],
+        lambda root: (images(root / "data", count=200), small_disk(root / "w", "8m")),
+        code=1,
+    ),
+    Case(
+        "a workdir on a disk too small for Prefect's database",
+        ["run", "--data", "synthetic", "--workdir", "{dir}/w"],
+        lambda root: small_disk(root / "w", "2m"),
+        code=1,
+    ),
 ]
 
 
@@ -289,24 +351,40 @@ def run_all(cases: list[Case]) -> list[tuple[Case, subprocess.CompletedProcess, 
     def one(case: Case):
         with TemporaryDirectory() as folder:
             root = Path(folder).resolve()
-            result = run_case(case, root)
-            return case, result, answer(result, root), heavy_work(root / "w")
+            try:
+                result = run_case(case, root)
+                return case, result, answer(result, root), heavy_work(root / "w")
+            finally:
+                if os.path.ismount(root / "w"):  # a case's small disk (small_disk)
+                    subprocess.run(["umount", str(root / "w")], check=True)
 
     with ThreadPoolExecutor(2) as pool:
         return list(pool.map(one, cases))
 
 
+ERRORS_PAGE = PAGES / "errors.md"  # the table's home; flows/reference.py writes the rest of the page
+
+
 def table(outcomes) -> str:
-    """The README's table of bad inputs."""
-    rows = [f"| {case.input} | {case.code} | {line.replace('|', '&#124;')} |" for case, _, line, _ in outcomes]
+    """The table of bad inputs, as markdown (`cell` escapes what it would read as markup: `<stream end>`, `|`)."""
+    rows = [f"| {cell(case.input)} | {case.code} | {cell(line)} |" for case, _, line, _ in outcomes]
     return "\n".join(["| Input | Exit | What trainflow says |", "|---|---|---|", *rows])
 
 
-def readme_table(readme: str) -> str:
-    """The table between the README's markers."""
-    found = re.search(f"{re.escape(TABLE_START)}\n(.*?)\n{re.escape(TABLE_END)}", readme, re.S)
+def page_table(page: str) -> str:
+    """The table between a page's markers."""
+    found = re.search(f"{re.escape(TABLE_START)}\n(.*?)\n{re.escape(TABLE_END)}", page, re.S)
     return found.group(1) if found else ""
 
 
+def write_table(page: Path, text: str) -> None:
+    """Put `text` between the page's markers, in place of what was there."""
+    before, rest = page.read_text().split(TABLE_START, 1)
+    after = rest.split(TABLE_END, 1)[1]
+    page.write_text(f"{before}{TABLE_START}\n{text}\n{TABLE_END}{after}")
+
+
 if __name__ == "__main__":
-    print(table(run_all(CASES)))
+    written = table(run_all(CASES))
+    write_table(ERRORS_PAGE, written)
+    print(written)

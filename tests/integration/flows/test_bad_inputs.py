@@ -1,12 +1,10 @@
 """Every bad input of tests/fakes/bad_inputs.py, run for real: one `error:` line, its exit status, no traceback,
-nothing heavy started, and the README's table of bad inputs is exactly what trainflow answers."""
+nothing heavy started, and the table of bad inputs in docs/reference/errors.md is exactly what trainflow answers."""
 
 import pytest
 
-from tests.fakes.bad_inputs import CASES, readme_table, run_all, table
-from tests.fakes.paths import REPO
+from tests.fakes.bad_inputs import CASES, ERRORS_PAGE, page_table, run_all, table
 
-README = REPO / "README.md"
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("bad-inputs")]  # `outcomes` runs once
 
 
@@ -29,8 +27,8 @@ def test_a_bad_input_ends_in_one_line_and_its_exit_status(outcomes, index):
     assert line.startswith("error: ")
 
 
-def test_the_readme_table_is_what_trainflow_says(outcomes):
-    assert readme_table(README.read_text()) == table(outcomes), (
-        "the README's table of bad inputs is out of date: regenerate it with "
+def test_the_table_of_the_errors_page_is_what_trainflow_says(outcomes):
+    assert page_table(ERRORS_PAGE.read_text()) == table(outcomes), (
+        "the table of bad inputs in docs/reference/errors.md is out of date: regenerate it with "
         "`.venv/bin/python -m tests.fakes.bad_inputs`"
     )
