@@ -2,6 +2,7 @@
 once under the workdir), its file names checked before any service starts. The commands and the benchmarks
 resolve it here."""
 
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from flows.config import LOCAL_DATA_FREE, ConfigError, FlowConfig
@@ -9,11 +10,13 @@ from infra.data.manifest import check_names, relative_paths
 from infra.data.sample_data import write_digits
 
 
-def with_data(cfg: FlowConfig) -> FlowConfig:
-    """`cfg` with its data resolved (the digits set written once when none is named), its names checked: bad data
-    fails here, before any service starts."""
+def with_data(cfg: FlowConfig, training: bool = False) -> FlowConfig:
+    """`cfg` with its data resolved (the digits set written once when none is named), its names checked, and with
+    `training` the batch checked against it: bad data fails here, before any service starts."""
     cfg = cfg.model_copy(update={"data": data_folder(cfg)})
-    check_data_names(cfg)
+    images = check_data_names(cfg)
+    if training:
+        check_batch(cfg, images)
     return cfg
 
 
@@ -34,7 +37,29 @@ def digits_at(dest: Path) -> Path:
         ) from None
 
 
-def check_data_names(cfg: FlowConfig) -> None:
-    """Refuse a local data folder whose file names cannot be staged (nothing to check for staged or synthetic data)."""
-    if cfg.data and cfg.data not in LOCAL_DATA_FREE:
-        check_names(relative_paths(Path(cfg.data)))
+def check_data_names(cfg: FlowConfig) -> int | None:
+    """Refuse a local data folder whose file names cannot be staged; its training images, counted on the way (None
+    for staged or synthetic data, which have nothing to check here)."""
+    if not cfg.data or cfg.data in LOCAL_DATA_FREE:
+        return None
+    train = 0
+
+    def counted(paths: Iterable[str]) -> Iterator[str]:
+        nonlocal train
+        for path in paths:
+            train += path.startswith("train/")
+            yield path
+
+    check_names(counted(relative_paths(Path(cfg.data))))
+    return train
+
+
+def check_batch(cfg: FlowConfig, images: int | None) -> None:
+    """Refuse a global batch larger than the training images (every worker needs a full batch each epoch), as the
+    trainer's own preflight would, but before staging and the pool."""
+    settings = cfg.training
+    if images is not None and settings.batch_size * settings.workers > images:
+        raise ConfigError(
+            f"training.batch_size {settings.batch_size} x {settings.workers} workers is more than the {images} "
+            f"training images in {cfg.data}; lower training.batch_size or training.workers"
+        )

@@ -22,7 +22,7 @@ from flows.cli.common import (
 )
 from flows.cli.services import holding, prefect_api
 from flows.config import LOCAL_DATA_FREE, ConfigError, FlowConfig, smoke_config
-from flows.dataset import check_data_names, with_data
+from flows.dataset import check_batch, check_data_names, with_data
 from flows.preflight import check_access
 from infra.compute import backend_of, check_fits
 from infra.compute.base import LocalBackend
@@ -166,7 +166,7 @@ def run_flow(cfg: FlowConfig, dry_run: bool) -> None:
         warn_if_oversubscribed(cfg.training.workers)
     if dry_run:
         return print_plan(cfg)
-    cfg = with_data(cfg)
+    cfg = with_data(cfg, training=True)
     check_staging_space(cfg)
     with holding(cfg):
         from flows.train_flow import train_flow
@@ -182,7 +182,7 @@ def print_plan(cfg: FlowConfig) -> None:
     from flows.plan import dry_run
     from infra.storage.transfers import print_summary_table
 
-    check_data_names(cfg)
+    check_batch(cfg, check_data_names(cfg))
     rows, specs = dry_run(cfg)
     print_summary_table(rows, title="trainflow run --dry-run: the plan (nothing was changed)")
     console = Console(highlight=False, soft_wrap=True)

@@ -107,6 +107,7 @@ def small_disk(folder: Path, size: str) -> None:
 
 
 TRAIN = ["train", *QUICK, "--workdir", "{dir}/w"]
+SMALL_BATCH = {"TRAINFLOW_TRAINING__BATCH_SIZE": "1"}  # a run on the 8 images of `images` that fits them
 CASES = [
     Case("config file missing", ["run", "--config", "{dir}/nowhere.yaml", "--dry-run"]),
     Case("config file is a list", ["run", "--config", "{dir}/c.yaml", "--dry-run"], files(c_yaml="- epochs: 3\n")),
@@ -169,6 +170,7 @@ CASES = [
             c_yaml="storage: {backend: azure, account_url: 'https://acct.blob.core.windows.net', "
             "auth: key, account_key_env: TRAINFLOW_TEST_UNSET_KEY}\n"
         ),
+        env=SMALL_BATCH,
     ),
     Case("environment variable of the wrong type", ["run", "--dry-run"], env={"TRAINFLOW_TRAINING__EPOCHS": "abc"}),
     Case("unknown compute backend", ["run", "--dry-run"], env={"TRAINFLOW_POOL__BACKEND": "slurm"}),
@@ -191,6 +193,7 @@ CASES = [
         "workdir held by another command (run)",
         ["run", "--data", "{dir}/data", "--workdir", "{dir}/w"],
         lambda root: (images(root / "data"), held_workdir(root)),
+        env=SMALL_BATCH,
     ),
     Case("workdir held by another command (build)", ["build", "--workdir", "{dir}/w"], held_workdir),
     Case("UI port in use", ["ui", "--workdir", "{dir}/w", "--port", "{port}"], busy_port),
@@ -303,6 +306,16 @@ CASES = [
         "a key set twice in the config file",
         ["run", "--dry-run", "--config", "{dir}/c.yaml"],
         files(c_yaml="training:\n  epochs: 3\n  epochs: 5\n"),
+    ),
+    Case(
+        "batch larger than the data set (dry run)",
+        ["run", "--dry-run", "--data", "{dir}/data", "--config", "{dir}/c.yaml"],
+        files(c_yaml="training: {batch_size: 5, workers: 2}\n"),
+    ),
+    Case(
+        "batch larger than the data set (run)",
+        ["run", "--data", "{dir}/data", "--workdir", "{dir}/w", "--config", "{dir}/c.yaml"],
+        files(c_yaml="training: {batch_size: 5, workers: 2}\n"),
     ),
     # disk space (issue 36)
     Case(
