@@ -1,39 +1,23 @@
 """What a person sees of a finished run in the Prefect UI: a summary, a table of epochs, a plot, a link."""
 
 from pathlib import Path
-from uuid import UUID
 
-from prefect import get_client, task
+from prefect import task
 from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
-from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-from prefect.client.schemas.sorting import TaskRunSort
 from prefect.runtime import flow_run
 
-from infra.runs.ledger import ledger_lines, record_ledger
+from infra.core.jsonfiles import read_json
+from infra.runs.ledger import LEDGER, ledger_lines
 from infra.runs.tracking import local_ui, run_page
+from tasks.track_run import step_durations
+
+PLOT = "plot.svg"
 
 PLOT_SERIES = (
     ("train_loss", "train loss", "#d62728"),
     ("val_top1", "val top-1", "#1f77b4"),
     ("images_per_sec", "images/s", "#2ca02c"),
 )
-
-
-def step_durations(run_id: str) -> dict[str, float]:
-    """Seconds each task of the flow run took, by task name (from the Prefect API)."""
-    if not flow_run.get_id():
-        return {}
-    with get_client(sync_client=True) as client:
-        runs = client.read_task_runs(
-            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[UUID(run_id)])),
-            sort=TaskRunSort.EXPECTED_START_TIME_ASC,
-            limit=200,
-        )
-    durations: dict[str, float] = {}
-    for run in runs:
-        name = run.name.rsplit("-", 1)[0]
-        durations[name] = durations.get(name, 0.0) + run.total_run_time.total_seconds()
-    return durations
 
 
 def summary_markdown(summary: dict, durations: dict[str, float]) -> str:
@@ -129,24 +113,19 @@ def svg_plot(rows: list[dict], width: int = 480, height: int = 160) -> str:
     return "\n".join(parts + ["</svg>"])
 
 
+def write_plot(out: Path, metrics: dict) -> None:
+    """The plot of the run's epochs, as plot.svg in its folder (the results step writes it before the copy)."""
+    (out / PLOT).write_text(svg_plot(epoch_rows(metrics)))
+
+
 @task(name="publish-report", retries=2, retry_delay_seconds=5)
 def publish_report_task(summary: dict) -> dict[str, float]:
-    """Prefect step: the run's artifacts (summary, epochs table, plot, also saved as plot.svg, link to the
-    results); returns the seconds of each step."""
+    """Prefect step: the run's artifacts (summary with the ledger the results step wrote, epochs table, plot, link
+    to the results); returns the seconds of each step of this flow run."""
     rows = epoch_rows(summary["metrics"])
     plot = svg_plot(rows)
-    (Path(summary["out"]) / "plot.svg").write_text(plot)
-    durations = step_durations(summary["run_id"])
-    summary = {
-        **summary,
-        "ledger": record_ledger(
-            Path(summary["out"]),
-            summary["cost_basis"],
-            durations,
-            summary["attempts"] + summary["sync_attempts"],
-            summary["estimate_key"],
-        ),
-    }
+    durations = step_durations([flow_run.get_id() or "local"])
+    summary = {**summary, "ledger": read_json(Path(summary["out"]) / LEDGER)}
     create_markdown_artifact(key="run-summary", markdown=summary_markdown(summary, durations))
     create_table_artifact(key="epochs", table=rows, description="Per-epoch metrics")
     create_markdown_artifact(key="training-plot", markdown=f"# Loss, accuracy and throughput per epoch\n\n{plot}\n")

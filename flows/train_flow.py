@@ -10,7 +10,7 @@ from flows.config import FlowConfig
 from flows.report import publish_report_task
 from flows.steps import RUN, walk
 from flows.steps.context import Context
-from infra.runs.ledger import check_budget, cost_basis, estimate_key
+from infra.runs.ledger import check_budget
 from infra.runs.workdir import workdir_lock
 from tasks.track_run import finish_tracking_task
 
@@ -43,10 +43,7 @@ def run_summary(ctx: Context) -> dict:
         "metrics": trained["metrics"],
         "command": trained["command"],
         "attempts": trained["attempts"],
-        "sync_attempts": ctx.staged["sync"].get("attempts", []),
         "receipt": ctx.receipt,
-        "cost_basis": cost_basis(cfg, trained["metrics"].get("device", "")),
-        "estimate_key": estimate_key(cfg),
         "results": ctx.results,
         "out": str(ctx.run.out),
         "steps": list(ctx.staged.values()),

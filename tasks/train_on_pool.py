@@ -1,20 +1,24 @@
 """Steps 5-7: create the pool, run the training job on it, collect the results; the pool is always deleted.
 
 The pool and its job come from the configured compute backend (infra/compute/); these steps only drive
-them. Results go to the file share under results/<run id>/ (metrics.json, the model, checkpoints, logs),
+them, and time each attempt at training (infra/runs/attempts.py). Results go to the file share under
+results/<run id>/ (the whole run folder: the model, metrics.json, plot, checkpoints, logs, ledger, receipt, README),
 and the model also to Blob storage.
 """
 
+import json
 from pathlib import Path
 from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect.runtime import flow_run
 
 from infra.compute import Pool, RunConfig, RunPaths, backend_of, check_fits, run_job
 from infra.engines.contract import SYNTHETIC, read_metrics
-from infra.runs.record import RunSettings
+from infra.runs.attempts import timed_attempt
+from infra.runs.record import RECORD, RunSettings, read_record
 from infra.storage.blobstore import StorageConfig, open_store
 from infra.storage.fileshare import FileShareConfig, open_share
 from tasks.progress import training_progress
@@ -71,7 +75,10 @@ def run_training_task(pool: Pool, training, out: Path, timeout_s: float, resumed
         get_run_logger().info("resuming run %s, left unfinished, from its newest checkpoint in %s", pool.run_id, out)
     job = pool.job(training, timeout_s)
     try:
-        with training_progress(training.epochs, get_run_logger().info) as echo:  # live in the UI (tasks/progress.py)
+        with (
+            timed_attempt(out, flow_run.get_id() or "local"),  # its time counts in the ledger, however it ends
+            training_progress(training.epochs, get_run_logger().info) as echo,  # live in the UI (tasks/progress.py)
+        ):
             run_job(job, out / "logs", echo, timeout_s)
     finally:
         attempts_artifact(job.attempts())
@@ -105,14 +112,16 @@ def collect_results_task(
     workdir: Path,
     model_file: str = "model.pt",
 ) -> dict:
-    """Prefect step: results to the file share under results/<run id>/, the model (the framework's `model_file`) to
-    Blob."""
+    """Prefect step: the run folder, every file of it, to the file share under results/<run id>/, the model (the
+    framework's `model_file`) to Blob. The record goes last, saying complete as it will once this last step has
+    ended: a copy whose run.json says complete is whole."""
     share = open_share(share_cfg, workdir)
-    files = sorted(p for p in out.rglob("*") if p.is_file())
+    files = sorted(p for p in out.rglob("*") if p.is_file() and p != out / RECORD)
     for path in files:
         share.upload_file(path, f"results/{run_id}/{path.relative_to(out).as_posix()}")
+    share.write_text(f"results/{run_id}/{RECORD}", json.dumps({**read_record(out), "status": "complete"}))
     store = open_store(storage, azurite_port, "results")
     store.ensure_container()  # a run on synthetic data has staged nothing there
     blob = f"results/{run_id}/{model_file}"
     store.upload_file(out / model_file, blob)
-    return {"files": len(files), "share": share.url(f"results/{run_id}"), "model_blob": blob}
+    return {"files": len(files) + 1, "share": share.url(f"results/{run_id}"), "model_blob": blob}

@@ -2,6 +2,7 @@
 two of them."""
 
 import json
+from collections import Counter
 from typing import Annotated
 
 import typer
@@ -19,7 +20,8 @@ def runs(
     workdir: WorkdirOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the runs as JSON (whole ids and receipts).")] = False,
 ) -> None:
-    """The past runs under the workdir, the last ended last: status, accuracy, time, cost and receipt."""
+    """The past runs under the workdir, the last ended last: status, accuracy, training time and cost over every
+    attempt (a run killed and resumed counts the killed attempt's time), and receipt."""
     if ctx.invoked_subcommand:
         return
     from infra.runs.lineage import list_runs
@@ -37,7 +39,7 @@ def runs(
 def run_columns(row: dict) -> dict:
     """One run as the columns of `trainflow runs`: ids and hashes cut to 8 characters, as `runs diff` takes them."""
     receipt, money = row["receipt"] or {}, row["cost"]
-    top1, seconds = row["val_top1"], row["seconds"]
+    top1, seconds = row["val_top1"], row["training_seconds"]
     return {
         "run": row["run_id"][:8],
         "status": row["status"],
@@ -45,7 +47,8 @@ def run_columns(row: dict) -> dict:
         "model": row["model"] or "",
         "workers": str(row["world_size"] or ""),
         "val top-1": "" if top1 is None else f"{top1:.2%}",
-        "seconds": "" if seconds is None else f"{seconds:.0f}",
+        "training s": "" if seconds is None else f"{seconds:.0f}",
+        "attempts": attempts_cell(row["attempts"]),
         "node-hours": shown(row["node_hours"]),
         "GPU-hours": shown(row["gpu_hours"]),
         "cost": "" if money is None else f"{money:.2f} {row['currency']}",
@@ -54,6 +57,15 @@ def run_columns(row: dict) -> dict:
             for name, key in (("data", "data_manifest"), ("config", "config_hash"), ("params", "parameter_digest"))
         ),
     }
+
+
+def attempts_cell(attempts: list[dict]) -> str:
+    """The attempts at training in a cell: how many, and how those that did not complete ended ("2: 1 killed")."""
+    if not attempts:
+        return ""
+    unfinished = Counter(a["ended"] for a in attempts if a["ended"] != "completed")
+    ended = ", ".join(f"{n} {how}" for how, n in unfinished.items())
+    return f"{len(attempts)}: {ended}" if ended else str(len(attempts))
 
 
 def shown(value) -> str:

@@ -1,9 +1,11 @@
-"""The results step (collect-results): the run's receipt into its folder, then the folder to the file share under
-results/<run id>/, and the model to Blob."""
+"""The results step (record-cost, collect-results): the run's ledger (every attempt counted), receipt, plot and
+README into its folder, then the whole folder to the file share under results/<run id>/, and the model to Blob."""
 
+from flows.report import write_plot
 from flows.steps.context import Context, container_url, share_url
-from infra.runs.lineage import make_receipt, write_receipt
+from infra.runs.lineage import make_receipt, write_guide, write_receipt
 from infra.storage.transfers import step_plan
+from tasks.track_run import record_cost_task
 from tasks.train_on_pool import collect_results_task
 
 
@@ -13,11 +15,15 @@ def plan(ctx: Context) -> list[dict]:
 
 
 def run(ctx: Context) -> None:
-    """Write the receipt (what was trained, from what), then collect the run folder with it."""
-    cfg, out, metrics = ctx.cfg, ctx.run.out, ctx.trained["metrics"]
-    receipt = make_receipt(cfg, ctx.run_id, ctx.inputs, ctx.scripts, str(ctx.data), ctx.image, metrics)
+    """Write the ledger, the receipt (what was trained, from what, at what cost), the plot and the README, then
+    collect the run folder with them."""
+    cfg, out, metrics, model = ctx.cfg, ctx.run.out, ctx.trained["metrics"], ctx.cfg.training.MODEL_FILE
+    attempts = ctx.trained["attempts"] + ctx.staged["sync"].get("attempts", [])  # the backend's own
+    ledger = record_cost_task(cfg, out, metrics.get("device", ""), attempts)
+    receipt = make_receipt(cfg, ctx.run_id, ctx.inputs, ctx.scripts, str(ctx.data), ctx.image, metrics, ledger)
     ctx.receipt = write_receipt(out, cfg, receipt)
-    model = cfg.training.MODEL_FILE
+    write_plot(out, metrics)
+    write_guide(out, model)
     ctx.results = collect_results_task(out, ctx.run_id, cfg.fileshare, cfg.storage, ctx.port, cfg.workdir, model)
 
 

@@ -11,7 +11,14 @@ How a step is counted (decided here, written to ledger.json in the run folder):
 - Money: node-hours x the VM size's price per node-hour (dedicated or low-priority). The azureml pool's nodes are
   priced at `pool.vm_size`; the orchestrator, and a local pool (priced as one machine, however many container
   nodes it runs), at `cost.this_machine` when it is set, else at nothing.
-- Lost GPU-hours: those of every attempt the backend reports that did not complete (pre-empted, failed).
+- `run-training` counts every attempt at the run's training (infra/runs/attempts.py): a run killed outright and
+  resumed by a re-run counts the killed attempt's time up to its death, and each of Prefect's retries; each attempt
+  gets its own row under `attempts` (seconds, node-seconds, GPU-hours, cost, how it ended). The other steps count
+  the steps of every flow run that worked on the run (run.json's `flow_runs`), as Prefect timed them, up to the
+  copy of the results: the ledger is written before it, so that the copy holds it (the copy, the report and MLflow's
+  last call, seconds on the orchestrator, are not counted).
+- Lost GPU-hours: those of every attempt that did not complete: the run's own (killed, interrupted, failed) and
+  those the backend reports (pre-empted, failed).
 
 The estimate before a run: the newest complete run in the workdir with the same settings that set its length
 (training, pool, job, data set name, VM size) gives its measured training time; without one, the worst case: the
@@ -27,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from infra.compute import backend_of
 from infra.core.errors import BadInput
 from infra.core.jsonfiles import read_json, write_json
+from infra.runs.attempts import brief
 from infra.runs.record import RECORD, RunSettings, settings_fingerprint
 
 LEDGER = "ledger.json"
@@ -139,20 +147,35 @@ def step_row(basis: dict, step: str, seconds: float) -> dict:
     }
 
 
-def make_ledger(basis: dict, durations: dict[str, float], attempts: list[dict]) -> dict:
-    """The run's ledger: a row per step, the totals, and the GPU-hours of attempts that did not complete."""
+def make_ledger(
+    basis: dict, durations: dict[str, float], attempts: list[dict], tries: list[dict] | None = None
+) -> dict:
+    """The run's ledger: a row per step, the totals, a row per attempt at training, and the GPU-hours of attempts
+    that did not complete. `attempts`: the backend's own (Azure ML's); `tries`: the run's attempts at training
+    (infra/runs/attempts.py), whose seconds replace the step's when there are any."""
+    if tries:
+        durations = {**durations, "run-training": sum(t["seconds"] for t in tries)}
     rows = [step_row(basis, step, seconds) for step, seconds in durations.items()]
     totals = {key: round(sum(r[key] for r in rows), 4) for key in ("seconds", "node_seconds", "gpu_hours")}
     costs = [r["cost"] for r in rows]
     totals["cost"] = None if None in costs else round(sum(costs), 4)
+    tried = [try_row(basis, t) for t in tries or []]
     lost = sum(a.get("gpu_hours") or 0 for a in attempts if a.get("ended") != "Completed")
+    lost += sum(t["gpu_hours"] for t in tried if t["ended"] != "completed")
     return {
         "steps": rows,
         "total": totals,
+        "attempts": tried,
         "lost_gpu_hours": round(lost, 4),
         "currency": basis["currency"],
         "basis": basis,
     }
+
+
+def try_row(basis: dict, attempt: dict) -> dict:
+    """One attempt at training in the ledger: how it ended, its seconds, node-seconds, GPU-hours and cost."""
+    counted = {k: v for k, v in step_row(basis, "run-training", attempt["seconds"]).items() if k != "step"}
+    return {"attempt": attempt["attempt"], "flow_run": attempt["flow_run"], "ended": attempt["ended"], **counted}
 
 
 def estimate_key(cfg: LedgerSettings) -> str:
@@ -224,11 +247,31 @@ def check_budget(cfg: LedgerSettings) -> dict | None:
     return found
 
 
-def record_ledger(out: Path, basis: dict, durations: dict[str, float], attempts: list[dict], key: str) -> dict:
-    """The run's ledger, written to ledger.json in its folder with the key a later run's estimate looks for."""
-    ledger = make_ledger(basis, durations, attempts)
+def record_ledger(
+    out: Path, basis: dict, durations: dict[str, float], attempts: list[dict], key: str, tries: list[dict]
+) -> dict:
+    """The run's ledger (see make_ledger), written to ledger.json in its folder with the key a later run's estimate
+    looks for."""
+    ledger = make_ledger(basis, durations, attempts, tries)
     write_json(out / LEDGER, {**ledger, "estimate_key": key})
     return ledger
+
+
+def ledger_summary(ledger: dict) -> dict:
+    """The ledger in a few numbers, every attempt counted: what the receipt, the MLflow run and `trainflow runs`
+    show ({} for a run with no ledger yet)."""
+    if not ledger:
+        return {}
+    training = {r["step"]: r["seconds"] for r in ledger["steps"]}.get("run-training")
+    return {
+        "training_seconds": training,
+        "attempts": [brief(t) for t in ledger.get("attempts", [])],
+        "node_hours": round(ledger["total"]["node_seconds"] / 3600, 4),
+        "gpu_hours": ledger["total"]["gpu_hours"],
+        "cost": ledger["total"]["cost"],
+        "currency": ledger["currency"],
+        "lost_gpu_hours": ledger["lost_gpu_hours"],
+    }
 
 
 def ledger_lines(ledger: dict | None) -> list[str]:
@@ -242,4 +285,21 @@ def ledger_lines(ledger: dict | None) -> list[str]:
         f"| {r['step']} | {r['nodes']} | {r['node_seconds']:.1f} | {r['gpu_hours']:.4f} | {money(r['cost'])} |"
         for r in rows
     ]
+    lines += try_lines(ledger.get("attempts", []), money)
     return lines + ["", f"- GPU-hours lost to failed or pre-empted attempts: {ledger['lost_gpu_hours']:.4f}"]
+
+
+def try_lines(tries: list[dict], money) -> list[str]:
+    """The attempts at training as Markdown, when there was more than one or one did not complete."""
+    if len(tries) < 2 and all(t["ended"] == "completed" for t in tries):
+        return []
+    lines = [
+        "",
+        "| attempt at training | ended | seconds | node-seconds | GPU-hours | cost |",
+        "|---|---|---|---|---|---|",
+    ]
+    return lines + [
+        f"| {t['attempt']} | {t['ended']} | {t['seconds']:.1f} | {t['node_seconds']:.1f} | {t['gpu_hours']:.4f} "
+        f"| {money(t['cost'])} |"
+        for t in tries
+    ]

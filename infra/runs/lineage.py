@@ -1,13 +1,16 @@
 """Lineage: each run's receipt (what exactly it trained from and what it produced), the list of past runs under a
 workdir, and what differed between two of them.
 
-A run folder (<workdir>/runs/<run id>/) holds, beside run.json (infra/runs/record.py) and metrics.json (the trainer's):
+A run folder (<workdir>/runs/<run id>/) holds, beside run.json (infra/runs/record.py), attempts.json
+(infra/runs/attempts.py) and the trainer's files (the model, metrics.json, logs/, checkpoints/):
 
     receipt.json   data set and its manifest hash (the staged version: a hash of every path and content), scripts
                    version, image digest, config hash, the run's inputs fingerprint (the key a re-run resumes
-                   by), seed, world size, final parameter digest (the trainer's, of rank 0's parameters)
+                   by), seed, world size, final parameter digest (the trainer's, of rank 0's parameters), and what
+                   it cost over every attempt (the ledger's summary)
     config.json    the whole FlowConfig of the run (it holds no secret: the config refuses them)
     ledger.json    the cost ledger (infra/runs/ledger.py)
+    README.md      what each file of the folder is (FILES)
 """
 
 import json
@@ -16,11 +19,29 @@ from pathlib import Path
 
 from infra.core.errors import BadInput
 from infra.core.jsonfiles import read_json, write_json
-from infra.runs.ledger import LEDGER
+from infra.runs.attempts import ATTEMPTS, brief, read_attempts
+from infra.runs.ledger import LEDGER, ledger_summary
 from infra.runs.record import RECORD, RunSettings, fingerprint
 from trainer.datasets import MANIFEST  # a file server version's copy of its manifest
 
-RECEIPT, CONFIG = "receipt.json", "config.json"
+RECEIPT, CONFIG, GUIDE = "receipt.json", "config.json", "README.md"
+MODEL = "the trained model (rank 0's parameters after the last step)"  # the framework names its file
+FILES = {  # what the folder's README says of each file it holds, in this order
+    "metrics.json": "the trainer's numbers: each epoch's loss, accuracy and images/s, the final ones, the wall time",
+    "plot.svg": "loss, val top-1 and images/s per epoch (the run summary's plot in Prefect's UI)",
+    LEDGER: "what the run cost: each step's seconds, node-seconds, GPU-hours and money, each attempt at training, "
+    "the GPU-hours lost to attempts that did not complete",
+    RECEIPT: "what was trained from what: data set and manifest hash, scripts version, image, config hash, seed, "
+    "final parameter digest; and what it cost over every attempt",
+    CONFIG: "the run's whole config",
+    "logs": "each rank's output (rank0.log, rank1.log, ...) and the launcher's",
+    "checkpoints": "the newest checkpoints: a re-run of an unfinished run resumes from them",
+    RECORD: "the run's record: its inputs' fingerprint, its status, the flow runs that worked on it",
+    ATTEMPTS: "each attempt at training: when it started, when it was last seen alive, how it ended",
+    "bad-files.tsv": "the images left out because they cannot be decoded (path, reason)",
+    "images-checked.json": "the preflight's check of every image, which the workers read instead of decoding",
+    GUIDE: "this list",
+}
 METRICS_COMPARED = (
     "status",
     "model",
@@ -59,9 +80,16 @@ def first_line(path: Path) -> dict:
 
 
 def make_receipt(
-    cfg: RunSettings, run_id: str, inputs: str, scripts: str, data: str, image: str | None, metrics: dict
+    cfg: RunSettings,
+    run_id: str,
+    inputs: str,
+    scripts: str,
+    data: str,
+    image: str | None,
+    metrics: dict,
+    ledger: dict,
 ) -> dict:
-    """A finished run's receipt."""
+    """A finished run's receipt: what it trained from, what it made, and what it cost (`ledger`, every attempt)."""
     return {
         "run_id": run_id,
         "dataset": cfg.dataset_name(),
@@ -75,6 +103,7 @@ def make_receipt(
         "seed": cfg.training.seed,
         "world_size": metrics.get("world_size"),
         "parameter_digest": metrics.get("parameter_digest"),
+        "cost": ledger_summary(ledger),
         "written": datetime.now(UTC).isoformat(timespec="seconds"),
     }
 
@@ -91,11 +120,22 @@ def write_receipt(out: Path, cfg: RunSettings, receipt: dict) -> dict:
     return receipt
 
 
+def write_guide(out: Path, model_file: str) -> None:
+    """README.md in the run folder: what each of its files is (those it holds, in FILES' order; any other by name)."""
+    known = {model_file: MODEL, **FILES}
+    held = {p.name for p in out.iterdir()} | {GUIDE}
+    lines = [f"# Run {out.name}", "", "What each file in this folder is:", ""]
+    lines += [f"- `{name}`: {what}" for name, what in known.items() if name in held]
+    lines += [f"- `{name}`" for name in sorted(held - set(known))]
+    (out / GUIDE).write_text("\n".join(lines) + "\n")
+
+
 def run_row(folder: Path) -> dict:
-    """One past run as `trainflow runs` shows it: status, when, model, data, accuracy, time, cost, receipt."""
+    """One past run as `trainflow runs` shows it: status, when, model, data, accuracy, time, cost over every
+    attempt, receipt. A run with no ledger yet (running, or stopped) shows its attempts as they stand."""
     record, metrics = read_json(folder / RECORD), read_json(folder / "metrics.json")
-    receipt, ledger = read_json(folder / RECEIPT), read_json(folder / LEDGER)
-    total = ledger.get("total", {})
+    receipt, cost = read_json(folder / RECEIPT), ledger_summary(read_json(folder / LEDGER))
+    tries = cost.get("attempts") or [brief(a) for a in read_attempts(folder)]
     updated = datetime.fromtimestamp((folder / RECORD).stat().st_mtime)  # as it started, then as it ended
     return {
         "run_id": folder.name,
@@ -107,11 +147,13 @@ def run_row(folder: Path) -> dict:
         "world_size": metrics.get("world_size"),
         "val_top1": metrics.get("final_val_top1"),
         "seconds": metrics.get("wall_seconds"),
-        "node_hours": round(total["node_seconds"] / 3600, 4) if "node_seconds" in total else None,
-        "gpu_hours": total.get("gpu_hours"),
-        "cost": total.get("cost"),
-        "currency": ledger.get("currency"),
-        "lost_gpu_hours": ledger.get("lost_gpu_hours"),
+        "training_seconds": cost.get("training_seconds", sum(t["seconds"] for t in tries) or None),
+        "attempts": tries,
+        "node_hours": cost.get("node_hours"),
+        "gpu_hours": cost.get("gpu_hours"),
+        "cost": cost.get("cost"),
+        "currency": cost.get("currency"),
+        "lost_gpu_hours": cost.get("lost_gpu_hours"),
         "receipt": receipt or None,
     }
 
@@ -146,8 +188,10 @@ def flat(values, prefix: str = "") -> dict:
 def compared(folder: Path) -> dict:
     """What `runs diff` compares of a run: its receipt, its config and the metrics that sum it up."""
     metrics = read_json(folder / "metrics.json")
+    receipt = read_json(folder / RECEIPT)
+    receipt.pop("cost", None)  # the ledger's summary: its totals are compared as ledger.*
     return {
-        **flat(read_json(folder / RECEIPT), "receipt"),
+        **flat(receipt, "receipt"),
         **flat(read_json(folder / CONFIG), "config"),
         **flat({k: metrics.get(k) for k in METRICS_COMPARED if k in metrics}, "metrics"),
         **flat(read_json(folder / LEDGER).get("total", {}), "ledger"),

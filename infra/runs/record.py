@@ -1,9 +1,9 @@
 """Run records: which training run a run folder holds, who runs it, how it ended, and which run a re-run resumes.
 
 Each run folder (<workdir>/runs/<run id>/) holds run.json: the inputs' fingerprint (training settings, pool,
-data set version, scripts version), the owning process and the status: running, complete, failed or
-interrupted. A run whose owner is gone while it says running was killed outright: the next run marks it
-interrupted. A run started with the same inputs as an interrupted or failed one takes over its folder and its
+data set version, scripts version), the owning process, the flow runs that worked on it and the status: running,
+complete, failed or interrupted. A run whose owner is gone while it says running was killed outright: the next run
+marks it interrupted. A run started with the same inputs as an interrupted or failed one takes over its folder and its
 run id, so the trainer resumes from the newest checkpoint there (on Azure ML too: its jobs write
 runs/<run id>/ in Blob storage) instead of starting again from step 0.
 """
@@ -86,18 +86,21 @@ def resumable(root: Path, inputs: str) -> str | None:
 
 
 @contextmanager
-def tracked_run(root: Path, run_id: str, inputs: str) -> Iterator[tuple[str, bool]]:
+def tracked_run(root: Path, flow_run: str, inputs: str) -> Iterator[tuple[str, bool]]:
     """Record the run under `root` for the block: yields (run id, resumed), the id being that of the unfinished
-    run with the same inputs when there is one; the record says how the block ended."""
+    run with the same inputs when there is one, else `flow_run`'s; the record says how the block ended, and lists
+    every flow run that worked on the run (the ledger counts their steps)."""
     mark_stale(root)
     previous = resumable(root, inputs)
-    run_id = previous or run_id
+    run_id = previous or flow_run
+    earlier = read_record(root / run_id)
     record = {
-        **read_record(root / run_id),
+        **earlier,
         "run_id": run_id,
         "fingerprint": inputs,
         "owner": owner(),
         "status": "running",
+        "flow_runs": [*earlier.get("flow_runs", []), flow_run],
     }
     write_record(root / run_id, record)
     status = "failed"

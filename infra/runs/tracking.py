@@ -7,26 +7,31 @@ orchestrator and the image, which neither installs: not tested here), or an MLfl
 
 The flow makes the run (the config as params; data, scripts and image versions as tags); the engine logs its
 per-step and per-epoch metrics into it while it trains (containers/trainer/tracking.py) wherever it can reach the
-store; the flow adds the model, the plot and the final numbers, and ends the run.
+store; the flow adds the model, the plot and the final numbers, and ends the run. A full disk under the local
+store ends the step in one line naming it (infra/core/diskspace.py).
 """
 
 import logging
 import time
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from infra.core.diskspace import writing
 from trainer.tracking import epoch_metrics
 
 PARAMS_PER_CALL = 100  # MLflow's limit on the params of one log_batch
 UI_PORT = 5000  # MLflow's own default
-# The run's final numbers, as MLflow metrics (named apart from the per-step and per-epoch ones) <- metrics.json
+# The run's final numbers, as MLflow metrics (named apart from the per-step and per-epoch ones) <- metrics.json,
+# and its cost over every attempt <- the ledger's summary (tasks/track_run.py's cost_metrics)
 FINAL = {
     "final_val_top1": "final_val_top1",
     "final_val_top5": "final_val_top5",
     "final_images_per_sec": "images_per_sec",
     "final_steady_images_per_sec": "steady_images_per_sec",
     "wall_seconds": "wall_seconds",
+    **{key: key for key in ("training_seconds", "attempts", "node_hours", "gpu_hours", "cost", "lost_gpu_hours")},
 }
 
 
@@ -90,11 +95,22 @@ def flat(values: dict, prefix: str = "") -> dict[str, str]:
     return out
 
 
+def store_writes(uri: str) -> AbstractContextManager:
+    """A full disk under the local SQLite store (its database, its artifacts) as one line naming the store."""
+    return writing(Path(uri.removeprefix("sqlite:///")).parent) if uri.startswith("sqlite:///") else nullcontext()
+
+
 def start_run(cfg: TrackingConfig, workdir: Path, name: str, params: dict, tags: dict[str, str]) -> dict:
     """A new MLflow run named `name` with `params` (nested, flattened) and `tags`: {uri, experiment_id, run_id}."""
+    uri = store_uri(cfg, workdir)
+    with store_writes(uri):
+        return new_run(cfg, workdir, uri, name, params, tags)
+
+
+def new_run(cfg: TrackingConfig, workdir: Path, uri: str, name: str, params: dict, tags: dict[str, str]) -> dict:
+    """start_run's MLflow calls."""
     from mlflow.entities import Param
 
-    uri = store_uri(cfg, workdir)
     mlflow = client(uri)
     experiment = experiment_id(mlflow, cfg.experiment, None if cfg.uri else store_folder(workdir) / "artifacts")
     run_id = mlflow.create_run(experiment, run_name=name, tags=tags).info.run_id
@@ -107,6 +123,12 @@ def start_run(cfg: TrackingConfig, workdir: Path, name: str, params: dict, tags:
 def finish_run(tracked: dict, metrics: dict, files: list[Path], engine_logged: bool) -> None:
     """Log the final numbers, the epochs (unless the engine logged them while it trained) and `files` as artifacts;
     end the run."""
+    with store_writes(tracked["uri"]):
+        log_results(tracked, metrics, files, engine_logged)
+
+
+def log_results(tracked: dict, metrics: dict, files: list[Path], engine_logged: bool) -> None:
+    """finish_run's MLflow calls."""
     from mlflow.entities import Metric
 
     mlflow, run_id, step = client(tracked["uri"]), tracked["run_id"], metrics.get("global_step", 0)
@@ -132,6 +154,16 @@ def end_unfinished(tracked: dict, status: str) -> None:
         client(tracked["uri"]).set_terminated(tracked["run_id"], status)
     except Exception as exc:
         logging.getLogger(__name__).warning("could not mark MLflow run %s %s: %s", tracked["run_id"], status, exc)
+
+
+def end_killed(uri: str, experiment: str, name: str) -> None:
+    """End as KILLED the MLflow runs of pipeline run `name` that still say RUNNING: a process killed outright could
+    not end them (a re-run that resumes the pipeline run makes a new one)."""
+    mlflow = client(uri)
+    found = mlflow.get_experiment_by_name(experiment)
+    query = f"tags.`trainflow.run_id` = '{name}' and attributes.status = 'RUNNING'"
+    for run in mlflow.search_runs([found.experiment_id], query) if found else []:
+        mlflow.set_terminated(run.info.run_id, "KILLED")
 
 
 def local_ui(port: int = UI_PORT) -> str:

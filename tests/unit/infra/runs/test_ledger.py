@@ -78,6 +78,47 @@ def test_the_ledger_counts_pool_steps_on_the_pool_and_the_rest_on_one_orchestrat
     assert "| run-training | 2 | 3600.0 | 8.0000 | 10.00 EUR |" in text and "attempts: 1.5000" in text
 
 
+def test_training_counts_every_attempt_and_those_that_did_not_complete_are_lost():
+    basis = {
+        "nodes": 2,
+        "gpus_per_node": 4,
+        "price_per_node_hour": 10.0,
+        "priced_nodes": None,
+        "orchestrator_price": 0.0,
+        "currency": "USD",
+        "pool_steps": ["run-training"],
+    }
+    tries = [  # killed outright (counted to its last heartbeat), then resumed by a re-run
+        {"attempt": 1, "flow_run": "f1", "ended": "killed", "seconds": 900.0},
+        {"attempt": 2, "flow_run": "f2", "ended": "completed", "seconds": 2700.0},
+    ]
+    backend = [{"ended": "Failed", "gpu_hours": 0.5}]  # a pre-empted Azure ML attempt of the last try
+    ledger = make_ledger(basis, {"upload-scripts": 10.0, "run-training": 0.0}, backend, tries)
+    training = {row["step"]: row for row in ledger["steps"]}["run-training"]
+    assert (training["seconds"], training["node_seconds"], training["gpu_hours"], training["cost"]) == (
+        3600.0,
+        7200.0,
+        8.0,
+        20.0,
+    )
+    assert ledger["attempts"][0] == {
+        "attempt": 1,
+        "flow_run": "f1",
+        "ended": "killed",
+        "seconds": 900.0,
+        "nodes": 2,
+        "node_seconds": 1800.0,
+        "gpu_hours": 2.0,
+        "cost": 5.0,
+    }
+    assert ledger["lost_gpu_hours"] == 2.5 and ledger["total"]["seconds"] == 3610.0
+    text = "\n".join(ledger_lines(ledger))
+    assert "| 1 | killed | 900.0 | 1800.0 | 2.0000 | 5.00 USD |" in text
+    assert "| 2 | completed | 2700.0 | 5400.0 | 6.0000 | 15.00 USD |" in text
+    one = make_ledger(basis, {"run-training": 5.0}, [], tries[1:])
+    assert "attempt at training" not in "\n".join(ledger_lines(one))  # one attempt that completed: no table
+
+
 def test_a_step_without_a_price_has_no_money_and_neither_has_the_total():
     basis = {
         "nodes": 1,

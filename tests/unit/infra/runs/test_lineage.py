@@ -8,9 +8,11 @@ import pytest
 from flows.config import load_config
 from infra.core.errors import BadInput
 from infra.core.jsonfiles import write_json
-from infra.runs.ledger import LEDGER
+from infra.runs.attempts import ATTEMPTS
+from infra.runs.ledger import LEDGER, make_ledger
 from infra.runs.lineage import (
     CONFIG,
+    GUIDE,
     RECEIPT,
     config_hash,
     diff_runs,
@@ -18,9 +20,12 @@ from infra.runs.lineage import (
     list_runs,
     make_receipt,
     manifest_hash,
+    write_guide,
     write_receipt,
 )
 from infra.runs.record import RECORD
+from tests.fakes.ledgers import CPU_NODE, attempt
+from tests.unit.infra.runs.test_record import dead_owner
 
 
 def test_the_manifest_hash_is_the_staged_versions(tmp_path):
@@ -45,11 +50,10 @@ def receipt_of(tmp_path, run_id: str, seed: int = 0, digest: str = "ab" * 32, **
     out = tmp_path / "runs" / run_id
     write_json(out / RECORD, {"run_id": run_id, "status": "complete"})
     write_json(out / "metrics.json", metrics)
-    write_json(
-        out / LEDGER,
-        {"total": {"node_seconds": 7200.0, "gpu_hours": 0.0, "cost": 1.5}, "currency": "USD", "lost_gpu_hours": 0.0},
-    )
-    return write_receipt(out, cfg, make_receipt(cfg, run_id, "inputs-1", "scripts/v1", "synthetic", None, metrics))
+    ledger = make_ledger(CPU_NODE, {"upload-scripts": 0.0}, [], [attempt(1, "completed", 7200.0)])
+    write_json(out / LEDGER, ledger)
+    receipt = make_receipt(cfg, run_id, "inputs-1", "scripts/v1", "synthetic", None, metrics, ledger)
+    return write_receipt(out, cfg, receipt)
 
 
 def test_a_receipt_holds_the_runs_lineage_and_the_config_beside_it(tmp_path):
@@ -127,3 +131,61 @@ def test_the_diff_names_each_field_that_differs_and_no_other(tmp_path):
     assert "receipt.config_hash" in rows
     assert "receipt.scripts" not in rows and "metrics.model" not in rows and "ledger.cost" not in rows
     assert diff_runs(tmp_path / "runs" / "run-a", tmp_path / "runs" / "run-a") == []
+
+
+def test_the_receipt_and_the_list_of_runs_count_every_attempt_at_training(tmp_path):
+    cfg = load_config(None, {"workdir": tmp_path}, environ={})
+    out = tmp_path / "runs" / "resumed"
+    write_json(out / RECORD, {"run_id": "resumed", "status": "complete"})
+    ledger = make_ledger(
+        CPU_NODE, {"run-training": 0.0}, [], [attempt(1, "killed", 1800.0), attempt(2, "completed", 5400.0)]
+    )
+    write_json(out / LEDGER, ledger)
+    receipt = make_receipt(cfg, "resumed", "inputs-1", "scripts/v1", "synthetic", None, {}, ledger)
+    assert receipt["cost"] == {
+        "training_seconds": 7200.0,
+        "attempts": [
+            {"attempt": 1, "ended": "killed", "seconds": 1800.0},
+            {"attempt": 2, "ended": "completed", "seconds": 5400.0},
+        ],
+        "node_hours": 2.0,
+        "gpu_hours": 0.0,
+        "cost": 1.5,
+        "currency": "USD",
+        "lost_gpu_hours": 0.0,
+    }
+    write_receipt(out, cfg, receipt)
+    stopped = tmp_path / "runs" / "stopped"  # killed, not resumed yet: no ledger, its attempt as it stands
+    write_json(stopped / RECORD, {"run_id": "stopped", "status": "interrupted"})
+    killed = {
+        "attempt": 1,
+        "flow_run": "f",
+        "owner": dead_owner(),
+        "started": 1e9,
+        "seen": 1e9 + 42,
+        "ended": "running",
+    }
+    write_json(stopped / ATTEMPTS, {"attempts": [killed]})
+    receipt_of(tmp_path, "fresh")
+    rows = {r["run_id"]: r for r in list_runs(tmp_path / "runs")}
+    assert (rows["resumed"]["training_seconds"], rows["resumed"]["node_hours"], rows["resumed"]["cost"]) == (
+        7200.0,
+        2.0,
+        1.5,
+    )
+    assert [a["ended"] for a in rows["resumed"]["attempts"]] == ["killed", "completed"]
+    assert rows["stopped"]["attempts"] == [{"attempt": 1, "ended": "killed", "seconds": 42.0}]
+    assert rows["stopped"]["training_seconds"] == 42.0 and rows["stopped"]["node_hours"] is None
+    fields = {r["field"] for r in diff_runs(out, tmp_path / "runs" / "fresh")}
+    assert "receipt.run_id" in fields and not any(f.startswith("receipt.cost") for f in fields)  # ledger.* says it
+
+
+def test_the_run_folder_says_which_file_is_what(tmp_path):
+    for name in ("model.keras", "metrics.json", "plot.svg", LEDGER, RECEIPT, "extra.txt"):
+        (tmp_path / name).write_text("x")
+    (tmp_path / "logs").mkdir()
+    write_guide(tmp_path, "model.keras")
+    lines = (tmp_path / GUIDE).read_text().splitlines()
+    listed = [line.split("`")[1] for line in lines if line.startswith("- ")]
+    assert listed == ["model.keras", "metrics.json", "plot.svg", LEDGER, RECEIPT, "logs", GUIDE, "extra.txt"]
+    assert "- `model.keras`: the trained model" in lines[4] and "checkpoints" not in "\n".join(lines)

@@ -32,6 +32,8 @@ def test_a_rerun_with_the_same_inputs_resumes_the_unfinished_run_and_only_that(t
         assert (run_id, resumed) == ("first", True)
     with tracked_run(tmp_path, "third", "same") as (run_id, resumed):  # "first" is complete now: a new run
         assert (run_id, resumed) == ("third", False)
+    assert read_record(tmp_path / "first")["flow_runs"] == ["first", "second"]  # the ledger counts both
+    assert read_record(tmp_path / "third")["flow_runs"] == ["third"]
 
 
 def dead_owner() -> str:
