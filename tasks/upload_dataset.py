@@ -1,13 +1,15 @@
 """Step 2: write the data set to Blob storage as large tar shards, in parallel, manifest last.
 
 Re-running with unchanged data uploads nothing; changing one file re-uploads only its shard; a run
-that crashed resumes without re-sending the shards already stored (a blob exists only once whole).
+that crashed, or whose storage failed, resumes without re-sending the shards Blob still holds and can serve
+(a blob exists only once whole; each stored shard an unfinished upload left is read where Blob could have lost it).
 """
 
 import tempfile
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from prefect import task
@@ -16,7 +18,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from infra.core.errors import BadInput
 from infra.data import manifest as mf
-from infra.storage.blobstore import BlobStore, StorageConfig, open_store
+from infra.storage.blobstore import BlobStore, StorageConfig, StorageError, open_store
 from infra.storage.transfers import Transfer, in_parallel, step_plan, transfer_progress
 from tasks.retry import unless_permanent
 from trainer.datasets import FORMAT, Manifest
@@ -62,8 +64,9 @@ class UploadPlan:
 
     index: mf.Index
     header: dict  # the new manifest's header
-    stored: set[str]  # shard blobs already in the container
+    stored: set[str]  # shard blobs already in the container (those it lists but cannot serve left out)
     previous: dict | None  # the stored manifest's metadata (version, shard_count, files), if any
+    why: dict[str, str] = field(default_factory=dict)  # shard blob -> why it is sent, where it is not just new
 
     @property
     def version(self) -> str:
@@ -76,6 +79,15 @@ class UploadPlan:
     def unchanged(self) -> bool:
         """Whether the stored manifest already describes this data set."""
         return bool(self.previous and self.previous.get("version") == self.version)
+
+    def accounting(self, name: str) -> str:
+        """The shards skipped and sent, and why each was sent: the line a re-run after a fault is read by."""
+        todo, shards = self.todo(name), len(self.index.shards)
+        reasons = [self.why.get(mf.shard_blob(name, sid), "") for sid in todo]
+        parts = [f"{reasons.count('')} never stored"] if reasons.count("") else []
+        parts += [f"{n} {WHY[reason]}" for reason in WHY if (n := reasons.count(reason))]
+        sent = f"{len(todo)} sent ({', '.join(parts)})" if todo else "none sent"
+        return f"{name}: {shards} shards: {shards - len(todo)} in Blob and checked, skipped; {sent}"
 
     def row(self, name: str) -> dict:
         """The step's decision: what it sends, or why it sends nothing."""
@@ -114,11 +126,58 @@ def decide_upload(
     return UploadPlan(index, header, stored, previous)
 
 
-def plan_upload(store: BlobStore, cfg: StorageConfig, name: str, index: mf.Index) -> UploadPlan:
-    """Read the container's state (the manifest's metadata, the shard names) and plan the shards."""
+# Why a shard Blob lacks is sent (one never stored has no entry), as the summary words it.
+WHY = {
+    "gone": "acknowledged by Blob in an earlier attempt and gone since",
+    "unreadable": "listed by Blob but not served whole",
+}
+BLOCK = 4 << 20  # the block size of BlobStore's uploads (blobstore.py): a probe reads one byte of each block
+TAR_END = 1024  # a tar ends in two zero blocks of 512 bytes (and zero padding to its 10 kB record)
+
+
+def sent_log(workdir: Path, name: str) -> Path:
+    """The shards Blob acknowledged to uploads of `name` until a run finds its manifest listed (an acknowledged
+    manifest is not yet a kept one: a killed Azurite forgets its last seconds): a re-run tells by it a shard that
+    was never stored from one that Blob stored and then lost."""
+    return workdir / "cache" / f"sent-{name}.txt"
+
+
+def plan_upload(store: BlobStore, cfg: StorageConfig, name: str, index: mf.Index, workdir: Path) -> UploadPlan:
+    """Read the container's state (the manifest's metadata, the shard names) and plan the shards. Unless the stored
+    manifest already describes this data set, the stored shards it needs are probed: an upload that did not finish
+    left them, and a killed Azurite can come back listing a shard whose data it no longer finds."""
     store.ensure_container()
-    stored = set(store.names(mf.dataset_prefix(name) + "shards/"))
-    return decide_upload(cfg, name, index, store.metadata(mf.manifest_blob(name)), stored)
+    listed = store.names(mf.dataset_prefix(name) + "shards/")
+    plan = decide_upload(cfg, name, index, store.metadata(mf.manifest_blob(name)), set(listed))
+    log = sent_log(workdir, name)
+    if plan.unchanged():  # Blob lists this data set's manifest, so it kept every shard: the sent log has done its work
+        log.unlink(missing_ok=True)
+        return plan
+    needed = {mf.shard_blob(name, sid) for sid in index.shards.values()}
+    unreadable = unservable(store, {blob: size for blob, size in listed.items() if blob in needed})
+    acknowledged = set(log.read_text().split()) if log.exists() else set()
+    plan.stored -= unreadable
+    plan.why = dict.fromkeys(acknowledged - set(listed), "gone") | dict.fromkeys(unreadable, "unreadable")
+    return plan
+
+
+def unservable(store: BlobStore, listed: dict[str, int]) -> set[str]:
+    """The listed shards (name -> size) that Blob cannot serve whole, probed `store.concurrency` at a time."""
+    with ThreadPoolExecutor(max_workers=store.concurrency) as pool:
+        served = dict(zip(listed, pool.map(lambda item: servable(store, *item), listed.items())))
+    return {blob for blob, ok in served.items() if not ok}
+
+
+def servable(store: BlobStore, blob: str, size: int) -> bool:
+    """Whether Blob serves `blob` whole: one byte of each block but the last is read, and the last KiB, which must be
+    the tar's zero end. (An Azurite killed between saving its list of blobs and its list of data files lists the
+    blob and answers any read of it with 500.) A failed read is a no: the shard is sent again."""
+    try:
+        for offset in range(0, (size - 1) // BLOCK * BLOCK, BLOCK):
+            store.read_range(blob, offset, 1)
+        return size >= TAR_END and store.read_range(blob, size - TAR_END, TAR_END) == bytes(TAR_END)
+    except StorageError:
+        return False
 
 
 def synced_state(server_manifest: Path | None, name: str) -> tuple[dict | None, set[str]]:
@@ -150,8 +209,8 @@ def upload_dataset(
         if bad and bad_files == "fail":
             raise bad_files_error(index, bad, data_dir, workdir, name)
         with transfer.timed("pack + upload"):
-            plan = plan_upload(store, cfg, name, index)
-            todo, transfer.plan = plan.todo(name), plan.row(name)
+            plan = plan_upload(store, cfg, name, index, workdir)
+            todo, transfer.plan = plan.todo(name), {**plan.row(name), "shards": plan.accounting(name)}
             counts = [sum(n for n, _ in todo.values()), sum(b for _, b in todo.values())]
             transfer.skipped_files, transfer.skipped_bytes = (
                 plan.header["files"] - counts[0],
@@ -167,9 +226,16 @@ def upload_dataset(
                 path.unlink()
     for blob in doomed:
         store.delete(blob)
+    return summarised(transfer, plan.version, len(bad))
+
+
+def summarised(transfer: Transfer, version: str, bad: int) -> Transfer:
+    """The transfer with its note: the shards' accounting (what a re-run after a fault skipped, sent, and why), which
+    is also printed."""
+    Console(highlight=False).print(f"data set -> blob: {transfer.plan['shards']}", markup=False, soft_wrap=True)
     transfer.notes.append(
-        f"{len(index.shards)} shards, {len(todo)} uploaded, version {plan.version[:12]}"
-        + (f", {len(bad)} bad images left out of training" if bad else "")
+        f"{transfer.plan['shards']}, version {version[:12]}"
+        + (f", {bad} bad images left out of training" if bad else "")
     )
     return transfer
 
@@ -195,11 +261,17 @@ def send_shards(
     workdir: Path,
     advance,
 ) -> None:
-    """Build each shard in a temporary file and upload it, store.concurrency at a time."""
+    """Build each shard in a temporary file and upload it, store.concurrency at a time; note each that Blob
+    acknowledges in the sent log (see sent_log)."""
+    log = sent_log(workdir, name)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    mf.check_shard_space(workdir / "tmp", todo, store.concurrency)  # refused before the first is packed
 
     def send(sid: str, counts: tuple[int, int], tmp: Path) -> None:
         mf.write_shard(data_dir, index.shard_files(sid), tmp / "shard.tar")
         store.upload_file(tmp / "shard.tar", mf.shard_blob(name, sid), metadata={"files": str(counts[0])})
+        with open(log, "a") as f:  # one short write: appends from the threads do not interleave
+            f.write(mf.shard_blob(name, sid) + "\n")
         advance(counts[1], counts[0])
 
     in_parallel(todo, send, workdir / "tmp", store.concurrency)
