@@ -38,11 +38,32 @@ def summary_markdown(summary: dict, durations: dict[str, float]) -> str:
         f"- results: `{summary['results']['share']}`",
         *bad_files_lines(m, summary["results"]["share"]),
         "",
-        "| step | seconds |",
-        "|---|---|",
+        "| step | did | why | files | MB | seconds |",
+        "|---|---|---|---|---|---|",
     ]
-    lines += [f"| {name} | {seconds:.1f} |" for name, seconds in durations.items()]
+    lines += ["| " + " | ".join(row.values()) + " |" for row in step_rows(summary.get("done", []), durations)]
     return "\n".join(lines + attempt_lines(summary.get("attempts") or []) + ledger_lines(summary.get("ledger"))) + "\n"
+
+
+def step_rows(done: list[dict], seconds: dict[str, float]) -> list[dict[str, str]]:
+    """One row per step of a run: ran or skipped and why, the files and MB it moved, its seconds (its Prefect task's
+    in `seconds`, else a transfer's own); then the flow's other tasks (tracking, the ledger, deleting the pool),
+    which ran and say no more."""
+    rows = [
+        {
+            "step": row["step"],
+            "did": row["did"],
+            "why": row["why"],
+            "files": str(row.get("files", "")),
+            "MB": str(row.get("MB", "")),
+            "seconds": f"{seconds.get(row['step'], row.get('seconds', 0.0)):.1f}",
+        }
+        for row in done
+    ]
+    steps = {row["step"] for row in done}
+    others = [(name, took) for name, took in seconds.items() if name not in steps]
+    blank = {"why": "", "files": "", "MB": ""}
+    return rows + [{"step": name, "did": "ran", **blank, "seconds": f"{took:.1f}"} for name, took in others]
 
 
 def data_wait_lines(shares: list[float] | None) -> list[str]:

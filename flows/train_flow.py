@@ -47,5 +47,6 @@ def run_summary(ctx: Context) -> dict:
         "results": ctx.results,
         "out": str(ctx.run.out),
         "steps": list(ctx.staged.values()),
+        "done": ctx.done,
         "tracking": ctx.tracked,
     }

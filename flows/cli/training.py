@@ -172,6 +172,10 @@ def run_flow(cfg: FlowConfig, dry_run: bool) -> None:
         from flows.train_flow import train_flow
 
         result = train_flow(cfg)
+    from flows.report import step_rows
+    from infra.storage.transfers import print_summary_table
+
+    print_summary_table(step_rows(result["done"], result["step_seconds"]), title="what each step did")
     print_summary(TrainingMetrics.model_validate(result["metrics"]), Path(result["out"]))
     print(f"results on the file share: {result['results']['share']}")
 

@@ -37,6 +37,20 @@ class Context:
     trained: dict = field(init=False)  # training: the metrics, the job's command, its attempts
     receipt: dict = field(init=False)  # results: what was trained, from what
     results: dict = field(init=False)  # results: where they went
+    done: list[dict] = field(default_factory=list)  # every step, as it ends: what it did (`did`), for the summary
+
+    def did(self, plan: dict, moved: dict | None = None) -> None:
+        """Record a step's end: its decision (a step_plan row: ran or skipped, and why) and, for a transfer, the
+        files and megabytes it moved and its seconds."""
+        moved = moved or {}
+        self.done.append(
+            {
+                "step": plan["step"],
+                "did": "ran" if plan["action"] == "run" else "skipped",
+                "why": plan["detail"],
+                **{key: moved[key] for key in ("files", "MB", "seconds") if key in moved},
+            }
+        )
 
     @property
     def folder(self) -> Path:

@@ -50,6 +50,13 @@ def planned_upload(ctx: Context) -> dict:
 def run(ctx: Context) -> None:
     """Upload the shards Blob lacks, then the manifest."""
     ctx.staged["upload"] = uploaded(ctx)
+    ctx.did(moved_plan(STEP, ctx.staged["upload"]), ctx.staged["upload"])
+
+
+def moved_plan(step: str, moved: dict) -> dict:
+    """The decision a staging step recorded with what it moved; where it moved nothing by design (synthetic or
+    staged data), a skip that says why in the transfer's own words."""
+    return moved.get("plan") or step_plan(step, "skip", moved["step"])
 
 
 def uploaded(ctx: Context) -> dict:

@@ -4,6 +4,7 @@ first: a missing or unbuildable image fails the run before any data moves."""
 
 from flows.steps.context import Context
 from infra.images.build_context import wheel_cache
+from infra.storage.transfers import step_plan
 from tasks.build_image import build_image_task, plan_image
 
 
@@ -23,6 +24,9 @@ def plan(ctx: Context) -> list[dict]:
 
 def run(ctx: Context) -> None:
     """Build (unless built) and push the image, or check image.use, if needed; the image is its reference."""
-    if needed(ctx):
-        stack = ctx.cfg.training.IMAGE_STACK
-        ctx.image = build_image_task(ctx.cfg.image, ctx.cfg.workdir, wheel_cache(), stack=stack)["image"]
+    if not needed(ctx):
+        ctx.did(step_plan("build-image", "skip", f"nothing runs in an image on the {ctx.cfg.pool.backend} pool"))
+        return
+    built = build_image_task(ctx.cfg.image, ctx.cfg.workdir, wheel_cache(), stack=ctx.cfg.training.IMAGE_STACK)
+    ctx.image = built["image"]
+    ctx.did(built["plan"])

@@ -25,6 +25,7 @@ def run(ctx: Context) -> None:
     write_plot(out, metrics)
     write_guide(out, model)
     ctx.results = collect_results_task(out, ctx.run_id, cfg.fileshare, cfg.storage, ctx.port, cfg.workdir, model)
+    ctx.did(step_plan("collect-results", "run", f"{ctx.results['share']}, the model to Blob"), ctx.results)
 
 
 def operations(ctx: Context) -> list[str]:

@@ -18,6 +18,7 @@ def run(ctx: Context) -> None:
     """Upload the scripts unless the share holds their version."""
     ctx.staged["scripts"] = upload_scripts_task(ctx.cfg.fileshare, ctx.cfg.workdir)
     ctx.scripts = ctx.staged["scripts"]["version"]
+    ctx.did(ctx.staged["scripts"]["plan"], ctx.staged["scripts"])
 
 
 def operations(ctx: Context) -> list[str]:

@@ -8,7 +8,7 @@ from typing import NamedTuple, cast
 
 from flows.config import STAGED, SYNTHETIC, FlowConfig
 from flows.steps.context import Context, container_url
-from flows.steps.dataset import NOTHING, unwritten
+from flows.steps.dataset import NOTHING, moved_plan, unwritten
 from infra.compute import backend_of
 from infra.data import manifest as mf
 from infra.storage.fileserver import FileServer
@@ -42,6 +42,7 @@ def run(ctx: Context) -> None:
     synthetic = ctx.cfg.data == SYNTHETIC
     ctx.staged["sync"] = {**Transfer(NOTHING).row(), "path": SYNTHETIC} if synthetic else WAYS[where(ctx.cfg)].run(ctx)
     ctx.data = data_version(ctx.staged["sync"]["path"])
+    ctx.did(moved_plan(STEP, ctx.staged["sync"]), ctx.staged["sync"])
 
 
 def operations(ctx: Context) -> list[str]:

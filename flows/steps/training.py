@@ -27,10 +27,19 @@ def run(ctx: Context) -> None:
     cfg, pool = ctx.cfg, plan_pool(ctx.cfg, ctx.run, ctx.image)
     try:
         ctx.pool = create_pool_task(pool, cfg.pool, cfg.training.workers, set())
+        ctx.did(step_plan("create-pool", "run", f"{cfg.pool.backend} pool, {slots(cfg.pool)} slots"))
         training = tracked_training(cfg.training, ctx.tracked)
         ctx.trained = run_training_task(pool, training, ctx.run.out, cfg.job.timeout_s, ctx.resumed)
+        ctx.did(step_plan("run-training", "run", trained_how(ctx)))
     finally:
         delete_pool_task(pool)
+
+
+def trained_how(ctx: Context) -> str:
+    """The training step in words: the workers and launcher, resumed or afresh."""
+    training = ctx.cfg.training
+    how = f"{training.model} on {training.workers} workers ({training.launcher})"
+    return f"{how}, resumed run {ctx.run_id} from its last checkpoint" if ctx.resumed else how
 
 
 def operations(ctx: Context) -> list[str]:

@@ -108,7 +108,7 @@ def print_summary_table(rows: list[dict], console: Console | None = None, title:
     """One table of rows (by default `Transfer.row()`s: files, bytes, seconds, MB/s and what was skipped, per step)."""
     table = Table(title=title)
     for column in rows[0]:
-        table.add_column(column, justify="left" if column in ("step", "detail") else "right")
+        table.add_column(column, justify="left" if column in ("step", "detail", "did", "why") else "right")
     for row in rows:
         table.add_row(*(str(v) for v in row.values()))
     (console or Console()).print(table)

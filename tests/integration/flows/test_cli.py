@@ -1,5 +1,6 @@
 """The trainflow command as a user runs it: help everywhere, the digits command, the dry run, the smoke run."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -8,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from flows.cli import app
-from tests.fakes.bad_inputs import with_file
+from tests.fakes.bad_inputs import images, with_file
 
 pytestmark = pytest.mark.integration  # the command as a user runs it
 
@@ -32,7 +33,8 @@ def test_every_command_has_help(command):
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([TRAINFLOW, *args], capture_output=True, text=True, timeout=300)
+    env = {**os.environ, "COLUMNS": "400"}  # rich's tables unwrapped
+    return subprocess.run([TRAINFLOW, *args], capture_output=True, text=True, timeout=300, env=env)
 
 
 def test_a_corrupt_image_found_during_training_names_rank_and_file(tmp_path):
@@ -85,3 +87,30 @@ def test_smoke_runs_one_worker_on_synthetic_data_through_the_whole_pipeline(tmp_
     metrics = next((tmp_path / "work" / "fileshare" / "results").glob("*/metrics.json")).read_text()
     assert '"data": "synthetic"' in metrics and '"global_step": 100' in metrics
     assert not (tmp_path / "work" / "fileserver").exists()  # nothing staged
+
+
+def test_an_unchanged_rerun_says_which_steps_it_skipped_and_why(tmp_path):
+    """Each step of a run prints what it did: a second run of the same command on the same data skips the scripts,
+    the upload and the sync, and says why on each one's row."""
+    images(tmp_path / "data", count=8)
+    (tmp_path / "tiny.yaml").write_text(
+        "training: {model: resnet18, image_size: 32, batch_size: 4, loader_workers: 0, threads: 1, warmup_epochs: 0}\n"
+    )
+    args = ("smoke", "--config", str(tmp_path / "tiny.yaml"), "--data", str(tmp_path / "data"))
+    first = run_cli(*args, "--workdir", str(tmp_path / "work"))
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert row_of(first.stdout, "upload-dataset")[:2] == ["upload-dataset", "ran"]
+    again = run_cli(*args, "--workdir", str(tmp_path / "work"))
+    assert again.returncode == 0, again.stderr[-3000:]
+    for step in ("upload-scripts", "upload-dataset", "sync-to-file-server"):
+        step_name, did, why = row_of(again.stdout, step)[:3]
+        assert did == "skipped" and why, again.stdout
+    assert row_of(again.stdout, "build-image")[1:3] == ["skipped", "nothing runs in an image on the process pool"]
+    assert row_of(again.stdout, "run-training")[1] == "ran"
+
+
+def row_of(output: str, step: str) -> list[str]:
+    """The cells of `step`'s row in the table "what each step did" (rich's box characters split them)."""
+    table = output[output.index("what each step did") :]
+    line = next(line for line in table.splitlines() if f" {step} " in line)
+    return [cell.strip() for cell in line.strip("│┃ ").split("│")]

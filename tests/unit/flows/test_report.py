@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from flows.report import epoch_rows, summary_markdown, svg_plot
+from flows.report import epoch_rows, step_rows, summary_markdown, svg_plot
 from infra.engines.contract import TrainingMetrics
 from trainer import data
 
@@ -37,7 +37,7 @@ def test_report_pieces():
         "world size: 2 (ddp)",
         "123.4 images/s",
         "val top-1: 50.00%",
-        "| run-training | 60.0 |",
+        "| run-training | ran |  |  |  | 60.0 |",
         "/share/results/r1",
     ):
         assert needle in text, needle
@@ -81,3 +81,39 @@ def test_the_run_summary_shows_the_images_left_out():
         summary, {}
     )
     assert "left out" not in summary_markdown({**summary, "metrics": {**metrics, "bad_files": None}}, {})
+
+
+def test_each_step_says_what_it_did_why_what_it_moved_and_how_long_it_took():
+    done = [
+        {"step": "build-image", "did": "skipped", "why": "nothing runs in an image on the process pool"},
+        {"step": "upload-dataset", "did": "skipped", "why": "digits unchanged", "files": 0, "MB": 0.0, "seconds": 0.4},
+        {"step": "run-training", "did": "ran", "why": "resnet18 on 2 workers (torchrun)"},
+    ]
+    rows = step_rows(done, {"upload-dataset": 3.0, "run-training": 61.25, "delete-pool": 0.5})
+    assert rows == [
+        {
+            "step": "build-image",
+            "did": "skipped",
+            "why": "nothing runs in an image on the process pool",
+            "files": "",
+            "MB": "",
+            "seconds": "0.0",
+        },
+        {
+            "step": "upload-dataset",
+            "did": "skipped",
+            "why": "digits unchanged",
+            "files": "0",
+            "MB": "0.0",
+            "seconds": "3.0",
+        },  # its task's seconds (the scan and the upload), not only the transfer's
+        {
+            "step": "run-training",
+            "did": "ran",
+            "why": "resnet18 on 2 workers (torchrun)",
+            "files": "",
+            "MB": "",
+            "seconds": "61.2",
+        },
+        {"step": "delete-pool", "did": "ran", "why": "", "files": "", "MB": "", "seconds": "0.5"},
+    ]
