@@ -103,8 +103,9 @@ def test_bad_input_stops_before_any_service_starts(tmp_path, digits, args, confi
     path = tmp_path / "c.yaml"
     path.write_text(config)
     args = [a.format(tmp=tmp_path) for a in args] or ["--data", str(digits)]
+    config_args = ["--config", str(path)] if config else []  # an empty config file is itself refused
     result = subprocess.run(
-        [TRAINFLOW, "stage", "--config", str(path), "--workdir", str(tmp_path / "w"), *args],
+        [TRAINFLOW, "stage", *config_args, "--workdir", str(tmp_path / "w"), *args],
         capture_output=True,
         text=True,
         timeout=60,
