@@ -6,14 +6,16 @@ the preflight all of them, or each worker its share, the lists combined), else f
 OUT. --bad-files fail refuses them in one line; skip trains without them and says so. A file that fails
 later to decode (nothing checked it) stops the run with a message naming it.
 
-Three loaders (--loader), the same crops and the same sampler order: fast (the default) draws each training crop
+Four loaders (--loader), the same crops and the same sampler order: fast (the default) draws each training crop
 from the JPEG's header and decodes only that rectangle (jpeg_crop.py: libjpeg-turbo's partial decoding, the pixels
 of a whole decode), straight to uint8 tensors, resizes and flips them there and batches uint8, normalised on the
 device (`normalise`, in the step);
-pil is the original path (PIL images, normalised floats made in the loader); dali hands the files to NVIDIA DALI
-(dali.py). `trainflow bench loader` measures them.
+pil is the original path (PIL images, normalised floats made in the loader); gpu has the workers read the files and
+draw the fast loader's crops and flips (`CropFirst.encode`), and a thread of the training process decode them on
+the device (gpu_decode.py); dali hands the files to NVIDIA DALI (dali.py). `trainflow bench loader` measures them.
 """
 
+import io
 import itertools
 import math
 from collections.abc import Iterator
@@ -26,7 +28,7 @@ from torchvision.io import ImageReadMode, decode_jpeg, read_file
 from torchvision.transforms import v2
 from torchvision.transforms.functional import pil_to_tensor
 
-from trainer import dali, jpeg_crop
+from trainer import dali, gpu_decode, jpeg_crop
 from trainer.badfiles import (  # noqa: F401 - the bad-file rules, torch-free (every trainer's), part of the data API
     BAD_LIST,
     CHECKED,
@@ -72,6 +74,8 @@ def image_files(split: Split, transform, loader: str) -> ImageFiles:
     decodes its own (make_loader hands it the files)."""
     if isinstance(transform, CropFirst):  # it decodes only the crop (`crop`), then resizes and flips it (`finish`)
         return ImageFiles(split, transform.finish, transform.crop)
+    if isinstance(transform, gpu_decode.DeviceSteps):  # the workers only read and draw (`encode`); see make_loader
+        return ImageFiles(split, transform, transform.encode)
     return ImageFiles(split, transform, {"fast": read_uint8, "pil": load_rgb}.get(loader))
 
 
@@ -96,6 +100,9 @@ def train_transform(size: int, min_crop_scale: float, hflip: bool, loader: str =
         return dali.TrainSteps(size, min_crop_scale, hflip)
     if loader == "fast":
         return CropFirst(size, min_crop_scale, hflip)
+    if loader == "gpu":  # the fast loader's draws, in the workers; decoded, cropped, resized and flipped on the device
+        crops = CropFirst(size, min_crop_scale, hflip)
+        return gpu_decode.DeviceSteps(crops.encode, crops.resize, read_uint8)
     steps = [transforms.RandomResizedCrop(size, scale=(min_crop_scale, 1.0))]
     return transforms.Compose(steps + ([transforms.RandomHorizontalFlip()] if hflip else []) + to_floats(loader))
 
@@ -131,7 +138,8 @@ class CropFirst:
     crop from the JPEG's header and decodes only it (`crop`, through jpeg_crop; image_files makes `crop` the data
     set's decode and `finish` its transform); images that are not RGB or gray
     JPEGs, and every image where partial decoding is unavailable, are decoded whole and cropped, as `__call__` does
-    to a decoded uint8 tensor."""
+    to a decoded uint8 tensor. --loader gpu draws the same crops and flips in its workers (`encode`) and does the
+    rest on the device (gpu_decode.py)."""
 
     def __init__(self, size: int, min_crop_scale: float, hflip: bool):
         self.size, self.scale, self.hflip = size, (min_crop_scale, 1.0), hflip
@@ -149,21 +157,70 @@ class CropFirst:
     def crop(self, path: str) -> torch.Tensor:
         """The crop of the image at `path`, decoded, not yet resized."""
         content = read_jpeg(path) if jpeg_crop.library() else b""
-        shape = jpeg_crop.info(content) if content else None  # width, height, components; None: not a JPEG
-        # Without its end marker a file was cut short: a crop above the cut would decode, one below it not, so
-        # whether training stops would depend on the draw. Too many pixels: PIL's guard against decompression bombs.
-        # CMYK and YCCK (4 components) are PIL's to convert. read_uint8 decodes those whole, or names what is wrong.
-        if shape and shape[2] in jpeg_crop.TO_RGB and content.endswith(b"\xff\xd9") and not too_many_pixels(*shape[:2]):
-            top, left, h, w = crop_box(*shape[:2], self.scale)
+        if box := self.draw_box(content):
             try:
-                return jpeg_crop.decode_crop(content, top, left, h, w)
+                return jpeg_crop.decode_crop(content, *box)
             except (jpeg_crop.JpegError, ValueError):  # refused, or a header libjpeg reads otherwise than info
                 pass
         return self.cut(read_uint8(path))
 
+    def encode(self, path: str) -> gpu_decode.Encoded:
+        """--loader gpu's work in a loader worker: the file's bytes, and the crop and flip drawn as `crop` and
+        `finish` draw them (one seed, the fast loader's crops); an image the device's decoder cannot take (see
+        decodable) is decoded here, as `crop` decodes it, and cropped. Nothing here touches the device."""
+        content = read_jpeg(path)
+        box = self.draw_box(content)
+        image = content if box else self.cut(read_uint8(path)).contiguous()  # only the crop travels
+        return gpu_decode.Encoded(image, box, self.draw_flip(), path)
+
+    def draw_box(self, content: bytes) -> tuple[int, int, int, int] | None:
+        """The crop (top, left, height, width) of the JPEG `content`, drawn from its header; None, with nothing
+        drawn, when it is not a JPEG that this header lets us decode (see decodable)."""
+        shape = decodable(content)
+        return crop_box(*shape, self.scale) if shape else None
+
+    def resize(self, crop: torch.Tensor) -> torch.Tensor:
+        return v2.functional.resize(crop, [self.size, self.size], antialias=True)
+
+    def draw_flip(self) -> bool:
+        return self.hflip and bool(torch.rand(1) < 0.5)
+
     def finish(self, crop: torch.Tensor) -> torch.Tensor:
-        crop = v2.functional.resize(crop, [self.size, self.size], antialias=True)
-        return v2.functional.horizontal_flip(crop) if self.hflip and torch.rand(1) < 0.5 else crop
+        crop = self.resize(crop)
+        return v2.functional.horizontal_flip(crop) if self.draw_flip() else crop
+
+
+def decodable(content: bytes) -> tuple[int, int] | None:
+    """(width, height) of the JPEG `content` when a JPEG decoder takes it straight to RGB: gray or colour (CMYK and
+    YCCK, 4 components, are PIL's to convert), with its end marker (without it a file was cut short: a crop above the
+    cut would decode, one below it not, so whether training stops would depend on the draw), and no more pixels than
+    PIL's guard against decompression bombs allows. None otherwise: read_uint8 decodes it whole, or names what is
+    wrong with it."""
+    shape = jpeg_shape(content) if content else None  # width, height, components; None: not a JPEG
+    if shape and shape[2] in jpeg_crop.TO_RGB and content.endswith(b"\xff\xd9") and not too_many_pixels(*shape[:2]):
+        return shape[0], shape[1]
+    return None
+
+
+def jpeg_shape(content: bytes) -> tuple[int, int, int] | None:
+    """(width, height, components) from a JPEG's header: jpeg_crop's reader, or PIL's where the C library is
+    unavailable (the same numbers); None when `content` is not a JPEG either can read."""
+    if jpeg_crop.library():
+        return jpeg_crop.info(content)
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(content)) as img:
+            return (*img.size, len(img.getbands())) if img.format == "JPEG" else None
+    except Exception:  # any failure to read the header: read_uint8 names the file and why
+        return None
+
+
+def encode_whole(path: str) -> gpu_decode.Encoded:
+    """--loader gpu's work in a loader worker for evaluation: the file's bytes, or (an image the device's decoder
+    cannot take, see decodable) the image decoded here, whole; no crop, no flip."""
+    content = read_jpeg(path)
+    return gpu_decode.Encoded(content if decodable(content) else read_uint8(path), None, False, path)
 
 
 def without_restart_markers(split: Split, sample: int = 32) -> tuple[int, int]:
@@ -199,6 +256,8 @@ def val_transform(size: int, loader: str = "pil"):
     """Resize to size/0.875 and centre-crop, as in the ImageNet reference evaluation: deterministic."""
     if loader == "dali":
         return dali.ValSteps(size)
+    if loader == "gpu":  # the fast loader's evaluation, applied on the device to each whole decoded image
+        return gpu_decode.DeviceSteps(encode_whole, val_transform(size, "fast"), read_uint8)
     t = kind(loader)
     return t.Compose([t.Resize(round(size / 0.875)), t.CenterCrop(size), *to_floats(loader)])
 
@@ -258,9 +317,19 @@ def make_loader(
     device: torch.device = CPU,
 ):
     """A DataLoader over one worker's shard; with --loader dali, DALI's batches in the sampler's order (`workers` its
-    threads, on `device`)."""
+    threads, on `device`); with --loader gpu, the DataLoader's encoded batches decoded on `device` by a thread."""
     if isinstance(dataset.transform, (dali.TrainSteps, dali.ValSteps)):
         return dali.DaliBatches(dataset.samples, sampler, batch_size, dataset.transform, device, workers, drop_last)
+    if isinstance(dataset.transform, gpu_decode.DeviceSteps):  # bytes, not pixels: nothing worth pinning
+        loader = data_loader(dataset, batch_size, sampler, workers, False, drop_last, gpu_decode.collate)
+        return gpu_decode.DeviceBatches(loader, dataset.transform, device)
+    return data_loader(dataset, batch_size, sampler, workers, pin_memory, drop_last)
+
+
+def data_loader(
+    dataset, batch_size: int, sampler, workers: int, pin_memory: bool, drop_last: bool, collate=None
+) -> DataLoader:
+    """torch's DataLoader over `dataset` in the order of `sampler`, its worker processes kept between epochs."""
     return DataLoader(
         dataset,
         batch_size=batch_size,
@@ -268,6 +337,7 @@ def make_loader(
         num_workers=workers,
         pin_memory=pin_memory,
         drop_last=drop_last,
+        collate_fn=collate,
         persistent_workers=workers > 0,
     )
 

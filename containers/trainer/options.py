@@ -15,7 +15,9 @@ from trainer.errors import UsageError
 from trainer.layout import cannot_write_in, nearest_existing
 from trainer.tracking import check_trackers
 
-LOADERS = ("fast", "pil", "dali")  # --loader: see data.py and dali.py
+LOADERS = ("fast", "pil", "dali", "gpu")  # --loader: see data.py, dali.py and gpu_decode.py
+# --compile-mode: torch.compile's modes (reduce-overhead: CUDA graphs; max-autotune: Triton kernels tuned per shape)
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 GRAD_COMPRESSIONS = ("none", "fp16", "bf16")  # --grad-compression: see distributed.py
 # The classifiers of the pinned torchvision (torchvision.models.list_models(module=torchvision.models)), listed here
 # so that the orchestrator checks training.model before anything starts without importing torch; the trainer checks
@@ -193,7 +195,10 @@ def add_pytorch_options(p: argparse.ArgumentParser) -> None:
         help="fast: only the training crop of a JPEG decoded (libjpeg-turbo), straight to uint8 tensors, "
         "normalised on the device; "
         "pil: PIL images, normalised floats made by the loader (the original path); dali: NVIDIA "
-        "DALI (GPU decoding on a GPU, its CPU mode otherwise; pip install 'trainflow[dali]')",
+        "DALI (GPU decoding on a GPU, its CPU mode otherwise; pip install 'trainflow[dali]'); gpu: the workers "
+        "read the files and draw the fast loader's crops, a thread of the training process decodes each batch on "
+        "the device (nvJPEG, batched, on a GPU) and crops, resizes and flips there; PNG, CMYK and what the "
+        "device refuses are decoded on the CPU",
     )
     p.add_argument(
         "--pin-memory", choices=["auto", "on", "off"], default="auto", help="auto: on when training on a GPU"
@@ -205,6 +210,21 @@ def add_pytorch_options(p: argparse.ArgumentParser) -> None:
         help="torch.compile the model (TorchDynamo + Inductor); auto: on for a GPU (1.26x ResNet-50's "
         "images/s on one H100, README: Benchmark), off on the CPU (its first steps pay minutes of "
         "compiling); never in pipeline mode",
+    )
+    p.add_argument(
+        "--compile-mode",
+        choices=COMPILE_MODES,
+        default="default",
+        help="torch.compile's mode, with --compile on (or auto on a GPU): reduce-overhead replays the step as CUDA "
+        "graphs, max-autotune also tunes Triton kernels per shape (minutes of compiling), "
+        "max-autotune-no-cudagraphs tunes without the graphs",
+    )
+    p.add_argument(
+        "--fused-optimizer",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="SGD's update as one fused kernel over every parameter (fused=True) rather than a kernel per parameter "
+        "and step (off: torch's default, foreach on CUDA); auto: on for CUDA and the CPU, where torch has it",
     )
     p.add_argument("--channels-last", choices=["auto", "on", "off"], default="auto", help="auto: on for GPU")
     p.add_argument(
@@ -254,6 +274,11 @@ def check_args(args: argparse.Namespace) -> None:
     check_microbatches(args.batch_size, args.microbatches)
     if args.parallel == "pipeline" and args.backend == "horovod":
         raise UsageError("Horovod has no pipeline parallelism; run --parallel pipeline under torchrun")
+    if args.compile_mode != "default" and (args.compile == "off" or args.parallel == "pipeline"):
+        raise UsageError(
+            f"--compile-mode {args.compile_mode} needs a compiled model: pass --compile on (or auto, on a GPU) "
+            "with --parallel data, or leave --compile-mode out"
+        )
 
 
 def check_common_args(args: argparse.Namespace, at_least_one: tuple[str, ...] = ()) -> None:

@@ -41,7 +41,7 @@ if __package__ in (None, ""):  # run as a script: make the `trainer` package imp
 
 import torch
 
-from trainer import badfiles, checkpoint, console, data, metrics, tracking
+from trainer import badfiles, checkpoint, console, data, gpu_decode, metrics, tracking
 from trainer.distributed import Backend, leave_process_group, make_backend, pick_device
 from trainer.errors import UsageError
 from trainer.layout import SYNTHETIC
@@ -52,6 +52,7 @@ from trainer.pipeline import Pipeline, blocks_of, parameter_costs, partition, th
 from trainer.schedule import Schedule, lr_factor
 
 log = logging.getLogger("trainer")
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # the --compile-mode values that replay CUDA graphs
 
 
 @dataclass
@@ -192,14 +193,7 @@ def set_up(args) -> Run:
     train_batches, val_batches, classes, facts = make_batches(args, backend, device, channels_last, replica, replicas)
     before_model = resident_mb()
     model, pipeline = build_for_rank(args, backend, len(classes), device, channels_last)
-    # fused: one kernel updates every parameter (CPU and CUDA), instead of a loop of small ones per parameter
-    optimizer = torch.optim.SGD(
-        model.parameters(),
-        lr=args.lr,
-        momentum=args.momentum,
-        weight_decay=args.weight_decay,
-        fused=device.type in ("cpu", "cuda"),
-    )
+    optimizer = make_optimizer(args, model, device)
     run = Run(
         args,
         backend,
@@ -223,6 +217,19 @@ def set_up(args) -> Run:
     if state is not None:
         restore_progress(run, state)
     return run
+
+
+def make_optimizer(args, model: torch.nn.Module, device: torch.device) -> torch.optim.SGD:
+    """SGD with momentum and weight decay; --fused-optimizer: one kernel updates every parameter (auto: where torch
+    has it, CUDA and the CPU) rather than kernels per parameter (off: torch's default, foreach on CUDA)."""
+    fused = args.fused_optimizer == "on" or (args.fused_optimizer == "auto" and device.type in ("cpu", "cuda"))
+    return torch.optim.SGD(
+        model.parameters(),
+        lr=args.lr,
+        momentum=args.momentum,
+        weight_decay=args.weight_decay,
+        fused=fused or None,
+    )
 
 
 def data_shard(args, backend: Backend) -> tuple[int, int]:
@@ -286,18 +293,7 @@ def make_batches(args, backend: Backend, device: torch.device, channels_last: bo
     train_set = data.image_files(
         train_split, data.train_transform(args.image_size, args.min_crop_scale, args.hflip, args.loader), args.loader
     )
-    if args.loader == "fast" and not data.jpeg_crop.library():
-        log.warning(
-            "partial JPEG decoding is unavailable (%s): the fast loader decodes whole images",
-            data.jpeg_crop.unavailable(),
-        )
-    elif args.loader == "fast" and backend.rank == 0 and (lacking := data.without_restart_markers(train_split))[0]:
-        log.info(
-            "%d of %d training JPEGs sampled have no restart markers: `trainflow data add-restart-markers "
-            "--data DIR` rewrites them losslessly, once, so that the fast loader decodes only each crop's MCUs "
-            "(about 1.2x its images/s per core, README: Benchmark)",
-            *lacking,
-        )
+    facts["jpeg_decoding"] = check_loader(args, backend.rank, device, train_split)
     sampler = data.ResumableSampler(train_set, shards, shard, shuffle=True, seed=args.seed)
     train_batches = data.make_loader(train_set, args.batch_size, sampler, args.loader_workers, pin, True, device)
     if val_split is None:
@@ -307,6 +303,35 @@ def make_batches(args, backend: Backend, device: torch.device, channels_last: bo
     val_sampler = data.ShardSampler(len(val_set), shard, shards)  # a pipeline's stages pass the same batches on
     val_batches = data.make_loader(val_set, args.batch_size, val_sampler, args.loader_workers, pin, False, device)
     return train_batches, val_batches, train_split.classes, facts
+
+
+def check_loader(args, rank: int, device: torch.device, train_split: data.Split) -> str:
+    """Say what the chosen loader lacks here (the fast loader's partial decoding, its restart markers); refuse
+    --loader gpu where the device has no JPEG decoder. Returns how the training JPEGs are decoded, as metrics.json
+    records it (jpeg_decoding): crop (only each crop, jpeg_crop), whole: why (the fast loader without it), nvjpeg,
+    libjpeg-turbo (--loader gpu off CUDA), or the loader's name (pil, dali)."""
+    if args.loader == "gpu":
+        gpu_decode.check_device(device)
+        if device.type == "cuda":
+            return "nvjpeg"
+        log.warning("--loader gpu on %s: the decode thread decodes with libjpeg-turbo, not nvJPEG", device)
+        return "libjpeg-turbo"
+    if args.loader != "fast":
+        return args.loader
+    if not data.jpeg_crop.library():
+        log.warning(
+            "partial JPEG decoding is unavailable (%s): the fast loader decodes whole images",
+            data.jpeg_crop.unavailable(),
+        )
+        return f"whole: {data.jpeg_crop.unavailable()}"
+    if rank == 0 and (lacking := data.without_restart_markers(train_split))[0]:
+        log.info(
+            "%d of %d training JPEGs sampled have no restart markers: `trainflow data add-restart-markers "
+            "--data DIR` rewrites them losslessly, once, so that the fast loader decodes only each crop's MCUs "
+            "(about 1.2x its images/s per core, README: Benchmark)",
+            *lacking,
+        )
+    return "crop"
 
 
 def all_gather_json(backend: Backend, value) -> list:
@@ -351,20 +376,27 @@ def wrap_for_backend(run: Run, state: dict | None) -> None:
     if run.pipeline is None:
         # the wrapped model: under DDP, TorchDynamo splits the graph at the gradient buckets so that the all-reduce
         # still overlaps the backward pass; checkpoints keep using raw_model's names
-        run.model = compile_model(run.model, run.args.compile, run.device)
+        run.model = compile_model(run.model, run.args.compile, run.device, run.args.compile_mode)
 
 
-def compile_model(model: torch.nn.Module, choice: str, device: torch.device) -> torch.nn.Module:
-    """The model through torch.compile as --compile says: `on` compiles and fails where compiling fails; `auto` (on
-    for a GPU) runs eagerly, with TorchDynamo's warning, whatever it cannot compile (a node without a C++ compiler,
-    say): a default never ends a run."""
+def compile_model(model: torch.nn.Module, choice: str, device: torch.device, mode: str = "default") -> torch.nn.Module:
+    """The model through torch.compile in `mode` (--compile-mode) as --compile says: `on` compiles and fails where
+    compiling fails; `auto` (on for a GPU) runs eagerly, with TorchDynamo's warning, whatever it cannot compile (a
+    node without a C++ compiler, say): a default never ends a run."""
     if not resolve(choice, device):
+        if mode != "default":
+            log.warning(
+                "--compile-mode %s is ignored: --compile %s leaves the model uncompiled on %s", mode, choice, device
+            )
         return model
     torch._dynamo.config.suppress_errors = choice == "auto"
     log.info(
-        "compiling the model (--compile %s)%s", choice, ": eager where compiling fails" if choice == "auto" else ""
+        "compiling the model (--compile %s, mode %s)%s",
+        choice,
+        mode,
+        ": eager where compiling fails" if choice == "auto" else "",
     )
-    return torch.compile(model)
+    return torch.compile(model, mode=mode)
 
 
 def make_scheduler(run: Run) -> torch.optim.lr_scheduler.LambdaLR:
@@ -466,6 +498,8 @@ def train_step(run: Run, images: torch.Tensor, targets: torch.Tensor) -> torch.T
     an optimizer step; the loss as a tensor on the device, so that the host does not wait for the step (None on a
     pipeline stage before the last)."""
     images, targets = to_device(run, images, targets)
+    if run.args.compile_mode in CUDA_GRAPH_MODES:
+        torch.compiler.cudagraph_mark_step_begin()  # a new step: the CUDA graphs may overwrite the last one's outputs
     run.optimizer.zero_grad()  # Horovod's optimizer takes no set_to_none; None is the default
     if run.pipeline:
         with torch.autocast(run.device.type, dtype=torch.bfloat16, enabled=run.amp):

@@ -239,4 +239,4 @@ def test_the_fast_loader_decodes_only_the_crop_where_the_trainer_runs_from_the_s
     assert [p.name for p in built.glob("jpeg_crop-*.so")] == [f"jpeg_crop-{sha256_file(source)[:16]}.so"]
     logs = tmp_path / "work" / "fileshare" / "results" / result["run_id"] / "logs"
     assert "partial JPEG decoding is unavailable" not in "".join(p.read_text() for p in logs.glob("rank*.log"))
-    assert result["metrics"]["status"] == "complete"
+    assert result["metrics"]["status"] == "complete" and result["metrics"]["jpeg_decoding"] == "crop"

@@ -155,3 +155,20 @@ def test_a_worker_killed_on_a_container_node_fails_the_job_at_once(
     # timeout: either breaks 30 s, which leaves room for a loaded machine.
     assert ended - kills[-1] < 30, f"the flow ended {ended - kills[-1]:.0f} s after the second kill"
     assert not docker_engine.client.containers.list(all=True, filters={"label": LABEL})
+
+
+def test_the_fast_loader_decodes_only_the_crop_in_the_containers(
+    prefect_server, docker_engine, registry, cpu_image, tmp_path, monkeypatch
+):
+    """In the containers, the trainer runs from the scripts on the share and finds the library the image built for
+    that jpeg_crop.c (TRAINFLOW_JPEG_CROP_DIR): every rank decodes only each crop, as metrics.json records."""
+    from infra.data.sample_data import write_digits
+
+    monkeypatch.setenv("REGISTRY_PASSWORD", registry.password)
+    jpegs = write_digits(tmp_path / "digits-jpg", fmt="jpg")
+    result = train_flow(docker_config(tmp_path, jpegs, registry, loader="fast", epochs=1, steps_per_epoch=4))
+    metrics = result["metrics"]
+    assert metrics["status"] == "complete" and metrics["world_size"] == 2
+    assert metrics["jpeg_decoding"] == "crop"
+    logs = tmp_path / "work" / "fileshare" / "results" / result["run_id"] / "logs"
+    assert "partial JPEG decoding is unavailable" not in "".join(p.read_text() for p in logs.glob("rank*.log"))

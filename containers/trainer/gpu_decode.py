@@ -1,0 +1,220 @@
+"""--loader gpu: the training process decodes the JPEGs on its device, a batch at a time, in a thread of its own.
+
+The DataLoader's worker processes (forked) only read each file's bytes and draw its crop and flip as the fast loader
+draws them (data.CropFirst.encode: the crop box from the JPEG's header, then the flip, so one seed gives both loaders
+the same crops); they never touch CUDA. `collate` keeps a batch's bytes as a list. A thread of the training process
+(`Prefetch`, a couple of batches ahead) decodes each batch with torchvision's decode_jpeg on the device (nvJPEG,
+batched, on a GPU; libjpeg-turbo with the CPU as the device, which is how the tests run it), then crops, resizes and
+flips each image there into one uint8 batch, normalised in the step (data.normalise) as the fast loader's batches
+are. Evaluation decodes whole images and applies the fast loader's resize and centre crop on the device.
+
+What the device's decoder cannot take falls back to the CPU: images that are not RGB or gray JPEGs (PNG, CMYK,
+YCCK, ...) are decoded and cropped in the worker (data.read_uint8, the fast loader's path); a batch the device
+refuses (a progressive JPEG that nvJPEG does not decode, a corrupt one) is decoded image by image, and an image it
+still refuses by read_uint8 on the CPU, which names a file that nothing can decode, as the fast loader does. The
+batches follow the trainer's sampler (data.ResumableSampler), so a run resumes where the other loaders would.
+"""
+
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+from torch.utils.data import DataLoader
+from torchvision.io import ImageReadMode, decode_jpeg, encode_jpeg
+from torchvision.transforms import v2
+
+from trainer.errors import UsageError
+
+
+class Encoded(NamedTuple):
+    """One sample as a loader worker ships it."""
+
+    image: bytes | torch.Tensor
+    """A JPEG's bytes, for the device to decode; or an image the worker decoded (uint8 CHW, already cropped)."""
+    box: tuple[int, int, int, int] | None
+    """The crop (top, left, height, width) of the decoded JPEG; None: the whole image."""
+    flip: bool
+    """Whether the crop is mirrored."""
+    path: str
+    """The file, named when it cannot be decoded."""
+
+
+class EncodedBatch(NamedTuple):
+    """A DataLoader's batch for the decode thread: the samples as a list (their sizes differ) and the targets."""
+
+    samples: list[Encoded]
+    targets: torch.Tensor
+
+
+def collate(items: list[tuple[Encoded, int]]) -> EncodedBatch:
+    """The DataLoader's collate_fn: the samples kept as they are, the targets as one tensor."""
+    return EncodedBatch([sample for sample, _ in items], torch.tensor([target for _, target in items]))
+
+
+@dataclass(frozen=True)
+class DeviceSteps:
+    """What --loader gpu does to a sample (data.train_transform and val_transform make them)."""
+
+    encode: Callable[[str], Encoded]
+    """In a loader worker: a file to its bytes and draws (data.CropFirst.encode, data.encode_whole)."""
+    resize: Callable[[torch.Tensor], torch.Tensor]
+    """On the device: a decoded image, after its crop and before its flip, to the model's size."""
+    read: Callable[[str], torch.Tensor]
+    """On the CPU: a file the device refused, decoded whole (data.read_uint8), or a message naming it."""
+
+    def __call__(self, sample: Encoded) -> Encoded:
+        """The data set's transform: nothing more in the worker (the decode thread does the rest)."""
+        return sample
+
+
+def check_device(device: torch.device) -> None:
+    """Refuse a device that torchvision cannot decode JPEGs on (a torchvision built without nvJPEG, say), before any
+    worker starts: a tiny JPEG decoded there as the batches will be."""
+    probe = encode_jpeg(torch.zeros(3, 8, 8, dtype=torch.uint8))
+    try:
+        decode_jpeg([probe], device=device, mode=ImageReadMode.RGB)
+    except (RuntimeError, NotImplementedError) as exc:
+        why = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise UsageError(
+            f"--loader gpu cannot decode JPEGs on {device} ({why}); install a torchvision built with CUDA "
+            "(its nvJPEG decoder), or pass --loader fast"
+        ) from None
+
+
+class DeviceBatches:
+    """(uint8 NCHW images on `device`, targets) of a DataLoader's encoded batches, in its sampler's order, decoded
+    `ahead` batches ahead of the training step by a thread of this process."""
+
+    def __init__(self, loader: DataLoader, steps: DeviceSteps, device: torch.device, ahead: int = 2):
+        self.loader, self.steps, self.device, self.ahead = loader, steps, device, ahead
+        self.sampler = loader.sampler  # the trainer sets its epoch and what a resumed epoch skips
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        batches = iter(self.loader)  # in this thread: the workers' seeds drawn where the other loaders draw them
+        with Prefetch(map(Decoder(self.steps, self.device), batches), self.ahead) as ready:
+            yield from ready
+
+
+class Decoder:
+    """An EncodedBatch to (images, targets) on `device`; on CUDA on a stream of its own (see __call__)."""
+
+    def __init__(self, steps: DeviceSteps, device: torch.device):
+        self.steps, self.device = steps, device
+        cuda = device.type == "cuda"
+        self.consumer = torch.cuda.current_stream(device) if cuda else None  # the training step's, read in its thread
+        self.stream = torch.cuda.Stream(device) if cuda else None
+
+    def __call__(self, batch: EncodedBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.stream is None:
+            return decode_batch(batch.samples, self.steps, self.device), batch.targets
+        # pytorch/vision#9606: nvJPEG's decode on an H100 wrote into memory that work queued on the caller's stream
+        # was still reading, unless the decoder waited on that stream. So the decode runs on a stream of its own that
+        # first waits on the training step's stream; the batch is handed over only once that stream is done
+        # (synchronised here, in the decode thread), and record_stream keeps the allocator from giving the batch's
+        # memory to the decoder again while the step still reads it.
+        self.stream.wait_stream(self.consumer)
+        with torch.cuda.stream(self.stream):
+            images = decode_batch(batch.samples, self.steps, self.device)
+        images.record_stream(self.consumer)
+        self.stream.synchronize()
+        return images, batch.targets
+
+
+def decode_batch(samples: list[Encoded], steps: DeviceSteps, device: torch.device) -> torch.Tensor:
+    """The samples' images on `device`, each decoded, cropped, resized and maybe flipped, as one uint8 batch."""
+    images = decode_images(samples, steps.read, device)
+    return torch.stack([finish(image, sample, steps.resize) for image, sample in zip(images, samples)])
+
+
+def finish(image: torch.Tensor, sample: Encoded, resize: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """A decoded image cut to the sample's crop box, resized, and flipped if the sample says so."""
+    if sample.box:
+        top, left, height, width = sample.box
+        image = image[..., top : top + height, left : left + width]
+    image = resize(image)
+    return v2.functional.horizontal_flip(image) if sample.flip else image
+
+
+def decode_images(samples: list[Encoded], read: Callable[[str], torch.Tensor], device: torch.device) -> list:
+    """Every sample's image on `device`: the JPEGs decoded there together, the images the workers decoded moved."""
+    jpegs = [sample for sample in samples if isinstance(sample.image, bytes)]
+    decoded = iter(decode_jpegs(jpegs, read, device))
+    return [next(decoded) if isinstance(s.image, bytes) else s.image.to(device, non_blocking=True) for s in samples]
+
+
+def decode_jpegs(jpegs: list[Encoded], read: Callable[[str], torch.Tensor], device: torch.device) -> list:
+    """The JPEGs decoded on `device` in one call (nvJPEG's batched decode on a GPU); a batch it refuses is decoded
+    one by one, and a JPEG the device still refuses by `read` on the CPU."""
+    if not jpegs:
+        return []
+    try:
+        return decode_jpeg([as_tensor(s.image) for s in jpegs], device=device, mode=ImageReadMode.RGB)
+    except RuntimeError:
+        return [decode_one(sample, read, device) for sample in jpegs]
+
+
+def decode_one(sample: Encoded, read: Callable[[str], torch.Tensor], device: torch.device) -> torch.Tensor:
+    """One JPEG decoded on `device`, else on the CPU by `read` (PIL's decode, or a message naming the file)."""
+    try:
+        return decode_jpeg(as_tensor(sample.image), device=device, mode=ImageReadMode.RGB)
+    except RuntimeError:
+        return read(sample.path).to(device)
+
+
+def as_tensor(content: bytes) -> torch.Tensor:
+    """A file's bytes as the 1-D uint8 tensor that decode_jpeg takes (a copy: torch wants a writable buffer)."""
+    return torch.frombuffer(bytearray(content), dtype=torch.uint8)
+
+
+class Prefetch:
+    """The items of `source`, made by a thread up to `ahead` items before they are asked for. Its exceptions are
+    raised in the consumer's thread; leaving the `with` block (after the last item, on an exception or an interrupt,
+    or a consumer that stops early) stops the thread and waits for it."""
+
+    END = object()
+
+    def __init__(self, source: Iterator, ahead: int):
+        self.ready: queue.Queue = queue.Queue(maxsize=max(1, ahead))
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self.fill, args=(source,), name="trainflow-decode", daemon=True)
+
+    def __enter__(self) -> "Prefetch":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stopping.set()
+        self.thread.join()  # a stopped consumer's thread must not read on while the next epoch starts its loader
+
+    def __iter__(self) -> Iterator:
+        while (item := self.ready.get()) is not self.END:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    def fill(self, source: Iterator) -> None:
+        """The thread: every item of `source`, then END; or the exception that stopped it."""
+        try:
+            for item in source:
+                if not self.put(item):
+                    return
+        except BaseException as exc:  # handed to the consumer, raised there
+            self.put(exc)
+            return
+        self.put(self.END)
+
+    def put(self, item) -> bool:
+        """Queue `item` once there is room; False when the consumer has stopped first."""
+        while not self.stopping.is_set():
+            try:
+                self.ready.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                pass
+        return False
