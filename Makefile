@@ -24,7 +24,7 @@ BIN := $(VENV)/bin
 TOOLS_VENV ?= .venv-tools
 CHECKOV ?= checkov==3.3.30
 
-.PHONY: setup docker-setup tools demo lint test bench docs clean
+.PHONY: setup docker-setup tools demo lint test bench device-check docs clean
 # The four parts at once (the venv's install is one process; npm, apt and the tools' venv wait on the network and
 # the disk meanwhile): measured from a clean clone, see the README.
 SETUP_PARTS := $(VENV)/.installed node_modules/.installed docker-setup tools
@@ -87,6 +87,13 @@ test: setup lint
 
 bench: setup
 	$(BIN)/trainflow bench train --workdir $(WORKDIR) --json $(WORKDIR)/bench-train.json
+
+# The device check (benchmarks/device_check.py): on a lent GPU machine, which has no network and no venv (so no
+# `setup` first), under 7 minutes; without a GPU it checks what it can and exits 2. The venv's Python where there is one.
+DEVICE_CHECK_OUT ?= $(WORKDIR)/device-check
+DEVICE_PYTHON = $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
+device-check:
+	PYTHONPATH=containers $(DEVICE_PYTHON) -m benchmarks.device_check --out $(DEVICE_CHECK_OUT)
 
 # The documentation site (mkdocs.yml): the reference pages written afresh from the code (flows/reference.py), then
 # the site built into site/ with --strict, as the tests build it (tests/integration/test_docs_site.py).

@@ -1,19 +1,22 @@
 """`trainflow bench gpu`: ResNet-50 images/s per GPU in bf16 on synthetic data and on real JPEGs through each loader,
-with the share of each step spent waiting for data and the model FLOPs utilisation (MFU).
+with the share of each step spent waiting for data and the model FLOPs utilisation (MFU, benchmarks/gpu_plan.py).
 
-MFU = images/s x 24.3 GFLOP (ResNet-50's forward and backward pass per 224 px image) / the GPU's peak dense bf16
-FLOP/s, from the table below (NVIDIA's datasheets) or `--peak-tflops`. One process on GPU 0; REPEATS rounds of every
-run, every figure the median with its min-max. On a machine without a CUDA GPU it says so and exits 2.
+The runs (gpu_plan): synthetic data eager and compiled; photo-like JPEGs of ImageNet's sizes (gpu_plan.PHOTOS,
+infra/data/photos.py) through each loader installed here (gpu, fast, pil; dali where installed), the fast loader
+once more on their copy with restart markers (where jpeg_crop can rewrite them), the gpu and fast loaders on their
+copy shrunk to a 500 px longer side (infra/data/shrink.py); then the model step's variants on synthetic data
+(torch.compile's modes, the optimizer unfused). One process on GPU 0, through the process pool as `trainflow train`
+runs it; REPEATS rounds of every run, every figure the median with its min-max. `--quick` runs the device check
+instead (benchmarks/device_check.py: one round, the trainer alone, within 7 minutes). On a machine without a CUDA
+GPU it says so and exits 2.
 """
 
 import os
-import shutil
-import subprocess
+import shlex
+import sys
 import time
 from pathlib import Path
-from typing import overload
 
-import torch
 from rich.console import Console
 from rich.table import Table
 
@@ -29,96 +32,54 @@ from benchmarks.common import (
     steady_rate,
     write_json,
 )
+from benchmarks.device_check import BUDGET_S, Check, measure_on_gpu
+from benchmarks.gpu_plan import (
+    JPEGS,
+    MODEL_STEP_RUNS,
+    PHOTOS,
+    SHRUNK,
+    SYNTHETIC,
+    SYNTHETIC_RUNS,
+    TRAINER_DEFAULTS,
+    Run,
+    gpu_facts,
+    loader_run,
+    mfu,
+    peak_tflops,
+    photo_folders,
+    write_photo_set,
+    write_shrunk_copy,
+)
 from benchmarks.loader import installed_loaders, restart_marked_copy, training_split
 from flows.config import ConfigError, FlowConfig
 from infra.compute.process import train_here
-from infra.data.sample_data import write_imagenet_like
 from trainer import jpeg_crop
 from trainer.dali import INSTALL
 from trainer.options import LOADERS
 
-RESNET50_TRAIN_GFLOP = 24.3  # per image, forward + backward (3 x the forward's ~8.1 GFLOP at 224 px)
-# Dense bf16 tensor-core peak, TFLOP/s, by the name torch.cuda.get_device_name() gives (NVIDIA datasheets).
-PEAK_BF16_TFLOPS = {
-    "H200": 989.4,
-    "H100 80GB HBM3": 989.4,
-    "H100 SXM": 989.4,
-    "H100 NVL": 835.0,
-    "H100 PCIe": 756.5,
-    "A100": 312.0,
-    "L40S": 362.1,
-    "L4": 121.0,
-    "A10": 125.0,
-}
-GPU_DEFAULTS = dict(
-    model="resnet50",
-    image_size=224,
-    batch_size=256,
-    precision="bf16",
-    channels_last="on",
-    device="cuda",
-    epochs=2,
-    steps_per_epoch=30,
-    warmup_epochs=0,
-    checkpoint_every=0,
-    log_every=10,
-    workers=1,
-)
-JPEGS = 20_000
+GPU_DEFAULTS = TRAINER_DEFAULTS | {"workers": 1}  # one process: the orchestrator's setting
 
 
-def peak_tflops(name: str, given: float | None) -> float | None:
-    """The GPU's peak dense bf16 TFLOP/s: `given`, else the table's entry whose key the device name contains."""
-    if given:
-        return given
-    return next((peak for key, peak in PEAK_BF16_TFLOPS.items() if key in name), None)
-
-
-@overload
-def mfu(images_per_sec: float, peak: float) -> float: ...
-@overload
-def mfu(images_per_sec: float, peak: None) -> None: ...
-def mfu(images_per_sec: float, peak: float | None) -> float | None:
-    """Model FLOPs utilisation of ResNet-50 training at `images_per_sec` on a GPU of `peak` TFLOP/s."""
-    return images_per_sec * RESNET50_TRAIN_GFLOP * 1e9 / (peak * 1e12) if peak else None
-
-
-def gpu_facts() -> dict:
-    """GPU 0's name and memory, the driver's version (nvidia-smi) and CUDA's; an error when there is no GPU."""
-    if not torch.cuda.is_available():
-        raise ConfigError(
-            "no CUDA GPU here (torch.cuda.is_available() is False): `trainflow bench gpu` measures "
-            "images/s per GPU; run it on a machine with an NVIDIA GPU and its driver"
-        )
-    props = torch.cuda.get_device_properties(0)
-    smi = shutil.which("nvidia-smi")
-    driver = (
-        subprocess.run([smi, "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True)
-        .stdout.strip()
-        .splitlines()[0]
-        if smi
-        else "unknown"
+def the_gpu() -> dict:
+    """gpu_plan.gpu_facts, or an error saying there is no CUDA GPU here."""
+    if facts := gpu_facts():
+        return facts
+    raise ConfigError(
+        "no CUDA GPU here (torch.cuda.is_available() is False): `trainflow bench gpu` measures "
+        "images/s per GPU; run it on a machine with an NVIDIA GPU and its driver"
     )
-    return {
-        "name": props.name,
-        "memory_gb": round(props.total_memory / 2**30, 1),
-        "driver": driver,
-        "cuda": torch.version.cuda,
-        "count": torch.cuda.device_count(),
-    }
 
 
-def runs(loaders: tuple[str, ...], restarts: bool) -> list[tuple[str, str, dict]]:
-    """(label, data, trainer settings) of every run: synthetic data eager and compiled (whether torch.compile
-    helps decided its default, on for a GPU), then the JPEGs through each loader with the default, and where
-    `restarts` (jpeg_crop can rewrite them) the fast loader once more on the JPEGs with restart markers."""
-    jpegs = [(f"JPEGs, --loader {name}", "jpegs", {"loader": name}) for name in loaders]
+def runs(loaders: tuple[str, ...], restarts: bool) -> list[Run]:
+    """Every run: synthetic data eager and compiled, the JPEGs through each of `loaders` (after the fast loader,
+    where `restarts`, the fast loader on their copy with restart markers), the gpu and fast loaders (those of
+    `loaders`) on the shrunk copy, then the model step's variants."""
+    jpegs = [loader_run(name) for name in loaders]
     if restarts and "fast" in loaders:
-        jpegs.insert(loaders.index("fast") + 1, (f"JPEGs, --loader {RESTARTS}", RESTARTS, {"loader": "fast"}))
-    return [
-        ("synthetic, --compile off", "synthetic", {"loader": loaders[0], "compile": "off"}),
-        ("synthetic, --compile on", "synthetic", {"loader": loaders[0], "compile": "on"}),
-    ] + jpegs
+        marked = loader_run("fast")._replace(label=f"JPEGs, --loader {RESTARTS}", data=RESTARTS)
+        jpegs.insert(loaders.index("fast") + 1, marked)
+    shrunk = [loader_run(name, SHRUNK) for name in ("gpu", "fast") if name in loaders]
+    return [*SYNTHETIC_RUNS, *jpegs, *shrunk, *MODEL_STEP_RUNS]
 
 
 def check_loaders(loaders: list[str]) -> None:
@@ -138,28 +99,30 @@ def bench_gpu(
     loaders: tuple[str, ...] = (),
     given_peak: float | None = None,
     repeats: int = REPEATS,
+    quick: bool = False,
 ) -> dict:
-    """Every run `repeats` rounds on GPU 0 (the JPEGs through `loaders`, by default every loader installed here);
-    print the table and return the figures."""
-    gpu = gpu_facts()
-    base = over_defaults({**GPU_DEFAULTS, "loader_workers": max(1, len(os.sched_getaffinity(0)) - 1)}, cfg.training)
-    root = cfg.workdir.resolve() / "bench" / "gpu"
+    """Every run `repeats` rounds on GPU 0 (the JPEGs through `loaders`, by default every loader installed here),
+    or with `quick` the device check; print the table and return the figures."""
+    gpu, root = the_gpu(), cfg.workdir.resolve() / "bench" / "gpu"
+    if quick:
+        return quick_check(root, json_out, given_peak)
+    base = over_defaults(GPU_DEFAULTS | {"loader_workers": max(1, len(os.sched_getaffinity(0)) - 1)}, cfg.training)
     plan = runs(tuple(loaders) or installed_loaders(), jpeg_crop.library() is not None)
-    folders = run_data(root, {data for _, data, _ in plan})
+    folders = run_data(root, {run.data for run in plan})
     peak = peak_tflops(gpu["name"], given_peak)
     head = {"gpu": gpu, "peak_bf16_tflops": peak, "settings": base.model_dump() | {"repeats": repeats}}
-    facts: dict[str, list[tuple[float, float]]] = {label: [] for label, _, _ in plan}
+    facts: dict[str, list[tuple[float, float]]] = {run.label: [] for run in plan}
     with bench_progress() as progress:
         bar = progress.add_task("GPU benchmark", total=repeats * len(plan))
         ended = run_ended(progress, bar)
         for repeat in range(repeats):
-            for label, data, settings in plan:
-                progress.update(bar, description=f"{label} ({repeat + 1}/{repeats})")
+            for run in plan:
+                progress.update(bar, description=f"{run.label} ({repeat + 1}/{repeats})")
                 started = time.perf_counter()
-                rate, wait = one_run(base.model_copy(update=settings), folders[data], root, label)
-                facts[label].append((rate, wait))
+                rate, wait = one_run(base.model_copy(update=run.settings), folders[run.data], root, run.label)
+                facts[run.label].append((rate, wait))
                 ended(
-                    f"{label} ({repeat + 1}/{repeats}): {rate:.0f} images/s, data-wait share {wait:.2f} "
+                    f"{run.label} ({repeat + 1}/{repeats}): {rate:.0f} images/s, data-wait share {wait:.2f} "
                     f"(the run took {time.perf_counter() - started:.0f} s)"
                 )
                 write_json(head | measured(plan, facts, peak, False), json_out)  # a bench stopped later keeps these
@@ -167,6 +130,16 @@ def bench_gpu(
     print_gpu_bench(result)
     write_json(result, json_out)
     return result
+
+
+def quick_check(root: Path, json_out: Path | None, given_peak: float | None) -> dict:
+    """The device check on this GPU (one round of its runs, each by the trainer alone, within its 7 minutes), its
+    folders under `root`: its record, also written to `json_out`."""
+    check = Check(root / "device-check", root, BUDGET_S, given_peak, shlex.join(["trainflow", *sys.argv[1:]]))
+    measure_on_gpu(check)
+    check.finish()
+    write_json(check.record, json_out)
+    return check.record
 
 
 def one_run(training, data: str, root: Path, label: str) -> tuple[float, float]:
@@ -178,18 +151,23 @@ def one_run(training, data: str, root: Path, label: str) -> tuple[float, float]:
     return steady_rate(metrics), max(metrics.data_wait_share or [0.0])
 
 
-def measured(plan: list[tuple[str, str, dict]], facts: dict, peak: float | None, complete: bool) -> dict:
+def measured(plan: list[Run], facts: dict, peak: float | None, complete: bool) -> dict:
     """Whether every round ran, and the figures of each run measured so far."""
-    return {"complete": complete, "runs": [gpu_row(label, facts[label], peak) for label, _, _ in plan if facts[label]]}
+    return {"complete": complete, "runs": [gpu_row(r.label, facts[r.label], peak) for r in plan if facts[r.label]]}
 
 
 def run_data(root: Path, needed: set[str]) -> dict[str, str]:
-    """What each kind of run trains on: "synthetic", the generated JPEGs, their copy with restart markers."""
-    jpegs = write_imagenet_like(root / "jpegs", files=JPEGS, classes=100)
-    folders = {"synthetic": "synthetic", "jpegs": str(jpegs)}
+    """What each kind of run trains on: synthetic data, the photo-like JPEGs (written once), their copy shrunk to
+    MAX_SIDE and their copy with restart markers (each made once, where a run needs it)."""
+    cores, folders = len(os.sched_getaffinity(0)), photo_folders(root, PHOTOS)
+    write_photo_set(folders[JPEGS], PHOTOS, cores)
+    found = {SYNTHETIC: SYNTHETIC, JPEGS: str(folders[JPEGS])}
+    if SHRUNK in needed:
+        write_shrunk_copy(folders[JPEGS], folders[SHRUNK], cores)
+        found[SHRUNK] = str(folders[SHRUNK])
     if RESTARTS in needed:
-        folders[RESTARTS] = str(restart_marked_copy(jpegs, training_split(jpegs), root))
-    return folders
+        found[RESTARTS] = str(restart_marked_copy(folders[JPEGS], training_split(folders[JPEGS]), root))
+    return found
 
 
 def gpu_row(label: str, measured: list[tuple[float, float]], peak: float | None) -> dict:

@@ -14,6 +14,7 @@ import typer
 from benchmarks import BENCHES, REPEATS
 from flows.cli.common import ConfigOpt, DataOpt, WorkdirOpt, configure, friendly_errors
 from flows.cli.services import holding
+from flows.config import ConfigError
 
 bench_app = typer.Typer(help="Benchmarks that print numbers.", no_args_is_help=True)
 
@@ -176,10 +177,19 @@ def bench_gpu(
         typer.Option("--peak-tflops", help="The GPU's peak dense bf16 TFLOP/s, for a GPU that the MFU table lacks."),
     ] = None,
     repeats: RepeatsOpt = REPEATS,
+    quick: Annotated[
+        bool,
+        typer.Option(
+            "--quick",
+            help="Run the device check instead (`make device-check`): one round of its runs, within 7 minutes.",
+        ),
+    ] = False,
 ) -> None:
-    """ResNet-50 bf16 images/s per GPU, synthetic and real JPEGs through each loader, data-wait share and MFU."""
+    """ResNet-50 bf16 images/s per GPU on synthetic data, photo-like JPEGs, shrunk JPEGs, data-wait share, MFU."""
     from benchmarks.gpu import check_loaders
 
+    if quick and loaders:
+        raise ConfigError("--quick runs the device check, which picks its own loaders: leave out --loader or --quick")
     check_loaders(loaders)
 
 

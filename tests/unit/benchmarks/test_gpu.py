@@ -1,10 +1,11 @@
-"""`trainflow bench gpu`'s arithmetic and its answer on a machine without a GPU (this one, and CI's)."""
+"""`trainflow bench gpu`'s runs, its arithmetic and its answer on a machine without a GPU (this one, and CI's)."""
 
 import pytest
 import torch
 from typer.testing import CliRunner
 
-from benchmarks.gpu import gpu_row, measured, mfu, peak_tflops, runs
+from benchmarks.gpu import gpu_row, measured, runs
+from benchmarks.gpu_plan import MODEL_STEP_RUNS, SYNTHETIC_RUNS, mfu, peak_tflops, trainer_lacks
 from benchmarks.loader import installed_loaders
 from flows.cli import app
 from trainer.metrics import installed_versions
@@ -21,28 +22,47 @@ def test_the_peak_comes_from_the_device_name_or_the_option():
     assert peak_tflops("Some Future GPU", None) is None and peak_tflops("Some Future GPU", 500.0) == 500.0
 
 
-def test_every_loader_runs_on_the_jpegs_after_synthetic_data_eager_and_compiled():
-    synthetic = [
-        ("synthetic, --compile off", "synthetic", {"loader": "fast", "compile": "off"}),
-        ("synthetic, --compile on", "synthetic", {"loader": "fast", "compile": "on"}),
+def labels(plan) -> list[str]:
+    return [run.label for run in plan]
+
+
+def test_every_loader_runs_on_the_jpegs_and_gpu_and_fast_on_the_shrunk_copy_then_the_model_step_variants():
+    synthetic = ["synthetic, --compile off", "synthetic, --compile on"]
+    variants = [
+        "synthetic, --compile-mode reduce-overhead",
+        "synthetic, --fused-optimizer off",
+        "synthetic, --compile-mode max-autotune-no-cudagraphs",
     ]
-    assert runs(("fast", "pil"), restarts=False) == synthetic + [
-        ("JPEGs, --loader fast", "jpegs", {"loader": "fast"}),
-        ("JPEGs, --loader pil", "jpegs", {"loader": "pil"}),
+    shrunk = ["JPEGs shrunk to 500 px, --loader gpu", "JPEGs shrunk to 500 px, --loader fast"]
+    assert labels(runs(("gpu", "fast", "pil"), restarts=False)) == synthetic + [
+        "JPEGs, --loader gpu",
+        "JPEGs, --loader fast",
+        "JPEGs, --loader pil",
+        *shrunk,
+        *variants,
     ]
     # where jpeg_crop can rewrite them, the fast loader reads the JPEGs once more with restart markers, after its run
-    assert runs(("fast", "pil"), restarts=True) == synthetic + [
-        ("JPEGs, --loader fast", "jpegs", {"loader": "fast"}),
-        ("JPEGs, --loader fast+restarts", "fast+restarts", {"loader": "fast"}),
-        ("JPEGs, --loader pil", "jpegs", {"loader": "pil"}),
+    assert labels(runs(("fast", "pil"), restarts=True))[2:5] == [
+        "JPEGs, --loader fast",
+        "JPEGs, --loader fast+restarts",
+        "JPEGs, --loader pil",
     ]
-    assert "fast+restarts" not in {data for _, data, _ in runs(("pil",), restarts=True)}
+    assert "fast+restarts" not in {run.data for run in runs(("pil",), restarts=True)}
+    # the JPEG runs are compiled, as a GPU's default is; the settings are the trainer's options by name
+    assert {run.settings["compile"] for run in runs(("gpu", "fast"), restarts=True)} == {"on", "off"}
+    assert runs(("gpu",), restarts=False)[2].settings == {"loader": "gpu", "compile": "on"}
+
+
+def test_every_run_of_the_bench_is_one_this_trainer_takes():
+    plan = runs(("gpu", "fast", "pil", "dali"), restarts=True)
+    assert [run.label for run in plan if trainer_lacks(run.settings)] == []
+    assert set(labels(SYNTHETIC_RUNS + MODEL_STEP_RUNS)) <= set(labels(plan))
 
 
 def test_the_json_written_after_each_run_holds_the_runs_measured_so_far():
     # bench gpu writes its JSON after every run, so a bench stopped by a time limit keeps what it measured
     plan = runs(("fast",), restarts=False)
-    facts = {label: [] for label, _, _ in plan} | {"synthetic, --compile off": [(3843.0, 0.0)]}
+    facts = {run.label: [] for run in plan} | {"synthetic, --compile off": [(3843.0, 0.0)]}
     part = measured(plan, facts, 989.4, complete=False)
     assert part["complete"] is False and [row["run"] for row in part["runs"]] == ["synthetic, --compile off"]
     assert part["runs"][0]["images_per_sec"]["all"] == [3843.0] and part["runs"][0]["mfu"]["median"] == mfu(
@@ -80,7 +100,7 @@ def test_bench_gpu_refuses_dali_where_it_is_not_installed_before_any_run(tmp_pat
         and "trainflow[dali]" in result.output
     )
     assert not list(tmp_path.iterdir())
-    assert installed_loaders() == ("fast", "pil")
+    assert installed_loaders() == ("fast", "pil", "gpu")
 
 
 def test_bench_gpu_takes_its_rounds_from_repeats_at_least_two(tmp_path):
@@ -88,6 +108,16 @@ def test_bench_gpu_takes_its_rounds_from_repeats_at_least_two(tmp_path):
     assert one.exit_code == 2 and "--repeats" in one.output
     two = CliRunner().invoke(app, ["bench", "gpu", "--workdir", str(tmp_path), "--repeats", "2"])
     assert two.exit_code == 2 and "no CUDA GPU here" in two.output
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: the check runs instead")
+def test_bench_gpu_quick_is_the_device_check_and_refuses_loaders_of_its_own(tmp_path):
+    # --quick runs the device check, which needs a GPU as the full bench does; it picks its own loaders
+    quick = CliRunner().invoke(app, ["bench", "gpu", "--quick", "--workdir", str(tmp_path)])
+    assert quick.exit_code == 2 and "no CUDA GPU here" in quick.output
+    both = CliRunner().invoke(app, ["bench", "gpu", "--quick", "--loader", "fast", "--workdir", str(tmp_path)])
+    assert both.exit_code == 2 and "--quick runs the device check, which picks its own loaders" in both.output
+    assert "bench" not in {p.name for p in tmp_path.iterdir()}
 
 
 def test_the_machine_record_leaves_out_a_package_that_is_not_installed():
