@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import Annotated, Any, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from infra.compute import JobConfig, PoolConfig, ProcessPoolConfig, backend_of, refuse_backend_sections
 from infra.core.errors import BadInput, first_line
 from infra.core.redact import ENV_NAME_ERROR, names_a_variable, redact, secret_shapes
+from infra.data.shrink import check_max_side
 from infra.engines import TrainingConfig, default_training
 from infra.engines.contract import SYNTHETIC
 from infra.images.registry import ImageConfig
@@ -59,6 +60,11 @@ class FlowConfig(BaseModel):
     workdir on first use, with training defaults that fit it (a run of minutes: flows/configs/demo.yaml's recipe)."""
     dataset: str | None = None
     """Name of the data set in Blob and on the file server; unset: the data folder's name."""
+    max_side: int | None = None
+    """Shrink at staging: every JPEG whose longer side exceeds this many pixels (32 or more; 500 is what FFCV uses
+    for ResNet-50) is staged re-encoded at it (quality 90, aspect kept), from a copy kept under
+    workdir/shrunk/<data set>-<N>; the data folder is never written. Part of the data version: a change re-stages.
+    Unset: the images are staged as they are."""
     training: TrainingConfig = Field(default_factory=default_training)
     """How the trainer runs (every option of containers/trainer/train.py, the launcher and the workers)."""
     storage: StorageConfig = StorageConfig()
@@ -103,6 +109,11 @@ class FlowConfig(BaseModel):
     def _the_backend_can_run_it(self) -> "FlowConfig":
         backend_of(self.pool).check(self)
         return self
+
+    @field_validator("max_side")
+    @classmethod
+    def _max_side_is_a_size(cls, value):
+        return value if value is None else check_max_side(value)
 
     @model_validator(mode="after")
     def _staged_data_is_named(self) -> "FlowConfig":

@@ -27,6 +27,14 @@ def data_folder(cfg: FlowConfig) -> str:
     return str(digits_at(cfg.workdir / "data" / "digits"))
 
 
+def shrunk_folder(cfg: FlowConfig) -> Path | None:
+    """Where staging reads a data folder from with `max_side` set: its shrunk copy under the workdir, one per data
+    set and size (infra/data/shrink.py); None when the images are staged as they are."""
+    if cfg.max_side is None or not cfg.data or cfg.data in LOCAL_DATA_FREE:
+        return None
+    return cfg.workdir / "shrunk" / f"{cfg.dataset_name()}-{cfg.max_side}"
+
+
 def digits_at(dest: Path) -> Path:
     """The digits set at `dest`, written there once."""
     try:

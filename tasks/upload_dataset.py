@@ -18,6 +18,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from infra.core.errors import BadInput
 from infra.data import manifest as mf
+from infra.data.shrink import COPIED, KEPT, LINKED, SHRUNK, shrunk_copy
 from infra.storage.blobstore import BlobStore, StorageConfig, StorageError, open_store
 from infra.storage.transfers import Transfer, in_parallel, step_plan, transfer_progress
 from tasks.retry import unless_permanent
@@ -106,10 +107,11 @@ class UploadPlan:
 
 
 def decide_upload(
-    cfg: StorageConfig, name: str, index: mf.Index, previous: dict | None, stored: set[str]
+    cfg: StorageConfig, name: str, index: mf.Index, previous: dict | None, stored: set[str], max_side: int | None = None
 ) -> UploadPlan:
     """The shards of the index, given the stored manifest's metadata and shard blobs: the step and the dry run
-    share it. The previous shard count is kept while sizes allow (files stay in their shards)."""
+    share it. The previous shard count is kept while sizes allow (files stay in their shards). A data set shrunk at
+    staging says so in its header (`max_side`); its version, a hash of the contents, changes with them."""
     files, total = index.total()
     count = mf.shard_count(
         total, int(cfg.shard_mb * (1 << 20)), int(previous["shard_count"]) if previous else None, cfg.upload_concurrency
@@ -122,6 +124,7 @@ def decide_upload(
         "files": files,
         "bytes": total,
         "verified": {"check": "decode", "bad": index.bad()},
+        **({"max_side": max_side} if max_side else {}),
     }
     return UploadPlan(index, header, stored, previous)
 
@@ -142,13 +145,15 @@ def sent_log(workdir: Path, name: str) -> Path:
     return workdir / "cache" / f"sent-{name}.txt"
 
 
-def plan_upload(store: BlobStore, cfg: StorageConfig, name: str, index: mf.Index, workdir: Path) -> UploadPlan:
+def plan_upload(
+    store: BlobStore, cfg: StorageConfig, name: str, index: mf.Index, workdir: Path, max_side: int | None = None
+) -> UploadPlan:
     """Read the container's state (the manifest's metadata, the shard names) and plan the shards. Unless the stored
     manifest already describes this data set, the stored shards it needs are probed: an upload that did not finish
     left them, and a killed Azurite can come back listing a shard whose data it no longer finds."""
     store.ensure_container()
     listed = store.names(mf.dataset_prefix(name) + "shards/")
-    plan = decide_upload(cfg, name, index, store.metadata(mf.manifest_blob(name)), set(listed))
+    plan = decide_upload(cfg, name, index, store.metadata(mf.manifest_blob(name)), set(listed), max_side)
     log = sent_log(workdir, name)
     if plan.unchanged():  # Blob lists this data set's manifest, so it kept every shard: the sent log has done its work
         log.unlink(missing_ok=True)
@@ -196,7 +201,13 @@ def manifest_metadata(header: dict) -> dict[str, str]:
 
 
 def upload_dataset(
-    store: BlobStore, cfg: StorageConfig, data_dir: Path, name: str, workdir: Path, bad_files: str = "fail"
+    store: BlobStore,
+    cfg: StorageConfig,
+    data_dir: Path,
+    name: str,
+    workdir: Path,
+    bad_files: str = "fail",
+    max_side: int | None = None,
 ) -> Transfer:
     """Index (hash and check new files), pack and upload the missing shards in parallel, write the manifest, drop
     shards no manifest uses. Bad images fail the step with one error listing them all (`bad_files: fail`), or are
@@ -209,7 +220,7 @@ def upload_dataset(
         if bad and bad_files == "fail":
             raise bad_files_error(index, bad, data_dir, workdir, name)
         with transfer.timed("pack + upload"):
-            plan = plan_upload(store, cfg, name, index, workdir)
+            plan = plan_upload(store, cfg, name, index, workdir, max_side)
             todo, transfer.plan = plan.todo(name), {**plan.row(name), "shards": plan.accounting(name)}
             counts = [sum(n for n, _ in todo.values()), sum(b for _, b in todo.values())]
             transfer.skipped_files, transfer.skipped_bytes = (
@@ -279,8 +290,35 @@ def send_shards(
 
 @task(name="upload-dataset", retries=3, retry_delay_seconds=[2, 10, 30], retry_condition_fn=unless_permanent)
 def upload_dataset_task(
-    cfg: StorageConfig, azurite_port: int | None, data_dir: Path, name: str, workdir: Path, bad_files: str = "fail"
+    cfg: StorageConfig,
+    azurite_port: int | None,
+    data_dir: Path,
+    name: str,
+    workdir: Path,
+    bad_files: str = "fail",
+    max_side: int | None = None,
 ) -> dict:
     """Prefect step: upload the data set; returns the transfer summary."""
-    transfer = upload_dataset(open_store(cfg, azurite_port), cfg, data_dir, name, workdir, bad_files)
+    transfer = upload_dataset(open_store(cfg, azurite_port), cfg, data_dir, name, workdir, bad_files, max_side)
     return {**transfer.row(), "plan": transfer.plan}
+
+
+@task(name="shrink-images", retries=1, retry_condition_fn=unless_permanent)
+def shrink_task(data_dir: Path, shrunk: Path, max_side: int) -> dict:
+    """Prefect step: bring the shrunk copy of the data folder up to date (infra/data/shrink.py), before the upload
+    reads it; prints what it did and returns its counts."""
+    try:
+        done = shrunk_copy(data_dir, shrunk, max_side, mf.relative_paths(data_dir))
+    except ValueError as exc:  # the data folder is the work folder, or inside its shrunk copies
+        raise BadInput(f"{exc}; pass a --workdir outside the data folder") from None
+    Console(highlight=False).print(shrink_line(done), markup=False, soft_wrap=True)
+    return done
+
+
+def shrink_line(done: dict) -> str:
+    """One line for a shrunk copy brought up to date: what was written, the sizes, the time."""
+    written = ", ".join(f"{done[kind]} {kind}" for kind in (SHRUNK, LINKED, COPIED, KEPT, "removed") if done[kind])
+    return (
+        f"shrunk copy ({done['max_side']} px): {done['files']} files ({written or 'none'}), "
+        f"{done['bytes_source'] / 1e6:,.1f} MB -> {done['bytes_mirror'] / 1e6:,.1f} MB, {done['seconds']:.1f} s"
+    )

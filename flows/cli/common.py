@@ -10,12 +10,13 @@ import typer
 from rich.console import Console
 
 from flows.config import FlowConfig, load_config
+from flows.dataset import shrunk_folder
 from flows.interrupts import EXIT_INTERRUPTED, interrupted_line, stop_on_interrupt
 from infra.compute import backend_of
-from infra.core.diskspace import DiskFull, check_needs, is_disk_full, prefect_need, unnamed_full_disk
+from infra.core.diskspace import DiskFull, Need, check_needs, existing, is_disk_full, prefect_need, unnamed_full_disk
 from infra.core.errors import exit_code
 from infra.core.redact import redact
-from infra.data.manifest import staging_needs
+from infra.data.manifest import allocated, staging_needs
 from infra.runs.workdir import check_workdir, command_line
 from infra.storage.fileserver import FileServer
 
@@ -26,6 +27,15 @@ DataOpt = Annotated[
     str | None, typer.Option("--data", help="ImageNet-layout folder or 'synthetic'; default: the digits set.")
 ]
 WorkdirOpt = Annotated[Path | None, typer.Option("--workdir", help="Root of all local state (default .trainflow).")]
+MaxSideOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--max-side",
+        help="Stage every JPEG whose longer side exceeds N px re-encoded at N (a copy under the workdir; the data "
+        "folder is never written); default: the config's max_side, else as they are.",
+        metavar="N",
+    ),
+]
 
 
 def friendly_errors(command):
@@ -63,6 +73,7 @@ def configure(
     workdir: Path | None,
     training: dict | None = None,
     digits_defaults: bool = True,
+    max_side: int | None = None,
     **sections: dict,
 ) -> FlowConfig:
     """The validated config (file, environment, then these command-line overrides) with its workdir absolute and
@@ -70,7 +81,7 @@ def configure(
     command reads its config here."""
     cfg = load_config(
         config,
-        {"data": data, "workdir": workdir, "training": training or {}, **sections},
+        {"data": data, "workdir": workdir, "max_side": max_side, "training": training or {}, **sections},
         digits_defaults=digits_defaults,
     )
     return cfg.model_copy(update={"workdir": check_workdir(cfg.workdir).resolve()})
@@ -79,7 +90,9 @@ def configure(
 def check_staging_space(cfg: FlowConfig) -> None:
     """Refuse, before anything starts, a staging of cfg's data folder that the disks under it cannot hold: its
     index, its shards while packed, Azurite's copy (the local default), the file server's copy when this
-    machine syncs it (infra/data/manifest.py's staging_needs) and Prefect's database when the command starts it."""
+    machine syncs it (infra/data/manifest.py's staging_needs), the shrunk copy with `max_side` set and Prefect's
+    database when the command starts it. The later copies are counted at the originals' size: the shrunk ones
+    are smaller."""
     data = Path(cfg.data or "")
     if not cfg.data or not data.is_dir():
         return
@@ -87,6 +100,17 @@ def check_staging_space(cfg: FlowConfig) -> None:
     here = backend_of(cfg.pool).sync_where(cfg.pool) == "here"
     current = FileServer(cfg.export_dir()).current(cfg.dataset_name()) if here else None
     needs = staging_needs(data, cfg.workdir / "cache", cfg.workdir / "tmp", azurite, current)
+    shrunk = shrunk_folder(cfg)
+    if shrunk:
+        needs.append(shrunk_need(data, shrunk))
     if not os.environ.get("PREFECT_API_URL"):  # the command starts Prefect's server (flows/cli/services.py)
         needs.append(prefect_need(Path(os.environ.get("PREFECT_HOME") or cfg.workdir / "prefect")))
     check_needs(needs, f"staging {cfg.dataset_name()}")
+
+
+def shrunk_need(data: Path, shrunk: Path) -> Need:
+    """The shrunk copy's room, at most: the data folder's size less what the copy holds already (a hard link, where
+    a file is small enough, takes no room, but a copy on another disk does)."""
+    block = os.statvfs(existing(shrunk)).f_frsize
+    kept = allocated(shrunk, block)[2] if shrunk.exists() else 0
+    return Need(shrunk, max(0, allocated(data, block)[2] - kept), "the shrunk copy (at most the originals' size)")

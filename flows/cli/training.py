@@ -14,6 +14,7 @@ from rich.console import Console
 from flows.cli.common import (
     ConfigOpt,
     DataOpt,
+    MaxSideOpt,
     WorkdirOpt,
     check_staging_space,
     configure,
@@ -114,9 +115,11 @@ def print_summary(metrics: TrainingMetrics, out: Path) -> None:
 
 
 @friendly_errors
-def stage(config: ConfigOpt = None, data: DataOpt = None, workdir: WorkdirOpt = None) -> None:
+def stage(
+    config: ConfigOpt = None, data: DataOpt = None, workdir: WorkdirOpt = None, max_side: MaxSideOpt = None
+) -> None:
     """Stage the data as a Prefect flow: scripts to the file share, data set to Blob, Blob to the file server."""
-    cfg = configure(config, data, workdir)
+    cfg = configure(config, data, workdir, max_side=max_side)
     if cfg.data in LOCAL_DATA_FREE:
         raise ConfigError(f"data: {cfg.data} has nothing to stage; pass --data DIR")
     cfg = with_data(cfg)
@@ -139,12 +142,14 @@ def run(
     workdir: WorkdirOpt = None,
     framework: FrameworkOpt = None,
     launcher: LauncherOpt = None,
+    max_side: MaxSideOpt = None,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print what each step would do or skip; change nothing.")
     ] = False,
 ) -> None:
     """The whole flow: build, stage, pool, train, collect; prints the summary."""
-    run_flow(configure(config, data, workdir, {"framework": framework, "launcher": launcher}), dry_run)
+    overrides = {"framework": framework, "launcher": launcher}
+    run_flow(configure(config, data, workdir, overrides, max_side=max_side), dry_run)
 
 
 @friendly_errors

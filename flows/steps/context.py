@@ -28,6 +28,8 @@ class Context:
     staged: dict[str, dict] = field(default_factory=dict)  # scripts, dataset, sync: what each moved, by the
     # name the staging flow returns it under ("scripts", "upload", "sync")
     manifest: Manifest | None = None  # dataset, on the dry run: the manifest the upload would write
+    unready: str = ""  # dataset, on the dry run: why it has no manifest to plan on (the digits set unwritten, the
+    # shrunk copy out of date): the sync's decision too
     data: Path = field(init=False)  # sync: the data set version the job reads
     inputs: str = field(init=False)  # record: the run's fingerprint
     resumed: bool = False  # record: the run resumes an unfinished one with the same inputs

@@ -5,11 +5,13 @@ import tempfile
 from pathlib import Path
 
 from flows.config import STAGED, SYNTHETIC, FlowConfig
+from flows.dataset import shrunk_folder
 from flows.steps.context import Context, container_url
 from infra.data import manifest as mf
+from infra.data.shrink import out_of_date, stale_files
 from infra.storage.fileserver import FileServer
 from infra.storage.transfers import Transfer, step_plan
-from tasks.upload_dataset import decide_upload, scan_dataset, synced_state, upload_dataset_task
+from tasks.upload_dataset import decide_upload, scan_dataset, shrink_task, synced_state, upload_dataset_task
 from trainer.datasets import Manifest
 
 STEP = "upload-dataset"
@@ -21,6 +23,25 @@ def unwritten(cfg: FlowConfig) -> str:
     return f"write the digits set to {cfg.data}, then stage it (never staged)"
 
 
+def unshrunk(ctx: Context, shrunk: Path, side: int) -> str | None:
+    """The upload's and the sync's decision when the shrunk copy is not up to date (the dry run cannot tell the
+    version before it is written); None when it is."""
+    todo, total = out_of_date(ctx.folder, shrunk, side, mf.relative_paths(ctx.folder))
+    removed = sum(1 for _ in stale_files(ctx.folder, shrunk))
+    if not todo and not removed:
+        return None
+    gone = f", {removed} removed" if removed else ""
+    return (
+        f"bring the shrunk copy {shrunk} up to date (JPEGs over {side} px re-encoded at {side}): {todo} of {total} "
+        f"files to write{gone}; then stage it"
+    )
+
+
+def source(ctx: Context) -> Path:
+    """The folder staging reads: the data folder, or its shrunk copy with `max_side` set."""
+    return shrunk_folder(ctx.cfg) or ctx.folder
+
+
 def plan(ctx: Context) -> list[dict]:
     """The step's decision. Blob is seen as the file server's current copy shows it (the manifest its last sync
     read); the manifest the upload would write stays open for the sync's decision."""
@@ -30,7 +51,12 @@ def plan(ctx: Context) -> list[dict]:
     if cfg.data == STAGED:
         return [step_plan(STEP, "skip", f"data: staged, {name} is used as Blob storage holds it")]
     if not ctx.folder.exists():  # the digits set, not written yet
-        return [step_plan(STEP, "run", unwritten(cfg))]
+        ctx.unready = unwritten(cfg)
+        return [step_plan(STEP, "run", ctx.unready)]
+    shrunk = shrunk_folder(cfg)
+    if shrunk and cfg.max_side and (why := unshrunk(ctx, shrunk, cfg.max_side)):
+        ctx.unready = why
+        return [step_plan(STEP, "run", why)]
     return [planned_upload(ctx)]
 
 
@@ -39,9 +65,9 @@ def planned_upload(ctx: Context) -> dict:
     would write is the context's."""
     cfg, name = ctx.cfg, ctx.cfg.dataset_name()
     tmp = Path(ctx.stack.enter_context(tempfile.TemporaryDirectory()))
-    with scan_dataset(ctx.folder, cfg.workdir, name, keep=False) as index:
+    with scan_dataset(source(ctx), cfg.workdir, name, keep=False) as index:
         previous, stored = synced_state(FileServer(cfg.export_dir()).current_manifest(name), name)
-        upload = decide_upload(cfg.storage, name, index, previous, stored)
+        upload = decide_upload(cfg.storage, name, index, previous, stored, cfg.max_side)
         path, row = mf.write_manifest(index, upload.header, tmp / "manifest.jsonl"), upload.row(name)
     ctx.manifest = ctx.stack.enter_context(Manifest.load(path, tmp / "manifest.db"))
     return row
@@ -66,8 +92,12 @@ def uploaded(ctx: Context) -> dict:
         return Transfer(NOTHING).row()
     if cfg.data == STAGED:  # the sync reads Blob's manifest, and says so when the data set was never staged
         return Transfer("data set -> blob (data: staged, nothing uploaded)").row()
-    name = cfg.dataset_name()
-    return upload_dataset_task(cfg.storage, ctx.port, ctx.folder, name, cfg.workdir, cfg.training.bad_files)
+    name, shrunk = cfg.dataset_name(), shrunk_folder(cfg)
+    if shrunk and cfg.max_side:
+        shrink_task(ctx.folder, shrunk, cfg.max_side)
+    return upload_dataset_task(
+        cfg.storage, ctx.port, source(ctx), name, cfg.workdir, cfg.training.bad_files, cfg.max_side
+    )
 
 
 def operations(ctx: Context) -> list[str]:

@@ -8,7 +8,7 @@ from typing import NamedTuple, cast
 
 from flows.config import STAGED, SYNTHETIC, FlowConfig
 from flows.steps.context import Context, container_url
-from flows.steps.dataset import NOTHING, moved_plan, unwritten
+from flows.steps.dataset import NOTHING, moved_plan
 from infra.compute import backend_of
 from infra.data import manifest as mf
 from infra.storage.fileserver import FileServer
@@ -66,8 +66,8 @@ def plan_here(ctx: Context) -> dict:
     name = ctx.cfg.dataset_name()
     if ctx.cfg.data == STAGED:
         return step_plan(STEP, "run", f"bring the file server's copy of {name} up to Blob's manifest")
-    if ctx.manifest is None:  # the digits set, not written yet
-        return step_plan(STEP, "run", unwritten(ctx.cfg))
+    if ctx.manifest is None:  # the digits set not written yet, or the shrunk copy out of date
+        return step_plan(STEP, "run", ctx.unready)
     return sync_row(decide_sync(FileServer(ctx.cfg.export_dir()), name, ctx.manifest), name)
 
 

@@ -49,6 +49,8 @@ def test_bench_staging_repeats_every_path_and_writes_the_json(tmp_path):
     for ratio in ("speedup_vs_one_at_a_time", "speedup_vs_thread_pool", "rerun_fraction"):
         assert set(result[ratio]) == FIGURE and result[ratio]["median"] > 0
     assert result["rerun_fraction"]["median"] < 1  # nothing to send the second time
+    shrunk = result["shrunk"]  # photo-sized JPEGs: most are over 500 px, so the staged bytes fall
+    assert shrunk["max_side"] == 500 and shrunk["files_shrunk"] > 0 and shrunk["bytes_fraction"] < 1
     assert result["machine"]["cores"] >= 1 and result["machine"]["versions"]["torch"]
     printed = " ".join(out.stdout.split())  # the console wraps at its width
     assert "per file, thread pool" in printed and "over per-file with 8 threads" in printed
