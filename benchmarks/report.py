@@ -173,7 +173,9 @@ def scale_chart(r: dict) -> Chart:
 
 def loader_label(name: str) -> str:
     """How a loader run is named: its --loader, and for the fast loader's second run the JPEGs it read."""
-    return "--loader fast, JPEGs with restart markers" if name == RESTARTS else f"--loader {name}"
+    base, _, side = name.partition("@")  # NAME@N: the loader on the JPEGs shrunk to an N px longer side
+    label = "--loader fast, JPEGs with restart markers" if base == RESTARTS else f"--loader {base}"
+    return f"{label}, shrunk to {side} px" if side else label
 
 
 def loader_chart(r: dict) -> Chart:

@@ -108,7 +108,8 @@ def bench_loader(
 ) -> None:
     """Images/s per core of each training loader (fast, pil, dali) on 1 core and on all; decode/augment/collate split.
 
-    Reads --data's train/ if given, else --files JPEGs shaped like ImageNet's (500x375, quality 90, about 110 KB).
+    Reads --data's train/ if given, else --files photo-like JPEGs of ImageNet's sizes (quality 90, about 110 KB); every
+    loader also reads them shrunk to a 500 px longer side.
     """
 
 

@@ -2,7 +2,7 @@
 
 Pure numpy and Pillow (no other module of the project, nothing of the orchestrator's packages), so that the device
 check (benchmarks/device_check.py) writes them on a lent GPU machine, which has only torch, torchvision, Pillow and
-numpy; sample_data.py's write_photo_like and write_photo_sized make data set folders of them.
+numpy; sample_data.py's write_photo_sized makes data set folders of them.
 """
 
 import os

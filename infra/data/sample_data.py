@@ -1,5 +1,6 @@
-"""Data sets written to disk: scikit-learn's bundled 8x8 digits as ImageNet-layout PNGs, and ImageNet-shaped
-folders of small JPEGs (any shape up to the full ImageNet-1k one) for testing staging and listing at scale."""
+"""Data sets written to disk: scikit-learn's bundled 8x8 digits as ImageNet-layout PNGs, photo-like JPEGs of
+ImageNet's sizes for the loader and staging benchmarks, and ImageNet-shaped folders of small JPEGs (any shape up to
+the full ImageNet-1k one) for testing staging and listing at scale."""
 
 import functools
 import io
@@ -22,6 +23,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from infra.core.errors import BadInput
 from infra.core.jsonfiles import read_json, write_json
+from infra.data.photos import make_photo_folders, photo_plan, write_photo
 
 
 @contextmanager
@@ -82,38 +84,32 @@ def _side_for(kb: int, rng: np.random.Generator) -> int:
     return max(8, round(200 * (kb * 1024 / len(probe.getvalue())) ** 0.5))
 
 
-PHOTO_SIZE, PHOTO_QUALITY, PHOTO_NOISE = (500, 375), 90, 24.0  # ImageNet's typical shape; the noise makes ~110 KB
+PARALLEL_PHOTOS = 64  # photo-sized sets of this many files or more are written by WRITERS processes
 
 
-def write_photo_like(dest: Path, files: int = 512, classes: int = 8, seed: int = 0) -> Path:
-    """An ImageNet-layout folder (train/ only) of JPEGs shaped and weighted like ImageNet's photographs, written
-    once: 500x375, quality 90, about 110 KB; what a loader's decode and crop are measured on (noise alone
-    would weigh far more at that shape, and decode slower than a photograph)."""
+def write_photo_sized(
+    dest: Path, files: int = 512, classes: int = 8, seed: int = 0, val_files: int = 0, workers: int | None = None
+) -> Path:
+    """An ImageNet-layout folder of photo-like JPEGs (quality 90) sized as ImageNet's training photographs are
+    (photos.py: LONGER_SIDES, ASPECTS), written once and whole: `files` in train/, `val_files` in val/; the same
+    seed, the same bytes. In WRITERS processes from PARALLEL_PHOTOS files (a 3,000 px photograph takes a second)."""
+    if files < 1 or classes < 1 or val_files < 0:
+        raise BadInput(
+            f"a photo-sized set needs 1 file or more, 1 class or more and 0 validation files or more, not "
+            f"files={files}, classes={classes}, val_files={val_files}"
+        )
     if (dest / "train").is_dir():
         return dest
-    rng = np.random.default_rng(seed)
+    photos = photo_plan(files, classes, seed, val_files)
+    if workers is None:
+        workers = WRITERS if len(photos) >= PARALLEL_PHOTOS else 1
     with written_whole(dest) as tmp:
-        for i in range(files):
-            folder = tmp / "train" / f"n{i % classes:08d}"
-            folder.mkdir(parents=True, exist_ok=True)
-            _photo(rng).save(folder / f"img_{i:07d}.JPEG", quality=PHOTO_QUALITY)
+        make_photo_folders(tmp, photos)
+        write = functools.partial(write_photo, str(tmp), seed)
+        with writer_pool(workers) as pool:
+            for _ in pool.imap_unordered(write, photos, chunksize=4) if pool else map(write, photos):
+                pass
     return dest
-
-
-def _photo(rng: np.random.Generator) -> Image.Image:
-    """Smooth colour fields at two scales with grain on top: the spectrum of a photograph, roughly."""
-    w, h = PHOTO_SIZE
-    layers = [
-        np.asarray(
-            Image.fromarray(rng.integers(0, 256, (rows, cols, 3), dtype=np.uint8)).resize(
-                (w, h), Image.Resampling.BICUBIC
-            ),
-            dtype=np.float32,
-        )
-        for rows, cols in ((6, 8), (48, 64))
-    ]
-    pixels = 0.7 * layers[0] + 0.3 * layers[1] + rng.normal(0, PHOTO_NOISE, (h, w, 3))
-    return Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8))
 
 
 # ImageNet-shaped sets: DEST/train/<wnid>/<wnid>_<k>.JPEG and DEST/val/<wnid>/ILSVRC2012_val_<8 digits>.JPEG, the

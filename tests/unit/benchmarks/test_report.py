@@ -11,12 +11,12 @@ from benchmarks.suite import ORDER, SIZES, bench_all, with_training
 from flows.config import ConfigError, FlowConfig
 from infra.engines.pytorch import PyTorchTraining
 from infra.storage.blobstore import StorageConfig
-from trainer.data import LOADERS
 
 STAGING_ROUNDS = [
     {
         "seconds": {path: seconds * (i + 1) for i, path in enumerate(staging.PATHS)},
-        "phases": {"upload": seconds * 0.6, "sync": seconds * 0.4},
+        "phases": {"upload": seconds * 0.6, "sync": seconds * 0.4, "shrink": seconds * 0.2},
+        "shrunk": {"shrunk": 30, "bytes_source": 4_400_000, "bytes_mirror": 1_100_000},
     }
     for seconds in (2.0, 2.5, 3.0)
 ]
@@ -54,14 +54,14 @@ def results() -> dict:
     per_core = {"pil": 40.0, "fast": 100.0, "dali": 80.0}
     loader_rounds = [
         {
-            "rates": {f"{name}/{n}": per_core[name] * n * 0.95 ** (n - 1) * k for name in LOADERS for n in (1, 2)},
-            "parts": {name: dict.fromkeys(loader.PARTS, 0.002) for name in LOADERS},
+            "rates": {f"{name}/{n}": per_core[name] * n * 0.95 ** (n - 1) * k for name in per_core for n in (1, 2)},
+            "parts": {name: dict.fromkeys(loader.PARTS, 0.002) for name in per_core},
         }
         for k in (1.0, 0.9, 1.1)
     ]
     return {
         "loader": loader.summarise(loader_rounds, 2, 512, PyTorchTraining()),
-        "staging": staging.summarise(STAGING_ROUNDS, 40, 4_400_000, StorageConfig()),
+        "staging": staging.summarise(STAGING_ROUNDS, 40, 4_400_000, StorageConfig(), 500),
         "train": training.summarise(TRAINING_ROUNDS, PyTorchTraining(threads=1), "synthetic"),
         "parallel": {
             "settings": {"model": "resnet18", "image_size": 64, "global_batch": 32},
