@@ -123,8 +123,11 @@ def test_the_check_writes_the_same_photographs_as_the_loader_bench(tmp_path):
 def test_make_device_check_runs_the_command_without_the_venv_s_setup():
     # the lent machine has no network: the target installs nothing first, and takes the folder for the JSON
     said = subprocess.run(
-        ["make", "-n", "device-check", "DEVICE_CHECK_OUT=/tmp/x"], capture_output=True, text=True, check=True
-    )
+        ["make", "-n", "--no-print-directory", "device-check", "DEVICE_CHECK_OUT=/tmp/x"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )  # --no-print-directory: under `make test` (CI) a nested make would print its directory around the command
     lines = [line for line in said.stdout.splitlines() if line.strip()]
     assert len(lines) == 1 and "-m benchmarks.device_check" in lines[0] and "--out /tmp/x" in lines[0]
     assert lines[0].startswith("PYTHONPATH=containers ")
