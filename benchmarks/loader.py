@@ -249,10 +249,10 @@ def time_parts(dataset: data.ImageFiles, batch_size: int) -> dict:
 
 def torch_batch(dataset: data.ImageFiles, indices: range, spent: dict) -> torch.Tensor:
     """One batch of the PIL or fast loader: each image decoded (the fast loader's: only its crop), then transformed
-    (the fast loader's: resized and flipped), then the batch collated."""
+    (the fast loader's: resized and flipped), then the batch collated (as the loader's DataLoader collates it)."""
     decoded = [timed(spent, "decode", dataset.decode, dataset.samples[i][0]) for i in indices]
     samples = [(timed(spent, "augment", dataset.transform, image), 0) for image in decoded]
-    return timed(spent, "collate", default_collate, samples)[0]
+    return timed(spent, "collate", dataset.collate or default_collate, samples)[0]
 
 
 def dali_batch(dataset: data.ImageFiles, batch_size: int) -> Callable:

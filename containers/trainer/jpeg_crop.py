@@ -1,7 +1,10 @@
 """Partial JPEG decoding for the fast loader (jpeg_crop.c): only the random-resized crop is decoded; JPEGs with a
 restart marker after every MCU (`add_restarts` rewrites them so, losslessly) have only the crop's MCUs decoded.
 
-The C file is compiled once per version of it (`cc -O2 -shared -fPIC ... -ljpeg`, a second or less) into
+It also makes the fast loader's uint8 batches normalised floats on a CPU device in one pass (`normalise`).
+
+The C file is compiled once per version of it (`cc -O3 -ffp-contract=off -shared -fPIC ... -ljpeg`, a second or
+less; the C file names these flags, so a change of them is a new version) into
 TRAINFLOW_JPEG_CROP_DIR (default ~/.cache/trainflow, else the temporary folder) and loaded with ctypes; the training
 images compile it when they are built (`python jpeg_crop.py DIR`) and name DIR. Without a C compiler or libjpeg's
 headers (Debian and Ubuntu: `apt-get install gcc libjpeg-dev`), `library()` is None and `unavailable()` says why:
@@ -22,6 +25,7 @@ import torch
 
 SOURCE = Path(__file__).with_name("jpeg_crop.c")
 DIR = "TRAINFLOW_JPEG_CROP_DIR"  # where the library is kept (or was built ahead, in the training images)
+FLAGS = ("-O3", "-ffp-contract=off", "-shared", "-fPIC")  # -O3 vectorises normalise's loop; no fused multiply-add
 TO_RGB = (1, 3)  # the components of the JPEGs decoded here (gray, colour); CMYK and YCCK (4) are PIL's to convert
 
 
@@ -53,9 +57,7 @@ def build(dest_dir: Path) -> Path:
         raise OSError("no C compiler (cc) on PATH")
     dest_dir.mkdir(parents=True, exist_ok=True)
     partial = dest_dir / f".{target.name}.{os.getpid()}"
-    done = subprocess.run(
-        [compiler, "-O2", "-shared", "-fPIC", "-o", str(partial), str(SOURCE), "-ljpeg"], capture_output=True, text=True
-    )
+    done = subprocess.run([compiler, *FLAGS, "-o", str(partial), str(SOURCE), "-ljpeg"], capture_output=True, text=True)
     if done.returncode:
         partial.unlink(missing_ok=True)
         said = done.stderr.strip().splitlines() or [f"exit status {done.returncode}"]
@@ -88,6 +90,12 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     ]
     lib.jpeg_crop_cuttable.argtypes = [ctypes.c_char_p, ctypes.c_ulong]
     lib.jpeg_crop_free.argtypes = [ctypes.c_void_p]
+    lib.jpeg_crop_normalise.argtypes = [
+        *[ctypes.c_void_p] * 2,
+        *[ctypes.c_size_t] * 2,
+        *[ctypes.c_void_p] * 2,
+        ctypes.c_int,
+    ]
     return lib, ""
 
 
@@ -138,6 +146,18 @@ def add_restarts(data: bytes, interval: int = 1) -> bytes:
         return ctypes.string_at(out, size.value)
     finally:
         lib.jpeg_crop_free(out)
+
+
+def normalise(images: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, planar: bool) -> torch.Tensor:
+    """The uint8 batch `images` (N, 3, H, W) in channels-last memory (N, H, W, 3 contiguous), as floats `images *
+    scale + shift` per channel (float tensors of 3), in one pass: contiguous NCHW floats (`planar`) or channels-last."""
+    fmt = torch.contiguous_format if planar else torch.channels_last
+    out = torch.empty(images.shape, dtype=torch.float32, memory_format=fmt)
+    n, _, h, w = images.shape
+    library().jpeg_crop_normalise(
+        images.data_ptr(), out.data_ptr(), n, h * w, scale.data_ptr(), shift.data_ptr(), planar
+    )
+    return out
 
 
 if __name__ == "__main__":  # the training images build it ahead: python jpeg_crop.py DIR

@@ -561,9 +561,9 @@ def evaluate(run: Run) -> dict:
 
 def to_device(run: Run, images: torch.Tensor, targets: torch.Tensor):
     """Move a batch to the device, in channels-last layout when that is on; the fast loader's uint8 images are
-    normalised there (a quarter of the bytes to move, and the device's arithmetic)."""
+    normalised there (a quarter of the bytes to move, and the device's arithmetic), laid out in the same pass."""
     fmt = torch.channels_last if run.channels_last else torch.contiguous_format
-    images = data.normalise(images.to(run.device, non_blocking=True, memory_format=fmt))
+    images = data.normalise(images.to(run.device, non_blocking=True), fmt)
     return images, targets.to(run.device, non_blocking=True)
 
 

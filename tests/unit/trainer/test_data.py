@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from torch.utils.data import default_collate
 
 from tests.fakes.image_files import write_image, write_png_header
 from trainer import data, layout
@@ -295,6 +296,36 @@ def test_normalising_on_the_device_gives_what_the_pil_loader_makes():
     batch = torch.from_numpy(pixels).permute(2, 0, 1)[None].contiguous(memory_format=torch.channels_last)
     assert torch.allclose(data.normalise(batch)[0], expected, atol=1e-5)
     assert data.normalise(expected) is expected  # float batches (the PIL loader's, synthetic) pass unchanged
+
+
+@pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last])
+def test_a_channels_last_batch_is_normalised_in_one_pass_to_torch_s_floats(layout):
+    """The fast loader's CPU batches (channels-last uint8) go through jpeg_crop's C loop: torch's floats (three
+    passes) bit for bit, in the layout asked for; any other layout goes through torch."""
+    pixels = torch.from_numpy(np.random.default_rng(2).integers(0, 256, (4, 9, 7, 3), dtype=np.uint8))
+    batch = pixels.permute(0, 3, 1, 2)  # channels-last memory, as stack_channels_last makes it
+    assert data.in_one_pass(batch, layout) and not data.in_one_pass(batch.contiguous(), layout)
+    ours, torch_s = data.normalise(batch, layout), data.normalise(batch.contiguous(), layout)
+    assert ours.dtype == torch.float32 and torch.equal(ours, torch_s) and ours.is_contiguous(memory_format=layout)
+    floats = torch_s.contiguous()
+    assert data.normalise(floats, layout).is_contiguous(memory_format=layout)  # float batches only laid out
+
+
+def test_the_fast_loader_stacks_its_batches_in_the_channels_last_memory_it_decodes_in(image_tree):
+    """Stacking HWC crops is a copy, not a transpose: the batch is (N, 3, H, W) over (N, H, W, 3) memory, the
+    values default_collate makes, with one worker as without."""
+    crops = [torch.randint(0, 256, (5, 6, 3), dtype=torch.uint8).permute(2, 0, 1) for _ in range(2)]
+    samples = [(image, i) for i, image in enumerate([*crops, torch.zeros(3, 5, 6, dtype=torch.uint8)])]  # one CHW
+    images, targets = data.stack_channels_last(samples)
+    expected, expected_targets = default_collate(samples)
+    assert torch.equal(images, expected) and torch.equal(targets, expected_targets)
+    assert images.permute(0, 2, 3, 1).is_contiguous()
+    train, _ = data.index_folder(image_tree)
+    dataset = data.image_files(train, data.train_transform(16, 0.5, True, "fast"), "fast")
+    for workers in (0, 1):
+        loader = data.make_loader(dataset, 2, data.ShardSampler(len(dataset), 0, 1), workers, False, True)
+        batch = next(iter(loader))[0]
+        assert batch.shape == (2, 3, 16, 16) and batch.permute(0, 2, 3, 1).is_contiguous(), workers
 
 
 def test_the_fast_loader_crops_and_flips_uint8_tensors_and_evaluates_deterministically(tmp_path):

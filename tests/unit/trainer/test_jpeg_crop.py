@@ -226,3 +226,8 @@ def test_images_partial_decoding_does_not_take_are_decoded_whole(tmp_path):
         torch.manual_seed(seed)
         with pytest.raises(UsageError, match=f"cannot decode image {re.escape(str(cut))}"):
             augment.load(str(cut))
+
+
+def test_the_c_file_names_the_flags_it_is_built_with():
+    """The library is named by the C file's digest: the flags written in it make a change of them a new library."""
+    assert " ".join(jpeg_crop.FLAGS) in jpeg_crop.SOURCE.read_text()
