@@ -286,8 +286,9 @@ def to_floats(loader: str) -> list:
     return [] if loader == "fast" else [transforms.ToTensor(), transforms.Normalize(MEAN, STD)]
 
 
-SCALE = [1 / (255 * s) for s in STD]  # (x / 255 - mean) / std = x * SCALE + SHIFT, channel by channel
-SHIFT = [-m / s for m, s in zip(MEAN, STD)]
+# (x / 255 - mean) / std = x * SCALE + SHIFT, channel by channel, in float32 arithmetic as torch computed them
+# before 2026-11-27 (the same floats to the last bit: a run's numbers do not move)
+SCALE, SHIFT = 1 / (255 * torch.tensor(STD)), -torch.tensor(MEAN) / torch.tensor(STD)
 
 
 def normalise(images: torch.Tensor, memory_format: torch.memory_format = torch.contiguous_format) -> torch.Tensor:
@@ -297,7 +298,7 @@ def normalise(images: torch.Tensor, memory_format: torch.memory_format = torch.c
     floats: tests/unit/trainer/test_data.py); elsewhere torch's three (to floats, multiply, add)."""
     if images.dtype != torch.uint8:
         return images.contiguous(memory_format=memory_format)
-    scale, shift = (torch.tensor(v, dtype=torch.float32, device=images.device) for v in (SCALE, SHIFT))
+    scale, shift = SCALE.to(images.device), SHIFT.to(images.device)
     if in_one_pass(images, memory_format):
         return jpeg_crop.normalise(images, scale, shift, planar=memory_format == torch.contiguous_format)
     floats = images.to(torch.float32, memory_format=memory_format)

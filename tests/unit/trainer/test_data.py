@@ -307,6 +307,8 @@ def test_a_channels_last_batch_is_normalised_in_one_pass_to_torch_s_floats(layou
     assert data.in_one_pass(batch, layout) and not data.in_one_pass(batch.contiguous(), layout)
     ours, torch_s = data.normalise(batch, layout), data.normalise(batch.contiguous(), layout)
     assert ours.dtype == torch.float32 and torch.equal(ours, torch_s) and ours.is_contiguous(memory_format=layout)
+    mean, std = (torch.tensor(v).view(1, 3, 1, 1) for v in (data.MEAN, data.STD))
+    assert torch.equal(ours, batch.float().mul_(1 / (255 * std)).add_(-mean / std))  # the formula in float32, exactly
     floats = torch_s.contiguous()
     assert data.normalise(floats, layout).is_contiguous(memory_format=layout)  # float batches only laid out
 
