@@ -251,9 +251,11 @@ def read_jpeg(path: str) -> bytes:
     """The file's bytes when it starts as a JPEG does (SOI), else b"" (PNGs and the rest are read once, by PIL; a
     file that cannot be read too: read_uint8 names it and why)."""
     try:
-        with open(path, "rb") as file:
-            start = file.read(2)
-            return start + file.read() if start == b"\xff\xd8" else b""
+        with open(path, "rb", buffering=0) as file:  # unbuffered: the bytes read once into one object, not copied
+            if file.read(2) != b"\xff\xd8":
+                return b""
+            file.seek(0)
+            return file.readall()
     except OSError:
         return b""
 
