@@ -20,6 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from infra.compute import JobConfig, PoolConfig, ProcessPoolConfig, backend_of, refuse_backend_sections
 from infra.core.errors import BadInput, first_line
 from infra.core.redact import ENV_NAME_ERROR, names_a_variable, redact, secret_shapes
+from infra.data.manifest import check_dataset_name
+from trainer.errors import UsageError
 from infra.data.shrink import check_max_side
 from infra.engines import TrainingConfig, default_training
 from infra.engines.contract import SYNTHETIC
@@ -114,6 +116,15 @@ class FlowConfig(BaseModel):
     @classmethod
     def _max_side_is_a_size(cls, value):
         return value if value is None else check_max_side(value)
+
+    @field_validator("dataset")
+    @classmethod
+    def _dataset_is_a_name(cls, value):
+        # before anything starts: the name is a folder under cache/ and the file server, and a blob prefix
+        try:
+            return value if value is None else check_dataset_name(value)
+        except UsageError as exc:
+            raise ValueError(str(exc)) from None
 
     @model_validator(mode="after")
     def _staged_data_is_named(self) -> "FlowConfig":

@@ -26,6 +26,7 @@ from infra.storage.fileserver import FileServer
 from infra.storage.transfers import Transfer, step_plan, transfer_progress
 from tasks.retry import unless_permanent
 from trainer.datasets import Manifest, SyncPlan, decide_sync, fill_version
+from trainer.errors import UntrustedInput
 
 
 @contextmanager
@@ -41,7 +42,7 @@ def staged_manifest(store: BlobStore, name: str, workdir: Path) -> Iterator[Mani
     with tempfile.TemporaryDirectory(dir=workdir / "tmp") as tmp:
         with writing(Path(tmp) / "manifest.jsonl", partial=Path(tmp) / "manifest.jsonl"):
             store.download_to(mf.manifest_blob(name), Path(tmp) / "manifest.jsonl")
-        with Manifest.load(Path(tmp) / "manifest.jsonl", Path(tmp) / "manifest.db") as manifest:
+        with Manifest.load(Path(tmp) / "manifest.jsonl", Path(tmp) / "manifest.db", name) as manifest:
             yield manifest
 
 
@@ -61,7 +62,16 @@ def sync_row(plan: SyncPlan, name: str) -> dict:
 
 
 def sync_to_file_server(store: BlobStore, server: FileServer, name: str, workdir: Path) -> tuple[Transfer, Path]:
-    """Make server's `current` version of `name` equal the manifest in Blob."""
+    """Make server's `current` version of `name` equal the manifest in Blob; a manifest or shard that breaks the
+    format's rules (trainer/datasets.py) is bad input, never retried, and leaves no version behind."""
+    try:
+        return synced(store, server, name, workdir)
+    except UntrustedInput as exc:
+        raise BadInput(str(exc)) from None
+
+
+def synced(store: BlobStore, server: FileServer, name: str, workdir: Path) -> tuple[Transfer, Path]:
+    """sync_to_file_server's work."""
     transfer = Transfer("blob -> file server")
     with ExitStack() as stack:
         with transfer.timed("manifest"):

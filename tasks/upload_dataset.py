@@ -191,7 +191,7 @@ def synced_state(server_manifest: Path | None, name: str) -> tuple[dict | None, 
     reach, and the upload's record of which shards a sync may still be fetching."""
     if server_manifest is None:
         return None, set()
-    with tempfile.TemporaryDirectory() as tmp, Manifest.load(server_manifest, Path(tmp) / "m.db") as synced:
+    with tempfile.TemporaryDirectory() as tmp, Manifest.load(server_manifest, Path(tmp) / "m.db", name) as synced:
         return manifest_metadata(synced.header), {mf.shard_blob(name, sid) for sid in synced.shards()}
 
 

@@ -6,18 +6,17 @@ job never sees a half-updated set. Files unchanged since the previous version ar
 the share (server-side on Azure): only changed files are uploaded.
 """
 
-import hashlib
 import json
 from pathlib import Path
 
 from prefect import task
 
 from infra.core.errors import BadInput
-from infra.data.manifest import sha256_file
 from infra.engines.contract import PACKAGE
 from infra.storage.fileshare import FileShare, FileShareConfig, open_share
 from infra.storage.transfers import Transfer, step_plan, transfer_progress
 from tasks.retry import unless_permanent
+from trainer.scripts import COMPLETE, HASHES, scripts_version, sha256_file
 
 LATEST = "scripts/LATEST"
 SOURCES = (".py", ".c")  # the training package's files that travel with a scripts version
@@ -35,12 +34,6 @@ def package_files(extra_files: list[Path]) -> dict[str, Path]:
     return files
 
 
-def scripts_version(hashes: dict[str, str]) -> str:
-    """A version id that changes exactly when a path or a content changes."""
-    text = "".join(f"{path}\0{digest}\n" for path, digest in sorted(hashes.items()))
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
 def plan_scripts(share: FileShare | None, files: dict[str, Path]) -> tuple[dict[str, str], dict]:
     """The files' hashes, and the step's decision: skip when the share holds this content version (an Azure
     share is asked only by the run itself: `share` None)."""
@@ -53,7 +46,7 @@ def plan_scripts(share: FileShare | None, files: dict[str, Path]) -> tuple[dict[
             f"upload {len(files)} files as scripts/{version} unless the share holds that version",
             version=version,
         )
-    if share.exists(f"scripts/{version}/.complete"):
+    if share.exists(f"scripts/{version}/{COMPLETE}"):
         return hashes, step_plan(
             "upload-scripts", "skip", f"version {version} is already on the share", version=version
         )
@@ -82,8 +75,8 @@ def upload_scripts(share: FileShare, files: dict[str, Path]) -> tuple[Transfer, 
         for rel, path in changed.items():
             share.upload_file(path, f"{folder}/{rel}")
             advance(path.stat().st_size, 1)
-    share.write_text(f"{folder}/.hashes.json", json.dumps(hashes, indent=1))
-    share.write_text(f"{folder}/.complete", version)
+    share.write_text(f"{folder}/{HASHES}", json.dumps(hashes, indent=1))
+    share.write_text(f"{folder}/{COMPLETE}", version)
     share.write_text(LATEST, version)
     return transfer, folder, plan
 
@@ -93,7 +86,7 @@ def previous_hashes(share: FileShare) -> dict[str, tuple[str, str]]:
     latest = share.read_text(LATEST)
     if not latest:
         return {}
-    text = share.read_text(f"scripts/{latest.strip()}/.hashes.json")
+    text = share.read_text(f"scripts/{latest.strip()}/{HASHES}")
     if not text:
         return {}
     return {rel: (f"scripts/{latest.strip()}", digest) for rel, digest in json.loads(text).items()}

@@ -16,6 +16,13 @@ so both write the same layout the same way. Run on a node, it needs only the sta
 brings `<export>/datasets/imagenet/current` to the staged version: unchanged files are hard-linked from
 the current version, the rest extracted from their shards and checked against the manifest; a lock in
 the export makes the ranks of one node wait for the first one's fetch instead of repeating it.
+
+What comes back from storage is input: anyone who can write the container (a leaked SAS, a shared account, a data
+set someone else staged) controls the manifest and the shards. Every manifest row is checked before anything is
+written (`row_problem`: a relative, normalised path under train/ or val/, a size, a SHA-256, a shard id), every
+tar member must be a regular file, and every file is created new inside the version folder; a violation is
+`UntrustedInput` (one line, never retried) and the half-written version is removed. The rules follow Python's
+tarfile data filter (PEP 706), which refuses absolute paths, `..`, links and devices.
 """
 
 import argparse
@@ -24,6 +31,7 @@ import hashlib
 import itertools
 import json
 import os
+import re
 import shutil
 import sqlite3
 import sys
@@ -36,11 +44,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script on a node: make the `trainer` package importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if __package__ in (None, ""):  # run as a script on a node: `trainer` importable, its scripts version checked
+    sys.pycache_prefix = sys.pycache_prefix or os.path.expanduser("~/.cache/trainflow/pycache")  # never a share's
+    sys.path.insert(0, scripts := str(Path(__file__).resolve().parents[1]))
+    from trainer.scripts import exit_unless_intact
 
-from trainer.errors import DiskFull, check_free, writing
-from trainer.layout import write_verified
+    exit_unless_intact(Path(scripts))  # before any other module of the package is imported
+
+from trainer.errors import DiskFull, UntrustedInput, UsageError, check_free, writing
+from trainer.layout import check_name, write_verified
 
 FORMAT = 2
 MANIFEST = ".manifest.jsonl"  # a complete version's copy of its manifest, on the file server
@@ -48,6 +60,15 @@ MANIFEST_FILE = "manifest.jsonl"  # the staged manifest, in the data set's folde
 BAD_INPUT = "error: "  # how this command's bad-input lines begin
 ROWS_PER_BATCH = 10_000  # rows moved between the manifest file and its index at a time
 FILESERVER_FIX = "free space there, or export the file server from a bigger disk (fileserver_export, or --workdir)"
+SPLITS = ("train", "val")  # the folders a staged path starts with (trainer/layout.py's layout)
+HEX_ID = re.compile(r"[0-9a-f]{16,64}")  # a version or shard id: a hash of what it holds (infra/data/manifest.py)
+SHA256 = re.compile(r"[0-9a-f]{64}")
+DRIVE = re.compile(r"[A-Za-z]:")  # C: - a Windows drive, which no staged path starts with
+DATASET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")  # one folder and blob-name component, never . or ..
+RESTAGE = (
+    "nothing of it was kept; stage it again from its folder (`trainflow stage --data FOLDER`) and check who can write "
+    "to the Blob container"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,23 +121,34 @@ class Manifest:
         self.lock = threading.Lock()  # one query at a time: the sync's threads ask for their shards
 
     @classmethod
-    def read(cls, lines: Iterable[bytes | str], db: Path | str) -> "Manifest":
-        """A manifest from its stored lines (a file or a blob's lines), checked for its format."""
+    def read(cls, lines: Iterable[bytes | str], db: Path | str, name: str | None = None) -> "Manifest":
+        """A manifest from its stored lines (a file or a blob's lines), every line checked (`row_problem`) as it is
+        indexed: UntrustedInput naming the data set (`name`, else the header's), the line and what is wrong."""
         lines = iter(lines)
-        header = json.loads(next(lines, b"{}") or b"{}")
+        header = parsed(next(lines, b"{}") or b"{}", name, 1)
+        name = name or str(header.get("dataset"))
         if not isinstance(header, dict) or header.get("format") != FORMAT:
             found = header.get("format") if isinstance(header, dict) else None
             raise ValueError(f"manifest format {found} is not {FORMAT}")
+        if problem := header_problem(header, name):
+            raise untrusted(name, 1, problem)
         manifest = cls(db, header)
-        with writing(manifest.path):
-            manifest.insert(json.loads(line) for line in lines if line.strip())
+        try:
+            with writing(manifest.path):
+                manifest.insert(checked_rows(lines, name))
+        except sqlite3.IntegrityError:  # the primary key: one path on two rows
+            manifest.close()
+            raise untrusted(name, None, "lists one path on two rows") from None
+        except BaseException:
+            manifest.close()
+            raise
         return manifest
 
     @classmethod
-    def load(cls, path: Path, db: Path | str) -> "Manifest":
-        """A manifest from a file."""
+    def load(cls, path: Path, db: Path | str, name: str | None = None) -> "Manifest":
+        """A manifest from a file (see read)."""
         with open(path, "rb") as f:
-            return cls.read(f, db)
+            return cls.read(f, db, name)
 
     def insert(self, rows: Iterable) -> None:
         """Add (path, size, sha256, shard) rows, a batch at a time."""
@@ -172,6 +204,107 @@ class Manifest:
         self.close()
 
 
+def untrusted(name: str, line: int | None, problem: str) -> UntrustedInput:
+    """The one line for a staged data set whose manifest or shards break the format's rules."""
+    where = f"line {line} of its {MANIFEST_FILE}" if line else f"its {MANIFEST_FILE}"
+    return UntrustedInput(f"staged data set {name!r} cannot be used: {where} {problem}; {RESTAGE}")
+
+
+def parsed(line: bytes | str, name: str | None, number: int):
+    """One manifest line's JSON, or UntrustedInput naming the line."""
+    try:
+        return json.loads(line)
+    except ValueError:
+        raise untrusted(name or "?", number, "is not JSON") from None
+
+
+def checked_rows(lines: Iterable[bytes | str], name: str) -> Iterator[list]:
+    """The manifest's file rows (after its header), each checked by `row_problem`; lines are numbered from 2."""
+    for number, line in enumerate(lines, start=2):
+        if line.strip():
+            row = parsed(line, name, number)
+            if problem := row_problem(row):
+                raise untrusted(name, number, problem)
+            yield row
+
+
+def header_problem(header: dict, name: str) -> str | None:
+    """What is wrong with a manifest's header, or None: its data set, version id and counts as staging writes them."""
+    if header.get("dataset") != name:
+        return f"names data set {header.get('dataset')!r}, not {name!r}"
+    if not (isinstance(header.get("version"), str) and HEX_ID.fullmatch(header["version"])):
+        return f"has version {header.get('version')!r}, not a hexadecimal id"
+    if any(not is_count(header.get(key)) for key in ("shard_count", "files", "bytes")):
+        return "lacks a count (shard_count, files, bytes)"
+    verified = header.get("verified") or {}
+    bad = verified.get("bad", []) if isinstance(verified, dict) else None
+    if not isinstance(bad, list) or any(not is_bad_file(entry) for entry in bad):
+        return "lists a bad file that is not a [path, reason] of the data set"
+    return None
+
+
+def is_count(value: object) -> bool:
+    return type(value) is int and value >= 0
+
+
+def is_bad_file(entry: object) -> bool:
+    """A `verified.bad` entry: [path, reason] with a path that passes path_problem."""
+    return isinstance(entry, list) and len(entry) == 2 and isinstance(entry[1], str) and not path_problem(entry[0])
+
+
+def row_problem(row: object) -> str | None:
+    """What makes a manifest row unusable, or None: [path, size, sha256, shard], each as staging writes it."""
+    if not (isinstance(row, list) and len(row) == 4):
+        return "is not a [path, size, sha256, shard] row"
+    path, size, sha256, shard = row
+    if problem := path_problem(path):
+        return f"names {path!r}, which {problem}"
+    if not is_count(size):
+        return f"gives {path!r} the size {size!r}, not a byte count"
+    if not (isinstance(sha256, str) and SHA256.fullmatch(sha256)):
+        return f"gives {path!r} the digest {sha256!r}, not a SHA-256"
+    if not (isinstance(shard, str) and HEX_ID.fullmatch(shard)):
+        return f"puts {path!r} in shard {shard!r}, not a hexadecimal id"
+    return None
+
+
+def path_problem(path: object) -> str | None:
+    """What keeps a staged path from being written inside a version folder, or None. A path is relative,
+    "/"-separated and normalised, free of NUL, backslashes and drive letters, and names a visible file under
+    train/<class>/ or val/<class>/, as staging lists them (trainer/layout.py)."""
+    if not isinstance(path, str) or not path:
+        return "is not a file name"
+    if "\0" in path or "\\" in path or DRIVE.match(path):
+        return "holds a NUL byte, a backslash or a drive letter"
+    if path.startswith("/"):
+        return "is an absolute path"
+    parts = path.split("/")
+    if ".." in parts:
+        return "climbs out of the data set (..)"
+    if any(part in ("", ".") for part in parts):
+        return "is not a normalised path (an empty or . component)"
+    if any(part.startswith(".") for part in parts):
+        return "names a hidden file or folder, which staging never stages"
+    if parts[0] not in SPLITS or len(parts) < 3:
+        return "is not under train/<class>/ or val/<class>/"
+    try:
+        check_name(path)
+    except UsageError:
+        return "holds a control character or is not valid UTF-8"
+    return None
+
+
+def check_dataset_name(name: str) -> str:
+    """A data set's name, or UsageError: one folder and blob-name component ([A-Za-z0-9._-], starting with a letter or
+    digit), so that it never leaves datasets/."""
+    if not DATASET_NAME.fullmatch(name):
+        raise UsageError(
+            f"data set name {name!r} is not a name: use letters, digits, '.', '_' and '-' (up to 100, starting with a "
+            "letter or digit)"
+        )
+    return name
+
+
 def insert_batches(db: sqlite3.Connection, sql: str, rows: Iterable) -> None:
     """Run an INSERT for each row, one transaction per batch of rows (the rows are not all held at once)."""
     rows = iter(rows)
@@ -211,24 +344,32 @@ def extract_members(tar_path: Path, wanted: Iterable[FileEntry], dest: Path) -> 
             tar.members = []  # tarfile keeps every member read unless told not to
             if entry is None or member.name > entry.path:
                 break
-            if member.name < entry.path or not member.isfile():
-                continue  # a file the version links from the current one (or not a file: found missing below)
+            if not member.isfile():  # a link, a device, a FIFO or a folder: staging writes regular files only
+                raise UntrustedInput(
+                    f"shard {tar_path.name} holds {member.name!r}, which is not a regular file; {RESTAGE}"
+                )
+            if member.name < entry.path:
+                continue  # a file the version links from the current one
             data = tar.extractfile(member).read()
             if len(data) != entry.size or hashlib.sha256(data).hexdigest() != entry.sha256:
                 raise ValueError(f"{member.name} in {tar_path.name} does not match the manifest")
-            write_member(dest / entry.path, data)
+            write_member(dest, entry.path, data)
             written, files, entry = written + len(data), files + 1, next(wanted, None)
     if entry is not None:
         raise ValueError(f"{tar_path.name} lacks files of the manifest, e.g. {entry.path}")
     return written, files
 
 
-def write_member(target: Path, data: bytes) -> None:
-    """One extracted file, read-only: versions share files by hard link, nobody may edit one in place."""
+def write_member(dest: Path, path: str, data: bytes) -> None:
+    """One extracted file at `path` (checked by path_problem) in the version folder `dest`, created new and
+    read-only: versions share files by hard link, nobody may edit one in place. Its folder must resolve inside
+    `dest` and the file must not exist (no link is followed), whatever the folder already holds."""
+    target = dest / path
     target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target, "wb") as f:
+    if not os.path.realpath(target.parent).startswith(os.path.join(os.path.realpath(dest), "")):
+        raise UntrustedInput(f"{path!r} resolves outside the version folder {dest}; {RESTAGE}")
+    with open(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o444), "wb") as f:
         f.write(data)
-    target.chmod(0o444)
 
 
 def sizes_match(root: Path, rows: Iterable) -> list[str]:
@@ -450,7 +591,7 @@ def fetch(source: Path, export: Path, name: str, threads: int = 8) -> Path:
     with (
         node_lock(export),
         tempfile.TemporaryDirectory(prefix=".trainflow-", dir=export) as tmp,
-        Manifest.load(source / MANIFEST_FILE, Path(tmp) / "manifest.db") as manifest,
+        Manifest.load(source / MANIFEST_FILE, Path(tmp) / "manifest.db", name) as manifest,
     ):
         plan = decide_sync(server, name, manifest)
         if plan.complete:
@@ -475,6 +616,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--export", type=Path, required=True, help="the file server's root (NFS mount or local disk)")
     p.add_argument("--dataset", required=True, help="the data set's name")
     args = p.parse_args(argv)
+    try:
+        check_dataset_name(args.dataset)
+    except UsageError as exc:
+        print(f"{BAD_INPUT}{exc}", file=sys.stderr)
+        return 2
     if not (args.source / MANIFEST_FILE).is_file():
         print(
             f"{BAD_INPUT}{args.source} has no {MANIFEST_FILE}: data set {args.dataset} was never staged there "
@@ -485,6 +631,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with writing(args.export, fix=FILESERVER_FIX):
             print(f"fetched {args.dataset}: {fetch(args.source, args.export, args.dataset).resolve()}", flush=True)
+    except UntrustedInput as exc:
+        print(f"{BAD_INPUT}{exc}", file=sys.stderr)
+        return 2
     except DiskFull as exc:
         print(f"{BAD_INPUT}{exc}", file=sys.stderr)
         return 1

@@ -15,6 +15,12 @@ class UsageError(Exception):
     """Bad input from the user: the message names what is wrong and how to fix it."""
 
 
+class UntrustedInput(UsageError):
+    """What came back from storage breaks the rules of its format (a manifest row that climbs out of its folder, a tar
+    member that is a link, a scripts file that is not the one its version was named after): never used, never
+    retried; the message names the data set or folder, the row or file, what is wrong, and the fix."""
+
+
 class DiskFull(Exception):
     """A write the disk has no room for (a fault, not bad input): the message names the path, the bytes it needed
     and the bytes free there."""

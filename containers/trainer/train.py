@@ -36,8 +36,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script: make the `trainer` package importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if __package__ in (None, ""):  # run as a script: the `trainer` package importable, its scripts version checked
+    sys.pycache_prefix = sys.pycache_prefix or os.path.expanduser("~/.cache/trainflow/pycache")  # never a share's
+    sys.path.insert(0, scripts := str(Path(__file__).resolve().parents[1]))
+    from trainer.scripts import exit_unless_intact
+
+    exit_unless_intact(Path(scripts))  # before any other module of the package is imported
 
 import torch
 

@@ -39,6 +39,7 @@ from trainer.datasets import (  # those marked F401 are re-exported: the orchest
     FileEntry,
     Manifest,  # noqa: F401 - re-exported: the format the orchestrator's steps use
     batched,
+    check_dataset_name,  # noqa: F401 - re-exported: the format the orchestrator's steps use
     dataset_prefix,  # noqa: F401 - re-exported: the format the orchestrator's steps use
     extract_members,  # noqa: F401 - re-exported: the format the orchestrator's steps use
     insert_batches,
@@ -49,21 +50,13 @@ from trainer.datasets import (  # those marked F401 are re-exported: the orchest
 )
 from trainer.errors import UsageError
 from trainer.layout import check_name, folder_images
+from trainer.scripts import sha256_file  # noqa: F401 - re-exported: the digest the orchestrator's steps use
 
 LOOKUP_BATCH = 500  # paths per cache query (SQLite's limit on variables is far above)
 SCHEMA = (
     "CREATE TABLE IF NOT EXISTS files (path TEXT PRIMARY KEY, size INT, mtime_ns INT, sha256 TEXT, bad TEXT, "
     "folded TEXT, bucket INT) WITHOUT ROWID"
 )
-
-
-def sha256_file(path: Path) -> str:
-    """SHA-256 of a file's bytes."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def relative_paths(data_dir: Path) -> Iterator[str]:

@@ -1,11 +1,14 @@
 """Data staging against a real Azurite and real folders: complete, incremental, resumable, fault-tolerant."""
 
+import io
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import threading
 import time
 import uuid
@@ -14,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.core.errors import BadInput
+from infra.core.errors import BadInput, is_permanent
 from infra.data import manifest as mf
 from infra.services.azurite import connection_string
 from infra.services.supervise import free_port
@@ -286,3 +289,97 @@ def test_bad_images_are_checked_where_they_enter_and_the_version_carries_the_res
     assert verified["files"] == 66 and verified["version"] == current.resolve().name.removeprefix("v-")
     assert [path for path, _ in verified["bad"]] == [f"train/dog/broken {i}.png" for i in range(3)]
     assert tree(current) == tree(data)  # the bad files are staged too: the data set is what the folder holds
+
+
+def rewrite_manifest(store: BlobStore, work: Path, edit) -> None:
+    """Rewrite the stored manifest's rows with `edit(rows)`, keeping its header and its blob's metadata, as anyone
+    who can write the container could."""
+    lines = store.read_text(mf.manifest_blob("pets")).splitlines()
+    rows = edit([json.loads(line) for line in lines[1:]])
+    path = work / "tampered.jsonl"
+    path.write_text("\n".join([lines[0], *(json.dumps(r) for r in rows)]) + "\n")
+    store.upload_file(path, mf.manifest_blob("pets"), store.metadata(mf.manifest_blob("pets")))
+
+
+def climbing(rows: list, targets: list[str]) -> list:
+    """The rows with the first ones moved to `targets` (their sizes, SHA-256 and shards kept), sorted by path."""
+    return sorted([[t, *row[1:]] for t, row in zip(targets, rows)] + rows[len(targets) :])
+
+
+@pytest.mark.parametrize(
+    "targets",
+    [
+        ["../../../../escaped.png", "/tmp/trainflow-escaped-abs.png"],
+        ["../../../fileshare/scripts/0123456789abcdef/trainer/__init__.py"],  # the trainer a run would import
+    ],
+    ids=["relative-and-absolute", "the-trainer-on-the-file-share"],
+)
+def test_a_manifest_row_that_leaves_the_file_server_writes_nothing_and_is_not_retried(staged, tmp_path, targets):
+    store, cfg, data, work = staged
+    upload_dataset(store, cfg, data, "pets", work)
+    server = FileServer(work / "fileserver")
+    _, current = sync_to_file_server(store, server, "pets", work)
+    before, version = tree(current), current.resolve()
+    write_image(data / "train" / "dog" / "img 3.png", "L", size=40)  # a new version to sync
+    upload_dataset(store, cfg, data, "pets", work)
+    rewrite_manifest(store, work, lambda rows: climbing(rows, targets))
+
+    with pytest.raises(BadInput) as failure:
+        sync_to_file_server(store, server, "pets", work)
+    message = str(failure.value)
+    assert re.match(r"staged data set 'pets' cannot be used: line \d+ of its manifest.jsonl names '", message)
+    assert targets[0] in message and "nothing of it was kept" in message and "\n" not in message
+    assert is_permanent(failure.value) and failure.value.exit_code == 2
+    assert not any(os.path.lexists(work / "fileserver" / "datasets" / "pets" / t) for t in targets)
+    assert not os.path.lexists("/tmp/trainflow-escaped-abs.png") and not (work / "fileshare").exists()
+    assert current.resolve() == version and tree(current) == before  # the current version is untouched
+    assert [p.name for p in current.parent.iterdir() if p.name.startswith(".v-")] == []
+
+
+def test_a_shard_member_that_is_a_link_is_refused_at_once_and_leaves_no_version(staged, tmp_path):
+    store, cfg, data, work = staged
+    upload_dataset(store, cfg, data, "pets", work)
+    shard = sorted(store.names("datasets/pets/shards/"))[0]
+    store.download_to(shard, tmp_path / "shard.tar")
+    with tarfile.open(tmp_path / "shard.tar") as tar:
+        members = [(m, tar.extractfile(m).read()) for m in tar.getmembers()]
+    with tarfile.open(tmp_path / "evil.tar", "w") as tar:
+        first, _ = members[0]
+        link = tarfile.TarInfo(first.name)
+        link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
+        tar.addfile(link)
+        for member, body in members[1:]:
+            tar.addfile(member, io.BytesIO(body))
+    store.upload_file(tmp_path / "evil.tar", shard, store.metadata(shard))
+
+    with pytest.raises(BadInput, match=rf"holds '{re.escape(first.name)}', which is not a regular file") as failure:
+        sync_to_file_server(store, FileServer(work / "fileserver"), "pets", work)
+    assert is_permanent(failure.value)
+    assert not (work / "fileserver" / "datasets" / "pets").exists() or not any(
+        (work / "fileserver" / "datasets" / "pets").iterdir()
+    )
+
+
+def test_the_node_side_fetch_refuses_a_tampered_manifest_with_one_line_and_exit_2(staged, tmp_path):
+    """What the Azure ML sync job runs (trainer/datasets.py on a node), on a folder standing in for the datastore
+    mount of datasets/pets/."""
+    store, cfg, data, work = staged
+    upload_dataset(store, cfg, data, "pets", work)
+    rewrite_manifest(store, work, lambda rows: climbing(rows, ["../../../../node-escaped.png"]))
+    source = tmp_path / "mount"
+    for name in store.names("datasets/pets/"):
+        (source / name.removeprefix("datasets/pets/")).parent.mkdir(parents=True, exist_ok=True)
+        store.download_to(name, source / name.removeprefix("datasets/pets/"))
+    export = tmp_path / "nfs"
+    script = REPO / "containers" / "trainer" / "datasets.py"
+    args = [sys.executable, str(script), "--source", str(source), "--export", str(export), "--dataset", "pets"]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith("error: staged data set 'pets' cannot be used")
+    assert not list(tmp_path.rglob("node-escaped.png")) and not os.path.lexists("/node-escaped.png")
+    assert not (export / "datasets" / "pets").exists() or [
+        p for p in (export / "datasets" / "pets").iterdir() if p.name.startswith(("v-", ".v-"))
+    ] == []
+
+    bad_name = subprocess.run([*args[:-1], "../../escaped"], capture_output=True, text=True, timeout=60)
+    assert bad_name.returncode == 2 and "data set name '../../escaped' is not a name" in bad_name.stderr

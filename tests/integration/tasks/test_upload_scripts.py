@@ -1,6 +1,10 @@
 """The scripts step over both share backends: versioned by content, only changed files uploaded."""
 
+import importlib
+import subprocess
+import sys
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 from azure.storage.fileshare import generate_share_sas
@@ -59,3 +63,47 @@ def test_sas_tokens_work_and_never_appear_in_urls():
         share = AzureFileShare.from_settings(fake.account_url, "scripts", sas)
         _, folder, _ = upload_scripts(share, package_files([]))
         assert "sig=" not in share.url(folder) and fake.violations == []
+
+
+def trainer_help(folder: Path) -> subprocess.CompletedProcess:
+    """The trainer of a scripts version, started as a node starts it (its --help: the check runs before anything)."""
+    return subprocess.run(
+        [sys.executable, str(folder / "trainer" / "train.py"), "--help"], capture_output=True, text=True, timeout=120
+    )
+
+
+@pytest.mark.parametrize(
+    "tamper, named",
+    [
+        (lambda f: (f / "trainer" / "models.py").write_text("raise SystemExit('planted')\n"), "trainer/models.py was changed"),
+        (lambda f: (f / "trainer" / "sitecustom.py").write_text("x = 1\n"), "trainer/sitecustom.py was added to it"),
+    ],
+)
+def test_the_trainer_refuses_a_scripts_version_whose_files_changed(tmp_path, tamper, named):
+    share = LocalFolderShare(tmp_path / "share")
+    _, folder, _ = upload_scripts(share, package_files([]))
+    root = tmp_path / "share" / folder
+    assert trainer_help(root).returncode == 0  # intact: it runs
+    (root / "trainer" / "models.py").chmod(0o644)
+    tamper(root)
+    done = trainer_help(root)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr == (
+        f"error: scripts version {root} cannot be run: {named}; delete the file share's scripts/ folder (the next run "
+        "uploads the scripts afresh, copying nothing from it) and check who can write to the share\n"
+    )
+
+
+def test_a_planted_python_cache_on_the_share_is_never_executed(tmp_path):
+    share = LocalFolderShare(tmp_path / "share")
+    _, folder, _ = upload_scripts(share, package_files([]))
+    root = tmp_path / "share" / folder
+    source = root / "trainer" / "console.py"
+    planted = compile("raise SystemExit('planted code ran')", str(source), "exec")
+    stat = source.stat()
+    pyc = root / "trainer" / "__pycache__" / f"console.{sys.implementation.cache_tag}.pyc"  # Python's own place
+    pyc.parent.mkdir(exist_ok=True)
+    # a valid cache of console.py's mtime and size, as py_compile writes one (its helper, with other code)
+    pyc.write_bytes(importlib._bootstrap_external._code_to_timestamp_pyc(planted, stat.st_mtime, stat.st_size))
+    done = trainer_help(root)
+    assert done.returncode == 0 and "planted code ran" not in done.stderr + done.stdout

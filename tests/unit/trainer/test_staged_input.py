@@ -1,0 +1,204 @@
+"""What comes back from storage is input: a staged manifest's rows, a shard's members and a scripts version are
+checked before anything is written or run (trainer/datasets.py, trainer/scripts.py)."""
+
+import hashlib
+import io
+import json
+import os
+import re
+import tarfile
+
+import pytest
+
+from trainer import datasets
+from trainer.errors import UntrustedInput, UsageError
+from trainer.scripts import COMPLETE, HASHES, expected_version, scripts_version, version_problem
+
+GOOD = "train/cat/img 1.png"
+SHA = "ab" * 32
+SHARD = "0123456789abcdef0123456789abcdef"
+
+
+@pytest.mark.parametrize(
+    "path, problem",
+    [
+        ("../../../../x", r"climbs out of the data set"),
+        ("train/../../../x.png", r"climbs out of the data set"),
+        ("/abs/path", r"is an absolute path"),
+        ("C:/Windows/x.png", r"drive letter"),
+        ("train\\cat\\x.png", r"backslash"),
+        ("train/cat/x\0.png", r"NUL byte"),
+        ("train//cat/x.png", r"not a normalised path"),
+        ("train/./cat/x.png", r"not a normalised path"),
+        ("train/cat/", r"not a normalised path"),
+        (".manifest.jsonl", r"hidden file"),
+        ("train/.git/x.png", r"hidden file"),
+        ("scripts/abc/trainer/__init__.py", r"not under train/<class>/ or val/<class>/"),
+        ("train/x.png", r"not under train/<class>/ or val/<class>/"),
+        ("train/cat/a\nb.png", r"control character"),
+        ("", r"not a file name"),
+        (7, r"not a file name"),
+    ],
+)
+def test_a_path_that_could_leave_its_version_folder_is_named(path, problem):
+    assert re.search(problem, datasets.path_problem(path) or "")
+
+
+@pytest.mark.parametrize("path", [GOOD, "val/émeu/deep/er/x.JPEG", "train/a b/x..y.png", "train/c/x.png"])
+def test_paths_staging_writes_pass(path):
+    assert datasets.path_problem(path) is None
+    assert datasets.row_problem([path, 3, SHA, SHARD]) is None
+
+
+@pytest.mark.parametrize(
+    "row, problem",
+    [
+        ([GOOD, 3, SHA], "is not a [path, size, sha256, shard] row"),
+        ({"path": GOOD}, "is not a [path, size, sha256, shard] row"),
+        ([GOOD, -1, SHA, SHARD], "the size -1, not a byte count"),
+        ([GOOD, True, SHA, SHARD], "the size True, not a byte count"),
+        ([GOOD, 3, "ABC", SHARD], "the digest 'ABC', not a SHA-256"),
+        ([GOOD, 3, SHA, "../../x"], "in shard '../../x', not a hexadecimal id"),
+        ([GOOD, 3, SHA, "/tmp/evil"], "in shard '/tmp/evil', not a hexadecimal id"),
+    ],
+)
+def test_a_row_that_is_not_what_staging_writes_is_named(row, problem):
+    assert problem in datasets.row_problem(row)
+
+
+def manifest_lines(rows, **header) -> list[bytes]:
+    head = {"format": 2, "dataset": "pets", "version": "f" * 32, "shard_count": 1, "files": len(rows), "bytes": 9}
+    return [json.dumps({**head, **header}).encode()] + [json.dumps(r).encode() for r in rows]
+
+
+def test_a_tampered_manifest_is_refused_naming_the_data_set_the_line_and_the_fix():
+    rows = [[GOOD, 3, SHA, SHARD], ["../../../../x", 3, SHA, SHARD]]
+    with pytest.raises(UntrustedInput) as caught:
+        datasets.Manifest.read(manifest_lines(rows), ":memory:", "pets")
+    message = str(caught.value)
+    assert message.startswith("staged data set 'pets' cannot be used: line 3 of its manifest.jsonl names")
+    assert "'../../../../x', which climbs out of the data set (..)" in message
+    assert "stage it again from its folder" in message and "\n" not in message
+
+
+@pytest.mark.parametrize(
+    "header, problem",
+    [
+        ({"dataset": "other"}, "line 1 of its manifest.jsonl names data set 'other', not 'pets'"),
+        ({"version": "../../v"}, "has version '../../v', not a hexadecimal id"),
+        ({"files": "many"}, "lacks a count"),
+        ({"verified": {"check": "decode", "bad": [["/etc/passwd", "x"]]}}, "lists a bad file"),
+    ],
+)
+def test_a_tampered_header_is_refused(header, problem):
+    with pytest.raises(UntrustedInput, match=problem.replace("(", r"\(").replace(")", r"\)")):
+        datasets.Manifest.read(manifest_lines([[GOOD, 3, SHA, SHARD]], **header), ":memory:", "pets")
+
+
+def test_a_manifest_that_lists_a_path_twice_or_is_not_json_is_refused():
+    twice = [[GOOD, 3, SHA, SHARD], [GOOD, 3, SHA, SHARD]]
+    with pytest.raises(UntrustedInput, match="lists one path on two rows"):
+        datasets.Manifest.read(manifest_lines(twice), ":memory:", "pets")
+    with pytest.raises(UntrustedInput, match="line 2 of its manifest.jsonl is not JSON"):
+        datasets.Manifest.read([manifest_lines([])[0], b"{not json"], ":memory:", "pets")
+
+
+def shard_with(tmp_path, add) -> tuple:
+    """A shard holding a regular file train/cat/a.png and whatever `add(tar)` puts beside it; the wanted entries."""
+    path = tmp_path / "s.tar"
+    with tarfile.open(path, "w") as tar:
+        info = tarfile.TarInfo("train/cat/a.png")
+        info.size = 3
+        tar.addfile(info, io.BytesIO(b"one"))
+        add(tar)
+    wanted = [datasets.FileEntry("train/cat/a.png", 3, hashlib.sha256(b"one").hexdigest())]
+    return path, wanted
+
+
+@pytest.mark.parametrize(
+    "kind", [tarfile.SYMTYPE, tarfile.LNKTYPE, tarfile.FIFOTYPE, tarfile.CHRTYPE, tarfile.DIRTYPE]
+)
+def test_a_shard_member_that_is_not_a_regular_file_is_refused(tmp_path, kind):
+    def add(tar):
+        info = tarfile.TarInfo("train/cat/b.png")
+        info.type, info.linkname = kind, "/etc/passwd"
+        tar.addfile(info)
+
+    path, wanted = shard_with(tmp_path, add)
+    wanted.append(datasets.FileEntry("train/cat/b.png", 11, SHA))
+    with pytest.raises(UntrustedInput, match=r"shard s.tar holds 'train/cat/b.png', which is not a regular file"):
+        datasets.extract_members(path, wanted, tmp_path / "out")
+    assert not (tmp_path / "out" / "train/cat/b.png").exists() and not os.path.lexists("/etc/passwd.png")
+
+
+def test_a_file_is_never_written_through_a_link_in_the_version_folder(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    dest = tmp_path / "v"
+    (dest / "train").mkdir(parents=True)
+    (dest / "train" / "cat").symlink_to(outside)
+    with pytest.raises(UntrustedInput, match="'train/cat/a.png' resolves outside the version folder"):
+        datasets.write_member(dest, "train/cat/a.png", b"x")
+    assert list(outside.iterdir()) == []
+    (dest / "train" / "dog").mkdir()
+    (dest / "train" / "dog" / "a.png").symlink_to(outside / "planted")
+    with pytest.raises(FileExistsError):
+        datasets.write_member(dest, "train/dog/a.png", b"x")
+    assert not (outside / "planted").exists()
+
+
+@pytest.mark.parametrize("name", ["../../../escaped-ds", "..", ".", "a/b", "", "-x", "x" * 101, "bad name"])
+def test_a_data_set_name_that_is_not_one_folder_is_refused(name):
+    with pytest.raises(UsageError, match="is not a name: use letters, digits"):
+        datasets.check_dataset_name(name)
+
+
+@pytest.mark.parametrize("name", ["pets", "ImageNet_2012", "digits-32", "v1.2"])
+def test_data_set_names_pass(name):
+    assert datasets.check_dataset_name(name) == name
+
+
+def version_folder(root, files: dict[str, bytes]):
+    """A scripts version as the upload step writes it: the files, .hashes.json, .complete; named after its digest."""
+    hashes = {rel: hashlib.sha256(data).hexdigest() for rel, data in files.items()}
+    folder = root / "scripts" / scripts_version(hashes)
+    for rel, data in files.items():
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        (folder / rel).write_bytes(data)
+    (folder / HASHES).write_text(json.dumps(hashes))
+    (folder / COMPLETE).write_text(folder.name)
+    return folder
+
+
+FILES = {"trainer/__init__.py": b'"""doc"""\n', "trainer/train.py": b"print('train')\n", "labels.txt": b"cat\n"}
+
+
+def test_an_intact_scripts_version_passes_and_python_caches_are_not_its_files(tmp_path):
+    folder = version_folder(tmp_path, FILES)
+    (folder / "trainer" / "__pycache__").mkdir()
+    (folder / "trainer" / "__pycache__" / "train.cpython-311.pyc").write_bytes(b"never read from the share")
+    assert expected_version(folder) == folder.name and version_problem(folder, folder.name) is None
+
+
+@pytest.mark.parametrize(
+    "tamper, problem",
+    [
+        (lambda f: (f / "trainer/__init__.py").write_text("import os\n"), "trainer/__init__.py was changed"),
+        (lambda f: (f / "trainer/evil.py").write_text("x = 1\n"), "trainer/evil.py was added to it"),
+        (lambda f: (f / "labels.txt").unlink(), "labels.txt is missing from it"),
+        (lambda f: (f / HASHES).write_text(json.dumps({"trainer/train.py": "0" * 64})), "its .hashes.json was changed"),
+        (lambda f: (f / HASHES).unlink(), "its .hashes.json, the digests the version is named after, is missing"),
+    ],
+)
+def test_a_changed_scripts_version_is_named(tmp_path, tamper, problem):
+    folder = version_folder(tmp_path, FILES)
+    tamper(folder)
+    assert problem in version_problem(folder, folder.name)
+
+
+def test_a_folder_mounted_under_another_name_is_checked_against_its_complete_mark(tmp_path):
+    folder = version_folder(tmp_path, FILES)
+    mounted = tmp_path / "INPUT_scripts"
+    folder.rename(mounted)
+    assert expected_version(mounted) == folder.name and version_problem(mounted, folder.name) is None
+    assert expected_version(tmp_path) is None  # not a scripts version (a checkout's containers/): not checked
