@@ -21,7 +21,6 @@ from infra.compute import JobConfig, PoolConfig, ProcessPoolConfig, backend_of, 
 from infra.core.errors import BadInput, first_line
 from infra.core.redact import ENV_NAME_ERROR, names_a_variable, redact, secret_shapes
 from infra.data.manifest import check_dataset_name
-from trainer.errors import UsageError
 from infra.data.shrink import check_max_side
 from infra.engines import TrainingConfig, default_training
 from infra.engines.contract import SYNTHETIC
@@ -30,6 +29,7 @@ from infra.runs.ledger import CostConfig
 from infra.runs.tracking import TrackingConfig
 from infra.storage.blobstore import StorageConfig
 from infra.storage.fileshare import FileShareConfig
+from trainer.errors import UsageError
 
 ENV_PREFIX = "TRAINFLOW_"
 DEMO = Path(__file__).parent / "configs" / "demo.yaml"

@@ -65,9 +65,9 @@ HEX_ID = re.compile(r"[0-9a-f]{16,64}")  # a version or shard id: a hash of what
 SHA256 = re.compile(r"[0-9a-f]{64}")
 DRIVE = re.compile(r"[A-Za-z]:")  # C: - a Windows drive, which no staged path starts with
 DATASET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")  # one folder and blob-name component, never . or ..
-RESTAGE = (
-    "nothing of it was kept; stage it again from its folder (`trainflow stage --data FOLDER`) and check who can write "
-    "to the Blob container"
+RESTAGE = (  # the fix for a staged blob that breaks the format: without it a re-stage would keep it
+    "nothing of it was kept; delete {blob} from the container, stage the data set again from its folder (`trainflow "
+    "stage --data FOLDER`), and check who can write to the container"
 )
 
 
@@ -207,7 +207,8 @@ class Manifest:
 def untrusted(name: str, line: int | None, problem: str) -> UntrustedInput:
     """The one line for a staged data set whose manifest or shards break the format's rules."""
     where = f"line {line} of its {MANIFEST_FILE}" if line else f"its {MANIFEST_FILE}"
-    return UntrustedInput(f"staged data set {name!r} cannot be used: {where} {problem}; {RESTAGE}")
+    fix = RESTAGE.format(blob=manifest_blob(name))
+    return UntrustedInput(f"staged data set {name!r} cannot be used: {where} {problem}; {fix}")
 
 
 def parsed(line: bytes | str, name: str | None, number: int):
@@ -332,8 +333,11 @@ def manifest_lines(header: dict, rows: Iterable[tuple]) -> Iterator[bytes]:
         yield dumps(row).encode() + b"\n"
 
 
-def extract_members(tar_path: Path, wanted: Iterable[FileEntry], dest: Path) -> tuple[int, int]:
+def extract_members(
+    tar_path: Path, wanted: Iterable[FileEntry], dest: Path, blob: str | None = None
+) -> tuple[int, int]:
     """Extract the `wanted` members into dest, checking each one's size and SHA-256; returns bytes and files written.
+    A member that is not a regular file is UntrustedInput naming the shard's `blob` (its name in the container).
 
     A shard holds its files sorted by path (write_shard) and `wanted` comes sorted by path too, so the two are
     walked together and nothing is held but one file: a shard of small files holds 100,000s of them."""
@@ -345,9 +349,9 @@ def extract_members(tar_path: Path, wanted: Iterable[FileEntry], dest: Path) -> 
             if entry is None or member.name > entry.path:
                 break
             if not member.isfile():  # a link, a device, a FIFO or a folder: staging writes regular files only
-                raise UntrustedInput(
-                    f"shard {tar_path.name} holds {member.name!r}, which is not a regular file; {RESTAGE}"
-                )
+                blob = blob or tar_path.name
+                problem = f"shard {blob} holds {member.name!r}, which is not a regular file"
+                raise UntrustedInput(f"{problem}; {RESTAGE.format(blob=blob)}")
             if member.name < entry.path:
                 continue  # a file the version links from the current one
             data = tar.extractfile(member).read()
@@ -367,7 +371,10 @@ def write_member(dest: Path, path: str, data: bytes) -> None:
     target = dest / path
     target.parent.mkdir(parents=True, exist_ok=True)
     if not os.path.realpath(target.parent).startswith(os.path.join(os.path.realpath(dest), "")):
-        raise UntrustedInput(f"{path!r} resolves outside the version folder {dest}; {RESTAGE}")
+        raise UntrustedInput(
+            f"{path!r} resolves outside the version folder {dest}: a link was put in it while it was written; "
+            f"find what else writes to {dest.parent}"
+        )
     with open(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o444), "wb") as f:
         f.write(data)
 
@@ -598,9 +605,11 @@ def fetch(source: Path, export: Path, name: str, threads: int = 8) -> Path:
             server.activate(name, manifest.version)
             return server.current(name)
         with server.new_version(name, manifest) as dest:
-            fill_version(
-                plan, dest, lambda shard, wanted: extract_members(source / shard_file(shard), wanted, dest), threads
-            )
+
+            def extract(shard: str, wanted: Iterator[FileEntry]) -> None:
+                extract_members(source / shard_file(shard), wanted, dest, shard_blob(name, shard))
+
+            fill_version(plan, dest, extract, threads)
     return server.current(name)
 
 

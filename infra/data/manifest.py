@@ -50,7 +50,7 @@ from trainer.datasets import (  # those marked F401 are re-exported: the orchest
 )
 from trainer.errors import UsageError
 from trainer.layout import check_name, folder_images
-from trainer.scripts import sha256_file  # noqa: F401 - re-exported: the digest the orchestrator's steps use
+from trainer.scripts import sha256_file
 
 LOOKUP_BATCH = 500  # paths per cache query (SQLite's limit on variables is far above)
 SCHEMA = (

@@ -180,6 +180,11 @@ CASES = [
         files(c_yaml="training: {workers: 4}\npool: {slots_per_node: 2}\n"),
     ),
     Case("data: staged without a data set name", ["run", "--dry-run", "--data", "staged"]),
+    Case(
+        "a data set name that leaves its folder",
+        ["run", "--dry-run"],
+        env={"TRAINFLOW_DATASET": "../../../escaped-ds"},
+    ),
     Case("nothing to stage", ["stage", "--data", "synthetic", "--workdir", "{dir}/w"]),
     Case("a cron expression that is not one", ["deploy", "--cron", "every day", "--workdir", "{dir}/w"]),
     Case("workdir is a file", ["run", "--dry-run", "--workdir", "{dir}/file"], files(file="")),

@@ -34,11 +34,14 @@ def sas_token() -> str:
     )
 
 
-def stage(tmp_path: Path, port: int, data: Path, token: str) -> tuple[subprocess.CompletedProcess, Path]:
+def stage(
+    tmp_path: Path, port: int, data: Path, token: str, container: str = ""
+) -> tuple[subprocess.CompletedProcess, Path]:
+    """`trainflow stage` into `container` (a new one unless named) of Azurite's account, with a SAS token."""
     config = tmp_path / "azure.yaml"
     config.write_text(
         f"storage:\n  backend: azure\n  account_url: http://127.0.0.1:{port}/{ACCOUNT}\n"
-        f"  auth: sas\n  container: c-{uuid.uuid4().hex[:10]}\n  shard_mb: 0.5\n"
+        f"  auth: sas\n  container: {container or f'c-{uuid.uuid4().hex[:10]}'}\n  shard_mb: 0.5\n"
     )
     work = tmp_path / "work"
     env = {**os.environ, "AZURE_STORAGE_SAS_TOKEN": token}
@@ -170,3 +173,33 @@ def test_an_account_key_only_signs_least_privilege_short_lived_tokens(tmp_path, 
     expiry = datetime.fromisoformat(unquote(fields["se"]).replace("Z", "+00:00"))
     assert fields["sp"] == "rl" and fields["sr"] == "c"
     assert timedelta(minutes=29) < expiry - datetime.now(UTC) <= timedelta(minutes=30)
+
+
+def test_a_tampered_manifest_in_blob_ends_stage_in_one_line_without_retries_or_writes(tmp_path, azurite_port, digits):
+    """The hostile probe's case: anyone who can write the container rewrites the manifest so that its rows name
+    paths outside the file server (sizes, SHA-256 and the blob's metadata kept); the next `trainflow stage` reads it."""
+    token, container = sas_token(), f"c-{uuid.uuid4().hex[:10]}"
+    first, work = stage(tmp_path, azurite_port, digits, token, container)
+    assert first.returncode == 0, first.stderr[-2000:]
+    store = BlobStore.connect(StorageConfig(container=container), connection_string=connection_string(azurite_port))
+    header, row, *rows = store.read_text(manifest_blob("digits")).splitlines()
+    escaped = tmp_path / "escaped.png"
+    evil = f'["{escaped}"{row[row.index(",") :]}'  # the first row's size, digest and shard, an absolute path
+    (tmp_path / "evil.jsonl").write_text("\n".join([header, evil, *rows]) + "\n")
+    store.upload_file(tmp_path / "evil.jsonl", manifest_blob("digits"), store.metadata(manifest_blob("digits")))
+
+    again, _ = stage(tmp_path, azurite_port, digits, token, container)
+    assert again.returncode == 2, again.stderr[-2000:]
+    errors = [text for text in again.stderr.splitlines() if text.startswith("error: ")]
+    assert errors == [
+        f"error: staged data set 'digits' cannot be used: line 2 of its manifest.jsonl names '{escaped}', which is "
+        "an absolute path; nothing of it was kept; delete datasets/digits/manifest.jsonl from the container, stage the "
+        "data set again from its folder (`trainflow stage --data FOLDER`), and check who can write to the container"
+    ]
+    assert "Traceback" not in again.stdout + again.stderr and "Retrying" not in again.stdout + again.stderr
+    assert not escaped.exists()
+    assert len(list((work / "fileserver" / "datasets" / "digits" / "current" / "train").rglob("*.png"))) == 1438
+
+    store.delete(manifest_blob("digits"))  # the fix the line names
+    fixed, _ = stage(tmp_path, azurite_port, digits, token, container)
+    assert fixed.returncode == 0, fixed.stderr[-2000:]

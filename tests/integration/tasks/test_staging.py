@@ -377,9 +377,10 @@ def test_the_node_side_fetch_refuses_a_tampered_manifest_with_one_line_and_exit_
     assert done.returncode == 2, done.stderr
     assert done.stderr.count("\n") == 1 and done.stderr.startswith("error: staged data set 'pets' cannot be used")
     assert not list(tmp_path.rglob("node-escaped.png")) and not os.path.lexists("/node-escaped.png")
-    assert not (export / "datasets" / "pets").exists() or [
-        p for p in (export / "datasets" / "pets").iterdir() if p.name.startswith(("v-", ".v-"))
-    ] == []
+    assert (
+        not (export / "datasets" / "pets").exists()
+        or [p for p in (export / "datasets" / "pets").iterdir() if p.name.startswith(("v-", ".v-"))] == []
+    )
 
     bad_name = subprocess.run([*args[:-1], "../../escaped"], capture_output=True, text=True, timeout=60)
     assert bad_name.returncode == 2 and "data set name '../../escaped' is not a name" in bad_name.stderr

@@ -75,7 +75,7 @@ def trainer_help(folder: Path) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize(
     "tamper, named",
     [
-        (lambda f: (f / "trainer" / "models.py").write_text("raise SystemExit('planted')\n"), "trainer/models.py was changed"),
+        (lambda f: (f / "trainer" / "models.py").write_text("raise SystemExit(1)\n"), "trainer/models.py was changed"),
         (lambda f: (f / "trainer" / "sitecustom.py").write_text("x = 1\n"), "trainer/sitecustom.py was added to it"),
     ],
 )

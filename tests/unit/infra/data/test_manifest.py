@@ -62,7 +62,8 @@ def test_the_version_follows_content_and_the_manifest_streams_back_sorted(tmp_pa
     assert shards_of(folder(tmp_path / "b", 20), tmp_path / "wb", 3)[0] == version  # another folder, same content
     assert shards_of(folder(tmp_path / "c", 20, changed=3), tmp_path / "wc", 3)[0] != version
     with indexed(tmp_path / "a", tmp_path / "wa") as (index, _):
-        header = {"format": mf.FORMAT, "version": index.plan_shards(3), "files": 20}
+        header = {"format": mf.FORMAT, "dataset": "a", "version": index.plan_shards(3), "shard_count": 3}
+        header |= {"files": 20, "bytes": sum(100 + i for i in range(20))}
         path = mf.write_manifest(index, header, tmp_path / "m.jsonl")
     lines = path.read_text().splitlines()
     assert len(lines) == 21 and lines[1:] == sorted(lines[1:])
@@ -162,12 +163,12 @@ def test_shards_are_reproducible_and_extraction_verifies(tmp_path):
     lying = [mf.FileEntry("train/a/1.png", 3, "0" * 64), files[1]]
     with pytest.raises(ValueError, match="does not match the manifest"):
         mf.extract_members(tmp_path / "s1.tar", lying, tmp_path / "out2")
-    for extra in ("train/a/0.png", "train/a/2.png", "x.png"):  # before, between and after the shard's members
+    for i, extra in enumerate(("train/a/0.png", "train/a/2.png", "x.png")):  # before, between and after the members
         with pytest.raises(ValueError, match=f"lacks files of the manifest, e.g. {extra}"):
             mf.extract_members(
                 tmp_path / "s1.tar",
                 sorted([*files, mf.FileEntry(extra, 1, "0")], key=lambda e: e.path),
-                tmp_path / "o3",
+                tmp_path / f"o{i}",  # a new version folder each time, as the sync makes one
             )
 
 
