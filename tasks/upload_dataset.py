@@ -22,9 +22,10 @@ from infra.data.shrink import COPIED, KEPT, LINKED, SHRUNK, shrunk_copy
 from infra.storage.blobstore import BlobStore, StorageConfig, StorageError, open_store
 from infra.storage.transfers import Transfer, in_parallel, step_plan, transfer_progress
 from tasks.retry import unless_permanent
-from trainer.datasets import FORMAT, Manifest
 from trainer.errors import UsageError
 from trainer.layout import bad_image_lines, bad_images_error, find_bad_images, write_bad_list
+from trainer.staged.manifest import Manifest
+from trainer.staged.names import FORMAT
 
 
 def cache_path(workdir: Path, name: str) -> Path:

@@ -28,7 +28,8 @@ from infra.core.errors import first_line
 from infra.engines.contract import CHECKPOINT_LINE, ERROR_LINE, SYNTHETIC, TrainingSettings, trainer_argv
 from infra.engines.launchers import LaunchError, torchrun_options
 from infra.images.registry import ImageConfig, registry_password
-from trainer.datasets import BAD_INPUT, dataset_prefix
+from trainer.staged.fetch import BAD_INPUT
+from trainer.staged.names import dataset_prefix
 
 # Azure ML job statuses that end a job, and the exit status each maps to.
 FINAL = {"Completed": 0, "Failed": 1, "Canceled": 1, "NotResponding": 1}
@@ -251,9 +252,9 @@ def nfs_mount(cfg: AzureMLPoolConfig, options: str) -> str:
 
 
 def fetch_command(source: str, export: str, dataset: str) -> str:
-    """Shell that brings `export` to the data set staged in `source` (trainer/datasets.py; ranks of a node wait
+    """Shell that brings `export` to the data set staged in `source` (trainer/staged/fetch.py; ranks of a node wait
     for the first one's fetch)."""
-    return f"python {SCRIPTS_INPUT}/trainer/datasets.py --source {source} --export {export} --dataset {dataset} && "
+    return f"python {SCRIPTS_INPUT}/trainer/staged/fetch.py --source {source} --export {export} --dataset {dataset} && "
 
 
 def data_input(cfg: AzureMLPoolConfig, run: RunPaths) -> tuple[str, dict, str]:

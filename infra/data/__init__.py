@@ -1,3 +1,3 @@
 """The data set on the orchestrator: its SQLite index and manifest (manifest.py), the sample data sets
 (sample_data.py), JPEG rewriting with restart markers (restart_markers.py). May import: infra.core, and the trainer's
-contract modules (trainer.datasets, trainer.layout, trainer.errors, trainer.jpeg_crop)."""
+contract modules (trainer.staged, trainer.layout, trainer.errors, trainer.jpeg_crop)."""

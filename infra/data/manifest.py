@@ -5,7 +5,7 @@ manifest lists every file (relative path, size, SHA-256, shard) and is written l
 complete exactly when it exists. A file goes to the shard picked by a hash of its path, so changing
 one file changes (and re-uploads) only its shard; a shard's id is a hash of the paths and contents it
 holds, so an unchanged shard keeps its name and is never sent twice. The manifest's format, the file
-server's versions and the checked extraction live in trainer/datasets.py, which the nodes run too.
+server's versions and the checked extraction live in trainer/staged/, which the nodes run too.
 
 Nothing here holds the data set's file list in memory (ImageNet has 1.33 million files): a scan writes one
 row per file to a SQLite index (`Index`), a batch at a time, taking each unchanged file's SHA-256 and image
@@ -33,24 +33,28 @@ from pathlib import Path
 
 from infra.core.diskspace import Need, check_needs, existing, writing
 from infra.core.errors import BadInput, TrainflowError
-from trainer.datasets import (  # those marked F401 are re-exported: the orchestrator's manifest names are here
-    FORMAT,  # noqa: F401 - re-exported: the format the orchestrator's steps use
-    ROWS_PER_BATCH,
-    FileEntry,
-    Manifest,  # noqa: F401 - re-exported: the format the orchestrator's steps use
-    batched,
-    check_dataset_name,  # noqa: F401 - re-exported: the format the orchestrator's steps use
-    dataset_prefix,  # noqa: F401 - re-exported: the format the orchestrator's steps use
-    extract_members,  # noqa: F401 - re-exported: the format the orchestrator's steps use
-    insert_batches,
-    manifest_blob,  # noqa: F401 - re-exported: the format the orchestrator's steps use
-    manifest_lines,
-    shard_blob,  # noqa: F401 - re-exported: the format the orchestrator's steps use
-    sizes_match,  # noqa: F401 - re-exported: the format the orchestrator's steps use
-)
 from trainer.errors import UsageError
 from trainer.layout import check_name, folder_images
 from trainer.scripts import sha256_file
+from trainer.staged.manifest import (  # those marked F401 are re-exported: the orchestrator's manifest names are here
+    ROWS_PER_BATCH,
+    Manifest,  # noqa: F401 - re-exported: the format the orchestrator's steps use
+    batched,
+    insert_batches,
+    manifest_lines,
+)
+from trainer.staged.names import (  # the format's names, re-exported (F401) for the orchestrator's steps
+    FORMAT,  # noqa: F401 - re-exported: the format the orchestrator's steps use
+    FileEntry,
+    check_dataset_name,  # noqa: F401 - re-exported: the format the orchestrator's steps use
+    dataset_prefix,  # noqa: F401 - re-exported: the format the orchestrator's steps use
+    manifest_blob,  # noqa: F401 - re-exported: the format the orchestrator's steps use
+    shard_blob,  # noqa: F401 - re-exported: the format the orchestrator's steps use
+)
+from trainer.staged.versions import (  # re-exported (F401): the checked extraction the orchestrator's sync runs
+    extract_members,  # noqa: F401 - re-exported: the format the orchestrator's steps use
+    sizes_match,  # noqa: F401 - re-exported: the format the orchestrator's steps use
+)
 
 LOOKUP_BATCH = 500  # paths per cache query (SQLite's limit on variables is far above)
 SCHEMA = (

@@ -13,7 +13,7 @@
   (`MODEL_FILE`).
 
 Of the trainer package, the orchestrator imports only its contract modules (trainer.errors, trainer.layout,
-trainer.datasets, trainer.tracking, trainer.jpeg_crop) and, in each engine module, that framework's options; the
+trainer.staged, trainer.tracking, trainer.jpeg_crop) and, in each engine module, that framework's options; the
 trainer never imports the orchestrator (both are import-linter contracts in pyproject.toml).
 """
 

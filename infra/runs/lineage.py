@@ -22,7 +22,7 @@ from infra.core.jsonfiles import read_json, write_json
 from infra.runs.attempts import ATTEMPTS, brief, read_attempts
 from infra.runs.ledger import LEDGER, ledger_summary
 from infra.runs.record import RECORD, RunSettings, fingerprint
-from trainer.datasets import MANIFEST  # a file server version's copy of its manifest
+from trainer.staged.names import MANIFEST  # a file server version's copy of its manifest
 
 RECEIPT, CONFIG, GUIDE = "receipt.json", "config.json", "README.md"
 MODEL = "the trained model (rank 0's parameters after the last step)"  # the framework names its file

@@ -2,7 +2,7 @@
 
 Locally the export is a folder under the workdir that the local workers read; on Azure it is the NFS
 share the pool mounts (written by the sync job on the cluster, see infra/compute/azureml.py). The
-layout and the version logic are the nodes' too, so they live in trainer/datasets.py; this module adds
+layout and the version logic are the nodes' too, so they live in trainer/staged/; this module adds
 the orchestrator's errors:
 
     <export>/datasets/<name>/v-<version>/   one complete copy (train/, val/, .manifest.jsonl, .verified.json)
@@ -15,7 +15,8 @@ from pathlib import Path
 
 from infra.core.diskspace import DiskFull, disk_full, is_disk_full
 from infra.core.errors import TrainflowError
-from trainer import datasets
+from trainer.staged import versions
+from trainer.staged.manifest import Manifest
 
 
 class FileServerError(TrainflowError):
@@ -25,11 +26,11 @@ class FileServerError(TrainflowError):
     permanent = True
 
 
-class FileServer(datasets.FileServer):
+class FileServer(versions.FileServer):
     """Data set versions under one export folder; a failed write says what is wrong with the file server."""
 
     @contextmanager
-    def new_version(self, name: str, manifest: datasets.Manifest) -> Iterator[Path]:
+    def new_version(self, name: str, manifest: Manifest) -> Iterator[Path]:
         """Yield a temporary folder to fill; on success it becomes the current version, on error it goes."""
         try:
             with super().new_version(name, manifest) as tmp:
@@ -41,6 +42,6 @@ class FileServer(datasets.FileServer):
                 raise FileServerError(self.full(manifest)) from None
             raise FileServerError(f"cannot write to the file server at {self.export} ({exc.strerror})") from None
 
-    def full(self, manifest: datasets.Manifest) -> str:
+    def full(self, manifest: Manifest) -> str:
         """The line for a file server that filled during a sync: the version's bytes, what is free."""
-        return str(disk_full(self.export, manifest.header["bytes"], fix=datasets.FILESERVER_FIX))
+        return str(disk_full(self.export, manifest.header["bytes"], fix=versions.FILESERVER_FIX))

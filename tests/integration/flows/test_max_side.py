@@ -16,7 +16,7 @@ from PIL import Image
 from infra.services.azurite import ACCOUNT
 from tests.integration.flows.test_stage_cli import TRAINFLOW, sas_token
 from tests.integration.infra import test_disk_space
-from trainer.datasets import MANIFEST
+from trainer.staged.names import MANIFEST
 
 pytestmark = pytest.mark.integration
 TRAINING = (

@@ -211,12 +211,12 @@ def staged_folder(data: Path, dest: Path) -> Path:
 
 
 def test_the_node_side_fetch_to_a_full_disk_is_refused_in_one_line_and_leaves_no_version(tmpfs, tmp_path):
-    """trainer/datasets.py on a node, its export too small. Before: "error: cannot write to EXPORT: it is full", no
+    """trainer/staged/fetch.py on a node, its export too small. Before: "error: cannot write to EXPORT: it is full", no
     bytes, and only once the disk had filled."""
     for i in range(40):
         write_image(tmp_path / "data" / "train" / "ab"[i % 2] / f"{i}.png")
     source, export = staged_folder(tmp_path / "data", tmp_path / "staged"), tmpfs("128k")
-    script = Path(checkpoint.__file__).with_name("datasets.py")
+    script = Path(checkpoint.__file__).parent / "staged" / "fetch.py"
     result = subprocess.run(
         [sys.executable, str(script), "--source", str(source), "--export", str(export), "--dataset", "d"],
         capture_output=True,

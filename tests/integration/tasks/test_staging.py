@@ -361,7 +361,7 @@ def test_a_shard_member_that_is_a_link_is_refused_at_once_and_leaves_no_version(
 
 
 def test_the_node_side_fetch_refuses_a_tampered_manifest_with_one_line_and_exit_2(staged, tmp_path):
-    """What the Azure ML sync job runs (trainer/datasets.py on a node), on a folder standing in for the datastore
+    """What the Azure ML sync job runs (trainer/staged/fetch.py on a node), on a folder standing in for the datastore
     mount of datasets/pets/."""
     store, cfg, data, work = staged
     upload_dataset(store, cfg, data, "pets", work)
@@ -371,7 +371,7 @@ def test_the_node_side_fetch_refuses_a_tampered_manifest_with_one_line_and_exit_
         (source / name.removeprefix("datasets/pets/")).parent.mkdir(parents=True, exist_ok=True)
         store.download_to(name, source / name.removeprefix("datasets/pets/"))
     export = tmp_path / "nfs"
-    script = REPO / "containers" / "trainer" / "datasets.py"
+    script = REPO / "containers" / "trainer" / "staged" / "fetch.py"
     args = [sys.executable, str(script), "--source", str(source), "--export", str(export), "--dataset", "pets"]
     done = subprocess.run(args, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done.stderr

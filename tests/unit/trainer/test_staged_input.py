@@ -1,5 +1,5 @@
 """What comes back from storage is input: a staged manifest's rows, a shard's members and a scripts version are
-checked before anything is written or run (trainer/datasets.py, trainer/scripts.py)."""
+checked before anything is written or run (trainer/staged/, trainer/scripts.py)."""
 
 import hashlib
 import io
@@ -10,9 +10,10 @@ import tarfile
 
 import pytest
 
-from trainer import datasets
 from trainer.errors import UntrustedInput, UsageError
 from trainer.scripts import COMPLETE, HASHES, expected_version, scripts_version, version_problem
+from trainer.staged import names, rules, versions
+from trainer.staged.manifest import Manifest
 
 GOOD = "train/cat/img 1.png"
 SHA = "ab" * 32
@@ -41,13 +42,13 @@ SHARD = "0123456789abcdef0123456789abcdef"
     ],
 )
 def test_a_path_that_could_leave_its_version_folder_is_named(path, problem):
-    assert re.search(problem, datasets.path_problem(path) or "")
+    assert re.search(problem, rules.path_problem(path) or "")
 
 
 @pytest.mark.parametrize("path", [GOOD, "val/émeu/deep/er/x.JPEG", "train/a b/x..y.png", "train/c/x.png"])
 def test_paths_staging_writes_pass(path):
-    assert datasets.path_problem(path) is None
-    assert datasets.row_problem([path, 3, SHA, SHARD]) is None
+    assert rules.path_problem(path) is None
+    assert rules.row_problem([path, 3, SHA, SHARD]) is None
 
 
 @pytest.mark.parametrize(
@@ -63,7 +64,7 @@ def test_paths_staging_writes_pass(path):
     ],
 )
 def test_a_row_that_is_not_what_staging_writes_is_named(row, problem):
-    assert problem in datasets.row_problem(row)
+    assert problem in rules.row_problem(row)
 
 
 def manifest_lines(rows, **header) -> list[bytes]:
@@ -74,7 +75,7 @@ def manifest_lines(rows, **header) -> list[bytes]:
 def test_a_tampered_manifest_is_refused_naming_the_data_set_the_line_and_the_fix():
     rows = [[GOOD, 3, SHA, SHARD], ["../../../../x", 3, SHA, SHARD]]
     with pytest.raises(UntrustedInput) as caught:
-        datasets.Manifest.read(manifest_lines(rows), ":memory:", "pets")
+        Manifest.read(manifest_lines(rows), ":memory:", "pets")
     message = str(caught.value)
     assert message.startswith("staged data set 'pets' cannot be used: line 3 of its manifest.jsonl names")
     assert "'../../../../x', which climbs out of the data set (..)" in message
@@ -96,15 +97,15 @@ def test_a_tampered_manifest_is_refused_naming_the_data_set_the_line_and_the_fix
 )
 def test_a_tampered_header_is_refused(header, problem):
     with pytest.raises(UntrustedInput, match=problem.replace("(", r"\(").replace(")", r"\)")):
-        datasets.Manifest.read(manifest_lines([[GOOD, 3, SHA, SHARD]], **header), ":memory:", "pets")
+        Manifest.read(manifest_lines([[GOOD, 3, SHA, SHARD]], **header), ":memory:", "pets")
 
 
 def test_a_manifest_that_lists_a_path_twice_or_is_not_json_is_refused():
     twice = [[GOOD, 3, SHA, SHARD], [GOOD, 3, SHA, SHARD]]
     with pytest.raises(UntrustedInput, match="lists one path on two rows"):
-        datasets.Manifest.read(manifest_lines(twice), ":memory:", "pets")
+        Manifest.read(manifest_lines(twice), ":memory:", "pets")
     with pytest.raises(UntrustedInput, match="line 2 of its manifest.jsonl is not JSON"):
-        datasets.Manifest.read([manifest_lines([])[0], b"{not json"], ":memory:", "pets")
+        Manifest.read([manifest_lines([])[0], b"{not json"], ":memory:", "pets")
 
 
 def shard_with(tmp_path, add) -> tuple:
@@ -115,7 +116,7 @@ def shard_with(tmp_path, add) -> tuple:
         info.size = 3
         tar.addfile(info, io.BytesIO(b"one"))
         add(tar)
-    wanted = [datasets.FileEntry("train/cat/a.png", 3, hashlib.sha256(b"one").hexdigest())]
+    wanted = [names.FileEntry("train/cat/a.png", 3, hashlib.sha256(b"one").hexdigest())]
     return path, wanted
 
 
@@ -127,9 +128,9 @@ def test_a_shard_member_that_is_not_a_regular_file_is_refused(tmp_path, kind):
         tar.addfile(info)
 
     path, wanted = shard_with(tmp_path, add)
-    wanted.append(datasets.FileEntry("train/cat/b.png", 11, SHA))
+    wanted.append(names.FileEntry("train/cat/b.png", 11, SHA))
     with pytest.raises(UntrustedInput, match=r"shard s.tar holds 'train/cat/b.png', which is not a regular file"):
-        datasets.extract_members(path, wanted, tmp_path / "out")
+        versions.extract_members(path, wanted, tmp_path / "out")
     assert not (tmp_path / "out" / "train/cat/b.png").exists() and not os.path.lexists("/etc/passwd.png")
 
 
@@ -140,24 +141,24 @@ def test_a_file_is_never_written_through_a_link_in_the_version_folder(tmp_path):
     (dest / "train").mkdir(parents=True)
     (dest / "train" / "cat").symlink_to(outside)
     with pytest.raises(UntrustedInput, match="'train/cat/a.png' resolves outside the version folder"):
-        datasets.write_member(dest, "train/cat/a.png", b"x")
+        versions.write_member(dest, "train/cat/a.png", b"x")
     assert list(outside.iterdir()) == []
     (dest / "train" / "dog").mkdir()
     (dest / "train" / "dog" / "a.png").symlink_to(outside / "planted")
     with pytest.raises(FileExistsError):
-        datasets.write_member(dest, "train/dog/a.png", b"x")
+        versions.write_member(dest, "train/dog/a.png", b"x")
     assert not (outside / "planted").exists()
 
 
 @pytest.mark.parametrize("name", ["../../../escaped-ds", "..", ".", "a/b", "", "-x", "x" * 101, "bad name"])
 def test_a_data_set_name_that_is_not_one_folder_is_refused(name):
     with pytest.raises(UsageError, match="is not a name: use letters, digits"):
-        datasets.check_dataset_name(name)
+        names.check_dataset_name(name)
 
 
 @pytest.mark.parametrize("name", ["pets", "ImageNet_2012", "digits-32", "v1.2"])
 def test_data_set_names_pass(name):
-    assert datasets.check_dataset_name(name) == name
+    assert names.check_dataset_name(name) == name
 
 
 def version_folder(root, files: dict[str, bytes]):

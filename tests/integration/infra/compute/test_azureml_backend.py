@@ -236,7 +236,7 @@ def test_the_node_side_fetch_runs_once_per_node_and_the_others_wait(tmp_path, di
     stage_to(source, digits, "digits")
     command = [
         sys.executable,
-        str(REPO / "containers/trainer/datasets.py"),
+        str(REPO / "containers/trainer/staged/fetch.py"),
         "--source",
         str(source / mf.dataset_prefix("digits")),
         "--export",

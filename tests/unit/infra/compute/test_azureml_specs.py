@@ -96,7 +96,7 @@ def test_the_blob_data_path_fetches_the_staged_shards_to_the_local_disk(tmp_path
     assert (
         fetch
         == (
-            "python ${{inputs.scripts}}/trainer/datasets.py --source ${{inputs.shards}} --export /tmp/trainflow "
+            "python ${{inputs.scripts}}/trainer/staged/fetch.py --source ${{inputs.shards}} --export /tmp/trainflow "
             "--dataset imagenet"
         )
         and "mount" not in job.command
@@ -111,7 +111,7 @@ def test_the_sync_runs_as_a_job_on_the_cluster_that_mounts_the_file_server_read_
     assert sync.compute == "trainflow-a100" and sync.resources.instance_count == 1
     assert "mount -t nfs -o rw," in sync.command and sync.name == "trainflow-<run id>-sync-1"
     assert sync.command.endswith(
-        "trainer/datasets.py --source ${{inputs.shards}} --export /mnt/fileserver --dataset imagenet"
+        "trainer/staged/fetch.py --source ${{inputs.shards}} --export /mnt/fileserver --dataset imagenet"
     )
 
 
