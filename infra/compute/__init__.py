@@ -3,7 +3,7 @@ this package names one.
 
     process   this machine, local worker processes             (infra/compute/process.py)
     docker    containers of the training image as nodes        (infra/compute/docker.py)
-    azureml   an Azure ML compute cluster and a command job     (infra/compute/azureml.py)
+    azureml   an Azure ML compute cluster and a command job     (infra/compute/azureml/)
 
 A fourth backend (Azure Batch, Kubernetes, ...) is one module with a class that has the `Backend` interface of
 infra/compute/base.py and a pool section of its own (a `PoolSection` with `backend: Literal["<name>"]` and its

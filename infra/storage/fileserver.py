@@ -1,7 +1,7 @@
 """The file server every node mounts: versions of each data set, published atomically.
 
 Locally the export is a folder under the workdir that the local workers read; on Azure it is the NFS
-share the pool mounts (written by the sync job on the cluster, see infra/compute/azureml.py). The
+share the pool mounts (written by the sync job on the cluster, see infra/compute/azureml/). The
 layout and the version logic are the nodes' too, so they live in trainer/staged/; this module adds
 the orchestrator's errors:
 

@@ -16,7 +16,8 @@ from azure.core.exceptions import HttpResponseError
 
 from flows.config import load_config
 from infra.compute import PoolError, RunPaths, run_job
-from infra.compute.azureml import AzureMLPool, compute_spec, nfs_mount
+from infra.compute.azureml.cluster import AzureMLPool
+from infra.compute.azureml.specs import compute_spec, nfs_mount
 from infra.data import manifest as mf
 from infra.engines.contract import SYNTHETIC
 from infra.engines.launchers import LaunchError

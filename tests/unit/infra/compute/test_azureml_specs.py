@@ -15,18 +15,10 @@ from azure.ai.ml import load_compute, load_environment, load_job
 from flows.config import ConfigError, load_config
 from flows.plan import backend_specs
 from infra.compute import RunPaths
-from infra.compute.azureml import (
-    NFS_MOUNT,
-    Attempt,
-    AzureMLJob,
-    AzureMLPool,
-    AzureMLPoolConfig,
-    check_complete,
-    infiniband,
-    nccl_environment,
-    printed_lines,
-    why_ended,
-)
+from infra.compute.azureml.attempts import Attempt, AzureMLJob, printed_lines, why_ended
+from infra.compute.azureml.cluster import AzureMLPool
+from infra.compute.azureml.settings import AzureMLPoolConfig, check_complete, infiniband, nccl_environment
+from infra.compute.azureml.specs import NFS_MOUNT
 from tasks.train_on_pool import run_paths
 from tests.fakes.paths import REPO
 
