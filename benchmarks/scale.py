@@ -106,7 +106,7 @@ def run_stage(cfg: FlowConfig, data: Path, work: Path, port: int) -> dict:
 
 def stage_in_this_process(args: dict) -> dict:
     """What `run_stage` runs: the upload and the sync, timed by phase, with this process's peak RSS."""
-    from infra.storage.blobstore import StorageConfig
+    from infra.storage.config import StorageConfig
 
     storage = StorageConfig.model_validate(args["storage"])
     store = BlobStore.connect(storage, connection_string=connection_string(args["port"]))

@@ -25,7 +25,8 @@ from flows.config import FlowConfig
 from infra.data.sample_data import write_photo_sized
 from infra.data.shrink import shrunk_copy
 from infra.services.azurite import connection_string, running_azurite
-from infra.storage.blobstore import BlobStore, StorageConfig
+from infra.storage.blobstore import BlobStore
+from infra.storage.config import StorageConfig
 from infra.storage.fileserver import FileServer
 from tasks.sync_file_server import sync_to_file_server
 from tasks.upload_dataset import upload_dataset

@@ -27,7 +27,7 @@ from infra.engines.contract import SYNTHETIC
 from infra.images.registry import ImageConfig
 from infra.runs.ledger import CostConfig
 from infra.runs.tracking import TrackingConfig
-from infra.storage.blobstore import StorageConfig
+from infra.storage.config import StorageConfig
 from infra.storage.fileshare import FileShareConfig
 from trainer.errors import UsageError
 

@@ -17,7 +17,7 @@ from azure.core.credentials import TokenCredential
 from flows.config import STAGED, FlowConfig
 from infra.core.errors import BadInput
 from infra.data.manifest import manifest_blob
-from infra.storage import blobstore, fileshare
+from infra.storage import blobstore, credentials, errors, fileshare
 
 
 def check_access(
@@ -36,7 +36,7 @@ def check_variables(cfg: FlowConfig, environ: Mapping[str, str]) -> None:
     """Every environment variable a credential is read from is set; all that are not are named at once."""
     wanted: dict[str, list[str]] = {}
     for setting, variable in {
-        **blobstore.secret_settings(cfg.storage),
+        **credentials.secret_settings(cfg.storage),
         **fileshare.secret_settings(cfg.fileshare),
     }.items():
         wanted.setdefault(variable, []).append(setting)
@@ -47,7 +47,7 @@ def check_variables(cfg: FlowConfig, environ: Mapping[str, str]) -> None:
     ]
     if missing:
         plural = len(missing) > 1
-        raise blobstore.MissingSecret(
+        raise errors.MissingSecret(
             f"environment variable{'s' if plural else ''} {', '.join(missing)} "
             f"{'are' if plural else 'is'} not set; export {'them' if plural else 'it'} "
             "before running trainflow (values are never shown or stored)"
@@ -60,8 +60,8 @@ def check_blob(cfg: FlowConfig, environ: Mapping[str, str], credential: TokenCre
     staged = cfg.data == STAGED
     manifest = manifest_blob(cfg.dataset_name())
     held = store.holds(manifest if staged else "")
-    if held is None and (staged or not blobstore.may_create_container(cfg.storage, environ)):
-        raise blobstore.storage_error("blob storage", store.where, "list the container", 404, "ContainerNotFound")
+    if held is None and (staged or not credentials.may_create_container(cfg.storage, environ)):
+        raise errors.storage_error("blob storage", store.where, "list the container", 404, "ContainerNotFound")
     if staged and not held:  # the same words as the sync's own check (tasks/sync_file_server.py)
         raise BadInput(
             f"data set {cfg.dataset_name()!r} was never staged: {store.where} has no {manifest}; "

@@ -21,7 +21,9 @@ from infra.compute.base import Job
 from infra.core.diskspace import writing
 from infra.core.errors import BadInput
 from infra.data import manifest as mf
-from infra.storage.blobstore import BlobStore, StorageConfig, StorageError, open_store
+from infra.storage.blobstore import BlobStore, open_store
+from infra.storage.config import StorageConfig
+from infra.storage.errors import StorageError
 from infra.storage.fileserver import FileServer
 from infra.storage.transfers import Transfer, step_plan, transfer_progress
 from tasks.retry import unless_permanent

@@ -19,7 +19,8 @@ from infra.compute import Pool, RunConfig, RunPaths, backend_of, check_fits, run
 from infra.engines.contract import SYNTHETIC, read_metrics
 from infra.runs.attempts import timed_attempt
 from infra.runs.record import RECORD, RunSettings, read_record
-from infra.storage.blobstore import StorageConfig, open_store
+from infra.storage.blobstore import open_store
+from infra.storage.config import StorageConfig
 from infra.storage.fileshare import FileShareConfig, open_share
 from tasks.progress import training_progress
 from tasks.retry import unless_permanent

@@ -19,7 +19,9 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from infra.core.errors import BadInput
 from infra.data import manifest as mf
 from infra.data.shrink import COPIED, KEPT, LINKED, SHRUNK, shrunk_copy
-from infra.storage.blobstore import BlobStore, StorageConfig, StorageError, open_store
+from infra.storage.blobstore import BlobStore, open_store
+from infra.storage.config import StorageConfig
+from infra.storage.errors import StorageError
 from infra.storage.transfers import Transfer, in_parallel, step_plan, transfer_progress
 from tasks.retry import unless_permanent
 from trainer.errors import UsageError

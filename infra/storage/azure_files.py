@@ -12,7 +12,8 @@ from urllib.parse import urlsplit, urlunsplit
 from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError
 from azure.storage.fileshare import ExponentialRetry, ShareClient, ShareFileClient
 
-from infra.storage.blobstore import StorageError, error_code, require_https_unless_loopback, storage_errors
+from infra.storage.config import require_https_unless_loopback
+from infra.storage.errors import StorageError, error_code, storage_errors
 
 
 class AzureCopyError(StorageError):

@@ -129,7 +129,8 @@ def open_share(
 def azure_share(cfg: FileShareConfig, environ: Mapping[str, str] | None, quick: bool) -> "AzureFileShare":
     """The configured Azure file share (see open_share)."""
     from infra.storage.azure_files import AzureFileShare
-    from infra.storage.blobstore import StorageError, secret
+    from infra.storage.credentials import secret
+    from infra.storage.errors import StorageError
 
     if cfg.account_url is None:
         raise StorageError(

@@ -22,7 +22,9 @@ from infra.core.errors import BadInput, exit_code
 from infra.data.manifest import manifest_blob
 from infra.services.azurite import ACCOUNT, DEV_KEY, connection_string
 from infra.services.supervise import free_port
-from infra.storage.blobstore import BlobStore, MissingSecret, StorageConfig, StorageError
+from infra.storage.blobstore import BlobStore
+from infra.storage.config import StorageConfig
+from infra.storage.errors import MissingSecret, StorageError
 from tests.fakes.azure_files import FakeAzureFiles
 from tests.fakes.identity import Identity
 from tests.fakes.paths import REPO

@@ -16,7 +16,9 @@ from azure.storage.blob import AccountSasPermissions, BlobServiceClient, Resourc
 from infra.data.manifest import manifest_blob
 from infra.services.azurite import ACCOUNT, DEV_KEY, connection_string
 from infra.services.supervise import free_port
-from infra.storage.blobstore import BlobStore, StorageConfig, StorageError
+from infra.storage.blobstore import BlobStore
+from infra.storage.config import StorageConfig
+from infra.storage.errors import StorageError
 from infra.storage.sas import container_sas
 
 pytestmark = pytest.mark.integration

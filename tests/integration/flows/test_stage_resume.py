@@ -23,7 +23,9 @@ import pytest
 from infra.data import manifest as mf
 from infra.data.sample_data import write_imagenet_shaped
 from infra.services.azurite import ACCOUNT, connection_string, running_azurite
-from infra.storage.blobstore import BlobStore, StorageConfig, StorageError
+from infra.storage.blobstore import BlobStore
+from infra.storage.config import StorageConfig
+from infra.storage.errors import StorageError
 from infra.storage.fileserver import FileServer
 from tasks.sync_file_server import sync_to_file_server
 from tasks.upload_dataset import WHY, upload_dataset

@@ -21,7 +21,9 @@ from infra.core.errors import BadInput, is_permanent
 from infra.data import manifest as mf
 from infra.services.azurite import connection_string
 from infra.services.supervise import free_port
-from infra.storage.blobstore import BlobStore, StorageConfig, StorageError
+from infra.storage.blobstore import BlobStore
+from infra.storage.config import StorageConfig
+from infra.storage.errors import StorageError
 from infra.storage.fileserver import FileServer, FileServerError
 from tasks.sync_file_server import sync_to_file_server
 from tasks.upload_dataset import upload_dataset
@@ -116,7 +118,7 @@ def test_a_crashed_upload_resumes_without_resending_stored_shards(staged, azurit
         slow_cfg = cfg.model_copy(update={"upload_concurrency": 1})  # store_at's settings, one upload at a time
         code = (
             "from pathlib import Path; from infra.services.azurite import connection_string; "
-            "from infra.storage.blobstore import BlobStore, StorageConfig; "
+            "from infra.storage.blobstore import BlobStore; from infra.storage.config import StorageConfig; "
             "from tasks.upload_dataset import upload_dataset; "
             f"c = StorageConfig.model_validate_json({slow_cfg.model_dump_json()!r}); "
             f"s = BlobStore.connect(c, connection_string=connection_string({slow.port})); "

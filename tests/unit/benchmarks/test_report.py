@@ -10,7 +10,7 @@ from benchmarks.report import CHARTS, write_report
 from benchmarks.suite import ORDER, SIZES, bench_all, with_training
 from flows.config import ConfigError, FlowConfig
 from infra.engines.pytorch import PyTorchTraining
-from infra.storage.blobstore import StorageConfig
+from infra.storage.config import StorageConfig
 
 STAGING_ROUNDS = [
     {

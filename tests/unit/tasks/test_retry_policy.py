@@ -16,7 +16,7 @@ from infra.compute import JobTimedOut, PoolError
 from infra.core.errors import BadInput, TrainflowError
 from infra.engines.launchers import LaunchError
 from infra.images.registry import ImageError
-from infra.storage.blobstore import MissingSecret, StorageError
+from infra.storage.errors import MissingSecret, StorageError
 from infra.storage.fileserver import FileServerError
 from tasks.build_image import build_image_task
 from tasks.retry import unless_permanent

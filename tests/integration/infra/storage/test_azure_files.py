@@ -9,7 +9,7 @@ from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
 from azure.storage.fileshare import ShareClient, ShareSasPermissions, generate_share_sas
 
 from infra.storage.azure_files import AzureCopyError, AzureFileShare
-from infra.storage.blobstore import StorageError
+from infra.storage.errors import StorageError
 from infra.storage.fileshare import LocalFolderShare
 from tests.fakes.azure_files import FakeAzureFiles
 

@@ -14,7 +14,9 @@ from urllib.parse import parse_qsl, urlparse
 import pytest
 from azure.storage.blob import BlobServiceClient
 
-from infra.storage.blobstore import BlobStore, StorageConfig, StorageError
+from infra.storage.blobstore import BlobStore
+from infra.storage.config import StorageConfig
+from infra.storage.errors import StorageError
 from tests.fakes.identity import OID, TID, Identity
 
 pytestmark = pytest.mark.integration

@@ -9,7 +9,9 @@ from azure.identity import CredentialUnavailableError
 from azure.storage.blob import UserDelegationKey
 from pydantic import ValidationError
 
-from infra.storage.blobstore import ERROR_CODES, BlobStore, StorageConfig, StorageError, storage_error
+from infra.storage.blobstore import BlobStore
+from infra.storage.config import StorageConfig
+from infra.storage.errors import ERROR_CODES, StorageError, storage_error
 from infra.storage.sas import BLOB_ACCESS, container_sas, delegated_container_sas, validity
 
 URL = "https://acct.blob.core.windows.net"

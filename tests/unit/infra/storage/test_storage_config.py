@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from flows.config import ConfigError, FlowConfig, load_config, secret_homes, section_type
 from infra.core.redact import redact
-from infra.storage.blobstore import StorageConfig, is_loopback, require_https_unless_loopback
+from infra.storage.config import StorageConfig, is_loopback, require_https_unless_loopback
 
 SAS = "sv=2024-05-04&ss=b&srt=co&sp=rwdlac&se=2031-01-01T00:00:00Z&spr=https&sig=R4nd0mS1gn4tur3%2Fw1th%3D"
 # Seeded: the keys are in test ids, which must be the same in every pytest-xdist worker.
