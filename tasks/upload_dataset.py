@@ -25,7 +25,7 @@ from infra.storage.errors import StorageError
 from infra.storage.transfers import Transfer, in_parallel, step_plan, transfer_progress
 from tasks.retry import unless_permanent
 from trainer.errors import UsageError
-from trainer.layout import bad_image_lines, bad_images_error, find_bad_images, write_bad_list
+from trainer.image_files import bad_image_lines, bad_images_error, find_bad_images, write_bad_list
 from trainer.staged.manifest import Manifest
 from trainer.staged.names import FORMAT
 

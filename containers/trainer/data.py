@@ -43,12 +43,14 @@ from trainer.badfiles import (  # noqa: F401 - the bad-file rules, torch-free (e
     skip_bad_images,
     still_here,
 )
-from trainer.layout import (  # the data API: the layout's names, used here or by train.py and the tests
-    Split,
-    index_folder,  # noqa: F401 - part of the data API
+from trainer.image_files import (  # the data API: the decoding, used here or by train.py and the tests
     load_rgb,
     opened,
     verify_images,  # noqa: F401 - part of the data API
+)
+from trainer.layout import (  # the data API: the layout's names, used here or by train.py and the tests
+    Split,
+    index_folder,  # noqa: F401 - part of the data API
 )
 from trainer.options import LOADERS  # noqa: F401 - the loaders the data API builds
 

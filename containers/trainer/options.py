@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainer.errors import UsageError
-from trainer.layout import cannot_write_in, nearest_existing
+from trainer.folders import cannot_write_in, nearest_existing
 from trainer.tracking import check_trackers
 
 LOADERS = ("fast", "pil", "dali", "gpu")  # --loader: see data.py, dali.py and gpu_decode.py

@@ -12,9 +12,10 @@
   resubmitting backend counts lost work from), and rank 0 writes metrics.json (`TrainingMetrics`) and the model
   (`MODEL_FILE`).
 
-Of the trainer package, the orchestrator imports only its contract modules (trainer.errors, trainer.layout,
-trainer.staged, trainer.tracking, trainer.jpeg_crop) and, in each engine module, that framework's options; the
-trainer never imports the orchestrator (both are import-linter contracts in pyproject.toml).
+Of the trainer package, the orchestrator imports only its contract modules (trainer.errors, trainer.layout and
+its image_files, verified and folders, trainer.scripts, trainer.staged, trainer.tracking, trainer.jpeg_crop) and,
+in each engine module, that framework's options; the trainer never imports the orchestrator (both are
+import-linter contracts in pyproject.toml).
 """
 
 import re

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainer.errors import UntrustedInput, check_free, writing
-from trainer.layout import write_verified
 from trainer.staged.manifest import Manifest, insert_batches
 from trainer.staged.names import MANIFEST, FileEntry
 from trainer.staged.rules import RESTAGE
+from trainer.verified import write_verified
 
 FILESERVER_FIX = "free space there, or export the file server from a bigger disk (fileserver_export, or --workdir)"
 

@@ -17,7 +17,7 @@ flips are TensorFlow's stateless random numbers, seeded by --seed, the epoch and
 order: a run resumed mid-epoch (skip_steps) sees exactly the batches the uninterrupted run would, at any number of
 loader threads, but not the crops of a PyTorch run of the same seed. Decoding: TensorFlow's for what starts as a
 JPEG, PNG or GIF does, whatever its name (a JPEG whose end marker is there decodes only its crop, as the fast loader
-does), PIL's (layout.load_rgb, in a numpy_function) for the rest (BMP, TIFF, WebP...: what the PyTorch trainer
+does), PIL's (image_files.load_rgb, in a numpy_function) for the rest (BMP, TIFF, WebP...: what the PyTorch trainer
 reads, this one reads); the pixels differ from PIL's by a few levels (another JPEG decoder, resizing in float,
 antialiased as PIL's). --loader-workers is the number of images
 decoded in parallel (threads of the tf.data runtime, not processes); 0 lets tf.data choose (AUTOTUNE).
@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from trainer import badfiles, layout
+from trainer import badfiles, image_files, layout
 from trainer.layout import SYNTHETIC, Split
 
 log = logging.getLogger("trainer")
@@ -266,10 +266,10 @@ def tf_decode(content: tf.Tensor) -> tf.Tensor:
 
 
 def pil_decode(path: tf.Tensor) -> tf.Tensor:
-    """The image at `path`, decoded by PIL (layout.load_rgb) in a numpy_function."""
+    """The image at `path`, decoded by PIL (image_files.load_rgb) in a numpy_function."""
 
     def rgb(name) -> np.ndarray:  # name: the path's bytes, or a 0-d array of them
-        return np.asarray(layout.load_rgb(np.asarray(name).item().decode("utf-8")))
+        return np.asarray(image_files.load_rgb(np.asarray(name).item().decode("utf-8")))
 
     return tf.ensure_shape(tf.numpy_function(rgb, [path], tf.uint8, stateful=False), [None, None, 3])
 
@@ -403,7 +403,7 @@ def batches(dataset: tf.data.Dataset) -> Iterator:
         raise bad from None
 
 
-def unreadable_image(exc: Exception) -> layout.BadImage | None:
+def unreadable_image(exc: Exception) -> image_files.BadImage | None:
     """The UsageError for the image whose failure to decode `exc` reports (a batch's error; see in_order), as the
     PyTorch trainer's: PIL's reason when PIL fails too, else TensorFlow's; None for any other error."""
     found = re.search(re.escape(UNREADABLE) + r" <([A-Za-z0-9_-]*=*)>", str(exc))
@@ -412,11 +412,11 @@ def unreadable_image(exc: Exception) -> layout.BadImage | None:
     encoded = found.group(1)
     path = base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)).decode("utf-8")
     try:
-        layout.load_rgb(path)
-    except layout.BadImage as bad:
+        image_files.load_rgb(path)
+    except image_files.BadImage as bad:
         return bad
     why = tensorflow_problem(path)
-    return layout.BadImage(f"cannot decode image {path} ({why}); replace or remove the file", path, why)
+    return image_files.BadImage(f"cannot decode image {path} ({why}); replace or remove the file", path, why)
 
 
 def tensorflow_problem(path: str) -> str:

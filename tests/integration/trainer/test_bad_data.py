@@ -17,7 +17,7 @@ from infra.engines.pytorch import PyTorchTraining
 from tests.fakes.bad_inputs import images
 from tests.fakes.image_files import write_image, write_png_header
 from tests.fakes.training import train_locally
-from trainer.layout import write_verified
+from trainer.verified import write_verified
 
 pytestmark = pytest.mark.integration
 TRAINFLOW = str(Path(sys.executable).parent / "trainflow")

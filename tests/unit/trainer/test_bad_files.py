@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from tests.fakes.image_files import write_image, write_png_header
-from trainer import data, layout
+from trainer import data, image_files, verified
 from trainer.errors import UsageError
 
 
@@ -45,7 +45,7 @@ def mixed(tmp_path) -> tuple[list[str], dict[str, str]]:
 
 def test_every_bad_image_is_found_with_its_reason_in_the_order_given(mixed):
     paths, bad = mixed
-    found = layout.find_bad_images(paths)
+    found = image_files.find_bad_images(paths)
     assert [Path(path).name for path, _ in found] == list(bad)
     for (path, why), word in zip(found, bad.values()):
         assert why and word in why and "\n" not in why and path not in why  # the path is beside it, not in it
@@ -53,27 +53,27 @@ def test_every_bad_image_is_found_with_its_reason_in_the_order_given(mixed):
 
 def test_a_header_check_finds_what_is_no_image_at_all(mixed):
     paths, _ = mixed
-    found = {Path(path).name for path, _ in layout.find_bad_images(paths, decode=False)}
+    found = {Path(path).name for path, _ in image_files.find_bad_images(paths, decode=False)}
     assert {"empty.png", "garbage.png", "text.jpeg", "bomb.png"} <= found and "ok.jpg" not in found
 
 
 def test_the_error_is_one_line_naming_the_count_the_first_and_the_list(tmp_path):
     bad = [(f"train/a/x{i}.JPEG", "cannot identify image file") for i in range(500)]
-    listing = layout.write_bad_list(bad, tmp_path / "out" / "bad-files.tsv")
-    message = str(layout.bad_images_error(bad, 1331167, listing, "/data/imagenet"))
+    listing = image_files.write_bad_list(bad, tmp_path / "out" / "bad-files.tsv")
+    message = str(image_files.bad_images_error(bad, 1331167, listing, "/data/imagenet"))
     assert message == (
         "500 of 1331167 images in /data/imagenet cannot be decoded (first: train/a/x0.JPEG: cannot "
         f"identify image file); all 500 are listed in {listing}; replace or remove them, or pass "
         "--bad-files skip (training.bad_files: skip) to train without them"
     )
-    assert layout.read_bad_list(listing) == bad
+    assert image_files.read_bad_list(listing) == bad
     assert listing.read_text().count("\n") == 500 and all(
         line.count("\t") == 1 for line in listing.read_text().splitlines()
     )
 
 
 def test_one_bad_image_is_named_in_the_line_without_a_list(tmp_path):
-    message = str(layout.bad_images_error([("train/a/bad.png", "broken\nPNG file")], 8, None, "DATA"))
+    message = str(image_files.bad_images_error([("train/a/bad.png", "broken\nPNG file")], 8, None, "DATA"))
     assert message == (
         "1 of 8 images in DATA cannot be decoded (train/a/bad.png: broken PNG file); replace or remove "
         "it, or pass --bad-files skip (training.bad_files: skip) to train without it"
@@ -81,14 +81,14 @@ def test_one_bad_image_is_named_in_the_line_without_a_list(tmp_path):
 
 
 def test_a_multi_line_reason_stays_one_field_of_one_line(tmp_path):
-    listing = layout.write_bad_list([("a.png", "line one\nline\ttwo")], tmp_path / "bad.tsv")
+    listing = image_files.write_bad_list([("a.png", "line one\nline\ttwo")], tmp_path / "bad.tsv")
     assert listing.read_text() == "a.png\tline one line two\n"
-    assert layout.bad_image_lines([("a.png", "x")] * 25)[-1] == "... and 5 more"
+    assert image_files.bad_image_lines([("a.png", "x")] * 25)[-1] == "... and 5 more"
 
 
 def test_a_verified_version_round_trips(tmp_path):
     bad = [("train/a/broken.jpg", "image file is truncated"), ("val/b/empty.png", "cannot identify image file")]
-    path = layout.write_verified(tmp_path, "v-1234", 1331167, bad)
+    path = verified.write_verified(tmp_path, "v-1234", 1331167, bad)
     assert path == tmp_path / ".verified.json" and not list(tmp_path.glob("*.partial"))
     assert json.loads(path.read_text()) == {
         "format": 1,
@@ -97,8 +97,8 @@ def test_a_verified_version_round_trips(tmp_path):
         "check": "decode",
         "bad": [list(pair) for pair in bad],
     }
-    assert layout.read_verified(tmp_path) == layout.Verified("v-1234", 1331167, "decode", bad)
-    assert layout.read_verified(tmp_path / "elsewhere") is None
+    assert verified.read_verified(tmp_path) == verified.Verified("v-1234", 1331167, "decode", bad)
+    assert verified.read_verified(tmp_path / "elsewhere") is None
 
 
 GOOD = {"format": 1, "version": "v1", "files": 3, "check": "decode", "bad": []}
@@ -122,7 +122,7 @@ GOOD = {"format": 1, "version": "v1", "files": 3, "check": "decode", "bad": []}
 def test_an_invalid_verified_file_is_an_error_naming_it(tmp_path, text, why):
     (tmp_path / ".verified.json").write_text(text)
     with pytest.raises(UsageError, match=why) as refused:
-        layout.read_verified(tmp_path)
+        verified.read_verified(tmp_path)
     message = str(refused.value)
     assert message.startswith(f"{tmp_path / '.verified.json'} is not a valid verification record (")
     assert message.endswith("delete it to decode the images again, or sync the data version again")
@@ -142,7 +142,7 @@ def two_classes(root: Path) -> Path:
 
 def test_a_verified_version_is_trusted_and_nothing_is_decoded(tmp_path):
     root = two_classes(tmp_path / "data")
-    layout.write_verified(root, "v7", 10, [("train/a/bad.png", "said the sync")])  # val/b/bad.png vouched for
+    verified.write_verified(root, "v7", 10, [("train/a/bad.png", "said the sync")])  # val/b/bad.png vouched for
     train, val = data.index_folder(root)
     paths = [p for p, _ in train.samples + val.samples]
     record, source = data.known_bad_images(root, tmp_path / "out", paths, decode=True)
@@ -167,5 +167,5 @@ def test_an_unverified_folder_is_decoded_in_shares_and_the_preflight_hands_its_l
     handed, source = data.known_bad_images(root, out, paths, decode=False)
     assert handed == record and str(out / data.CHECKED) in source
     assert data.known_bad_images(root, out, paths[:-1], decode=False)[0] is None  # another folder's check: ignored
-    data.hand_to_workers(out, layout.Verified(record.version, record.files, "decode", []))
+    data.hand_to_workers(out, verified.Verified(record.version, record.files, "decode", []))
     assert not (out / data.CHECKED).exists()

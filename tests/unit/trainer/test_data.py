@@ -9,7 +9,7 @@ from PIL import Image
 from torch.utils.data import default_collate
 
 from tests.fakes.image_files import write_image, write_png_header
-from trainer import data, layout
+from trainer import data, image_files
 from trainer.errors import UsageError
 
 
@@ -133,7 +133,7 @@ def test_batch_must_fit_the_data():
 @pytest.mark.parametrize(
     "width, height", [(20000, 20000), (10000, 10000), (200000, 500)]
 )  # past PIL's error; its warning
-@pytest.mark.parametrize("decode", [data.load_rgb, layout.check_image, layout.check_header])
+@pytest.mark.parametrize("decode", [data.load_rgb, image_files.check_image, image_files.check_header])
 def test_a_decompression_bomb_is_refused_by_name_and_limit(tmp_path, width, height, decode):
     bomb = write_png_header(tmp_path / "train" / "a" / "huge one.png", width, height)
     with pytest.raises(UsageError) as refused:
@@ -145,7 +145,7 @@ def test_a_decompression_bomb_is_refused_by_name_and_limit(tmp_path, width, heig
 
 
 @pytest.mark.parametrize("content", [b"", b"GIF89a", b"\x89PNG\r\n\x1a\n" + b"\0" * 40, b"BM" + b"\xff" * 60])
-@pytest.mark.parametrize("decode", [data.load_rgb, layout.check_image, layout.check_header])
+@pytest.mark.parametrize("decode", [data.load_rgb, image_files.check_image, image_files.check_header])
 def test_every_decoding_failure_names_the_file(tmp_path, content, decode):
     bad = tmp_path / "odd.gif"
     bad.write_bytes(content)

@@ -23,7 +23,7 @@ from infra.engines.contract import SYNTHETIC
 from infra.engines.launchers import LaunchError
 from tests.fakes.azureml import Workspace
 from tests.fakes.paths import REPO
-from trainer.layout import find_bad_images
+from trainer.image_files import find_bad_images
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 AZURE = REPO / "flows" / "configs" / "azure.yaml"

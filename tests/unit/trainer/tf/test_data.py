@@ -15,7 +15,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 from tests.fakes.image_files import write_image
 from tests.unit.trainer.test_bad_files import corrupt_files, two_classes
-from trainer import badfiles, layout
+from trainer import badfiles, image_files, layout
 from trainer import data as torch_data
 from trainer.errors import UsageError
 from trainer.tf import data
@@ -70,7 +70,7 @@ def test_every_format_and_mode_decodes_to_the_pil_loaders_pixels(image_tree):
     train, val = layout.index_folder(image_tree)
     for path, _ in train.samples + val.samples:
         pixels = data.decode_whole(tf.constant(path)).numpy()
-        expected = np.asarray(layout.load_rgb(path))  # what the PyTorch trainer decodes
+        expected = np.asarray(image_files.load_rgb(path))  # what the PyTorch trainer decodes
         assert pixels.shape == expected.shape and np.abs(pixels.astype(int) - expected).max() <= 8, path
 
 
