@@ -1,6 +1,6 @@
-# The two commands: `make demo` (set up, then run the whole pipeline on the small data set with 2 workers) and
-# `make test` (set up, then run the test suite). Both are idempotent; a warm machine reuses the venv
-# and the cached Horovod wheel.
+# The two commands: `make demo` (install what the local default uses, then run the whole pipeline on the small data
+# set with 2 workers; no root) and `make test` (install everything, then run the test suite). Both are idempotent; a
+# warm machine reuses the venv and the cached Horovod wheel.
 PYTHON ?= python3
 VENV ?= .venv
 # Horovod is compiled once per torch and TensorFlow version and patch (containers/build/) and kept outside the checkout,
@@ -9,31 +9,45 @@ WHEEL_CACHE ?= $(HOME)/.cache/trainflow/wheels
 WORKDIR ?= .trainflow
 PYTEST_ARGS ?=
 # `make demo LAUNCHER=horovodrun` trains with Horovod instead of torch.distributed (PyTorch's default, torchrun);
-# `make demo FRAMEWORK=keras` (or tensorflow) trains with that framework, under horovodrun.
+# `make demo FRAMEWORK=keras` (or tensorflow) trains with that framework, under horovodrun. Each installs its layer.
 LAUNCHER ?=
 FRAMEWORK ?=
-# The frameworks must be installed before Horovod is built against them (its wheel then has both): torch, torchvision
-# and tensorflow-cpu at pyproject.toml's pins, and tf_keras with --no-deps (TF_KERAS says why).
-FRAMEWORK_PINS := $(shell grep -oE '"(torch|torchvision|tensorflow-cpu)==[^"]+"' pyproject.toml | tr -d '"')
+TF_PIN := $(shell grep -oE '"tensorflow-cpu==[^"]+"' pyproject.toml | tr -d '"')
 TF_KERAS := containers/requirements/tf-keras.txt
 HOROVOD_BUILD := $(addprefix containers/build/,horovod-wheel.sh horovod-idle-cycle.patch horovod-tensorflow.patch)
 BIN := $(VENV)/bin
+PIP := $(BIN)/pip install -q
 
+# The venv in layers, each a stamp file in it, each installed when a target needs it (README: Install):
+#   base        PyTorch, torchvision, Prefect, the Azure SDKs, MLflow: all the local default runs (make demo)
+#   tensorflow  TensorFlow (CPU) and tf_keras: FRAMEWORK=keras or tensorflow on this machine (make setup-tensorflow)
+#   horovod     Horovod, compiled against the frameworks installed: LAUNCHER=horovodrun (make setup-horovod)
+#   dev         the tests', lint's and docs' tools over all of the above (make test)
+BASE := $(VENV)/.base
+TF_LAYER := $(VENV)/.tensorflow
+HVD_LAYER := $(VENV)/.horovod
+DEV_LAYER := $(VENV)/.dev
+# Horovod is built against what is installed, so with TensorFlow where its layer is there or is wanted now.
+WANTS_TF := $(or $(WITH_TF),$(filter keras tensorflow,$(FRAMEWORK)),$(filter setup test lint docs,$(MAKECMDGOALS)),$(wildcard $(TF_LAYER)))
 # checkov (the Bicep lint of tests/unit/infra/compute/test_azure_templates.py) has its own venv: its pins (packaging<24,
 # networkx<2.7, cachetools<6) conflict with the project's (pytest and wheel need packaging>=24).
 TOOLS_VENV ?= .venv-tools
 CHECKOV ?= checkov==3.3.30
 
-.PHONY: setup docker-setup tools demo lint test bench device-check docs clean
-# The four parts at once (the venv's install is one process; npm, apt and the tools' venv wait on the network and
-# the disk meanwhile): measured from a clean clone, see the README.
-SETUP_PARTS := $(VENV)/.installed node_modules/.installed docker-setup tools
+.PHONY: setup setup-tensorflow setup-horovod docker-setup tools demo lint test bench device-check docs clean
+# Everything `make test` needs, at once (the venv's layers are one chain of pip processes; npm, apt and the tools'
+# venv wait on the network and the disk meanwhile): measured from a clean clone, see the README.
+SETUP_PARTS := $(DEV_LAYER) node_modules/.installed docker-setup tools
 setup:
-	$(MAKE) --no-print-directory -j4 $(SETUP_PARTS)
+	$(MAKE) --no-print-directory -j4 WITH_TF=1 $(SETUP_PARTS)
+# TensorFlow on its own, and Horovod rebuilt with its ops where Horovod is installed.
+setup-tensorflow: $(TF_LAYER)
+	$(if $(wildcard $(HVD_LAYER)),$(MAKE) --no-print-directory WITH_TF=1 $(HVD_LAYER))
+setup-horovod: $(HVD_LAYER)
 
 # The container tests' Docker engine, registry and base-image maker, and the UI test's browser (chromium, driven
 # by playwright), from Debian's packages (needs root or sudo; skipped when all are installed). The tests start
-# dockerd and the registry themselves.
+# dockerd and the registry themselves. Only `make test` needs them.
 DOCKER_TOOLS := dockerd docker-registry debootstrap chromium
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 docker-setup:
@@ -45,13 +59,24 @@ docker-setup:
 
 # Every version comes from the lock (pip -c $(LOCK)): the index gains releases between two installs.
 LOCK := containers/requirements/constraints.txt
-$(VENV)/.installed: pyproject.toml $(LOCK) $(TF_KERAS) $(HOROVOD_BUILD)
+$(BASE): pyproject.toml $(LOCK)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q -c $(LOCK) $(FRAMEWORK_PINS) setuptools wheel packaging psutil cloudpickle pyyaml
-	$(BIN)/pip install -q -c $(LOCK) --no-deps -r $(TF_KERAS)
+	$(PIP) -c $(LOCK) setuptools wheel -e .
+	touch $@
+
+# tf_keras with --no-deps (TF_KERAS says why).
+$(TF_LAYER): $(BASE) $(TF_KERAS)
+	$(PIP) -c $(LOCK) $(TF_PIN)
+	$(PIP) -c $(LOCK) --no-deps -r $(TF_KERAS)
+	touch $@
+
+$(HVD_LAYER): $(BASE) $(HOROVOD_BUILD) $(if $(WANTS_TF),$(TF_LAYER))
 	wheel=$$(containers/build/horovod-wheel.sh $(BIN)/python $(WHEEL_CACHE)) && \
-	  $(BIN)/pip install -q --force-reinstall --no-deps "$$wheel" && \
-	  $(BIN)/pip install -q -c $(LOCK) "$$wheel" -e '.[dev,docs]'
+	  $(PIP) --force-reinstall --no-deps "$$wheel" && $(PIP) -c $(LOCK) "$$wheel"
+	touch $@
+
+$(DEV_LAYER): $(BASE) $(TF_LAYER) $(HVD_LAYER)
+	$(PIP) -c $(LOCK) -e '.[dev,docs]'
 	touch $@
 
 tools: $(TOOLS_VENV)/.installed
@@ -66,14 +91,19 @@ node_modules/.installed: package.json package-lock.json
 	npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
-demo: setup
+# The demo installs only the layers its run uses (no root): the base and Azurite at once, and TensorFlow or Horovod
+# when FRAMEWORK or LAUNCHER asks for them.
+DEMO_PARTS := $(strip $(BASE) node_modules/.installed $(if $(filter keras tensorflow,$(FRAMEWORK)),$(TF_LAYER) \
+  $(HVD_LAYER),$(if $(filter horovodrun,$(LAUNCHER)),$(HVD_LAYER))))
+demo:
+	$(MAKE) --no-print-directory -j2 $(DEMO_PARTS)
 	$(if $(LAUNCHER),TRAINFLOW_TRAINING__LAUNCHER=$(LAUNCHER)) $(BIN)/trainflow run --config flows/configs/demo.yaml \
 	  --workdir $(WORKDIR) $(if $(FRAMEWORK),--framework $(FRAMEWORK))
 
 # The project's own checks (also run by `make test`, and before each commit by .pre-commit-config.yaml): ruff's lint
 # and format, the type checker, and the import contracts of pyproject.toml (the layers of the house).
 LINT_ENV := PYTHONPATH=.:containers
-lint: setup
+lint: $(DEV_LAYER)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(LINT_ENV) $(BIN)/mypy
@@ -85,7 +115,7 @@ TEST_WORKERS ?= 2
 test: setup lint
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
-bench: setup
+bench: $(BASE) node_modules/.installed
 	$(BIN)/trainflow bench train --workdir $(WORKDIR) --json $(WORKDIR)/bench-train.json
 
 # The device check (benchmarks/device_check.py): on a lent GPU machine, which has no network and no venv (so no
@@ -97,7 +127,7 @@ device-check:
 
 # The documentation site (mkdocs.yml): the reference pages written afresh from the code (flows/reference.py), then
 # the site built into site/ with --strict, as the tests build it (tests/integration/test_docs_site.py).
-docs: setup
+docs: $(DEV_LAYER)
 	$(BIN)/python -m flows.reference
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 

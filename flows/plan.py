@@ -10,7 +10,7 @@ they would be made.
 from flows.config import FlowConfig
 from flows.steps import RUN, operations, plan
 from flows.steps.context import Context
-from infra.compute import backend_of, check_fits
+from infra.compute import backend_of, check_fits, check_installed
 
 RUN_ID = "<run id>"
 
@@ -21,6 +21,7 @@ def dry_run(cfg: FlowConfig) -> tuple[list[dict], dict[str, str]]:
     made once. With no data named, the digits set's place stands for it (nothing is written)."""
     cfg = cfg.model_copy(update={"data": cfg.data or str(cfg.workdir / "data" / "digits")})
     check_fits(cfg.pool, cfg.training.workers)
+    check_installed(cfg.pool, cfg.training)
     ctx = Context(cfg, RUN, RUN_ID)
     rows = plan(ctx)
     specs = backend_of(cfg.pool).specs(cfg, ctx.run, ctx.image)

@@ -2,7 +2,7 @@
 
 One module per group of commands: training.py (train, stage, run, smoke, deploy, build), services.py (ui,
 mlflow-ui, and what a command holds while it runs), data.py (`trainflow data`), bench.py (`trainflow bench`) and
-runs.py (`trainflow runs`); common.py holds what they share."""
+runs.py (`trainflow runs`), doctor.py (`trainflow doctor`); common.py holds what they share."""
 
 import sys
 
@@ -10,6 +10,7 @@ import typer
 
 from flows.cli.bench import bench_app
 from flows.cli.data import data_app
+from flows.cli.doctor import doctor
 from flows.cli.runs import runs_app
 from flows.cli.services import mlflow_ui, ui
 from flows.cli.training import build, deploy, run, smoke, stage, train
@@ -23,7 +24,7 @@ app = typer.Typer(
 app.add_typer(data_app, name="data")
 app.add_typer(bench_app, name="bench")
 app.add_typer(runs_app, name="runs")
-for command in (train, stage, run, smoke, deploy, ui, mlflow_ui, build):
+for command in (train, stage, run, smoke, deploy, ui, mlflow_ui, build, doctor):
     app.command()(command)
 
 

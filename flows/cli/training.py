@@ -25,7 +25,7 @@ from flows.cli.services import holding, prefect_api
 from flows.config import LOCAL_DATA_FREE, ConfigError, FlowConfig, smoke_config
 from flows.dataset import check_batch, check_data_names, with_data
 from flows.preflight import check_access
-from infra.compute import backend_of, check_fits
+from infra.compute import backend_of, check_fits, check_installed
 from infra.compute.base import LocalBackend
 from infra.compute.process import train_here
 from infra.engines import ENGINES
@@ -166,6 +166,7 @@ def smoke(
 def run_flow(cfg: FlowConfig, dry_run: bool) -> None:
     """Plan (dry run) or run the train-flow for `cfg` and print its summary."""
     check_fits(cfg.pool, cfg.training.workers)
+    check_installed(cfg.pool, cfg.training)
     check_budget(cfg)  # the flow checks it too (deployments); here nothing has started yet
     if isinstance(backend_of(cfg.pool), LocalBackend):  # its workers, in processes or containers, share this machine
         warn_if_oversubscribed(cfg.training.workers)

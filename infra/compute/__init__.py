@@ -34,6 +34,8 @@ from infra.compute.base import (
 from infra.compute.docker import DockerBackend, DockerPoolConfig
 from infra.compute.process import ProcessBackend, ProcessPoolConfig
 from infra.core.errors import BadInput
+from infra.engines.contract import TrainingSettings
+from infra.engines.installed import missing_part
 
 __all__ = [
     "BACKENDS",
@@ -95,6 +97,13 @@ def check_fits(pool: PoolSection, workers: int) -> None:
             f"({backend_of(pool).nodes(pool)} node(s) x pool.slots_per_node {pool.slots_per_node}); "
             "lower training.workers or raise pool.nodes / pool.slots_per_node"
         )
+
+
+def check_installed(pool: PoolSection, training: TrainingSettings) -> None:
+    """Refuse a run whose workers need an install layer this venv lacks (infra/engines/installed.py), before anything
+    starts: a pool that needs no image trains in this venv."""
+    if not backend_of(pool).needs_image and (problem := missing_part(training)):
+        raise BadInput(problem)
 
 
 def refuse_backend_sections(values: dict) -> None:

@@ -29,7 +29,9 @@ from infra.compute.base import (
     owner_alive,
     train_on_pool,
 )
+from infra.core.errors import BadInput
 from infra.engines.contract import PACKAGE, TrainingMetrics, TrainingSettings, preflight, trainer_argv
+from infra.engines.installed import missing_part
 from infra.engines.launchers import LaunchError, local_command
 from infra.services.supervise import spawn
 
@@ -140,7 +142,9 @@ class ProcessJob(OneAttempt):
 
     def check(self) -> None:
         if not Path(self.command[0]).exists():
-            raise LaunchError(f"{self.command[0]} is missing; run `make setup` to install Horovod", permanent=True)
+            raise LaunchError(
+                f"{self.command[0]} is missing; run `make setup-horovod` to install Horovod", permanent=True
+            )
         paths = self.pool.node_paths()
         preflight(self.training, paths.data, Path(paths.out), paths.scripts)
 
@@ -178,6 +182,8 @@ def train_here(
 ) -> TrainingMetrics:
     """`training` on a process pool of this machine with this checkout's trainer (`trainflow train`, the
     benchmarks); the run's metrics. An `out` that holds checkpoints is resumed."""
+    if problem := missing_part(training):  # the workers train in this venv
+        raise BadInput(problem)
     run = RunPaths(out.name, Path(data), PACKAGE.parent, out)
     return train_on_pool(ProcessPool(training.workers, run, pools), training, out, echo)
 

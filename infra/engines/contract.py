@@ -62,6 +62,9 @@ class TrainingSettings(BaseModel):
     IMAGE_STACK: ClassVar[str]
     """The prefix of its images' Dockerfiles and repositories: "" (containers/cpu.Dockerfile, trainflow-cpu) or
     "tf-" (containers/tf-cpu.Dockerfile, trainflow-tf-cpu): one image per framework's libraries."""
+    LAYERS: ClassVar[tuple[str, ...]] = ()
+    """The install layers its trainer needs beyond the base one when it trains on this machine's processes
+    (infra/engines/installed.py): none for PyTorch, ("tensorflow",) for TensorFlow and Keras."""
 
     framework: str
     """The training framework (an engine of infra/engines)."""

@@ -20,6 +20,7 @@ class TensorFlowSettings(ParsedSettings):
     ENTRY: ClassVar[str] = "trainer/tf/loop.py"
     MODEL_FILE: ClassVar[str] = "model.keras"
     IMAGE_STACK: ClassVar[str] = "tf-"
+    LAYERS: ClassVar[tuple[str, ...]] = ("tensorflow",)
     framework: Literal["tensorflow"] = "tensorflow"
     """The training framework (an engine of infra/engines): tensorflow."""
     launcher: Literal["torchrun", "horovodrun"] = "horovodrun"

@@ -1,7 +1,7 @@
 """Azurite, the Azure Blob emulator, started and stopped by trainflow itself for the local default.
 
-It runs from the project's own node_modules (installed by `make setup`), listens on a free loopback
-port, and keeps its data on disk under the workdir, so data staged once stays staged across runs.
+It runs from the project's own node_modules (`npm ci`, which `make demo` and `make test` run), listens on a free
+loopback port, and keeps its data on disk under the workdir, so data staged once stays staged across runs.
 """
 
 from collections.abc import Iterator
@@ -26,7 +26,7 @@ def azurite_binary() -> Path:
     """The azurite-blob launcher in the project's node_modules."""
     path = REPO / "node_modules" / ".bin" / "azurite-blob"
     if not path.exists():
-        raise AzuriteError(f"Azurite is not installed ({path} is missing); run `make setup` (npm install)")
+        raise AzuriteError(f"Azurite is not installed ({path} is missing); run `npm ci` (make demo runs it)")
     return path
 
 

@@ -32,7 +32,10 @@ TORCH_IMAGES, TF_IMAGES = ("cpu", "gpu"), ("tf-cpu", "tf-gpu")
 
 
 def pyproject_pins() -> dict[str, str]:
-    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    """The project's pins: its dependencies and its layers' extras (TensorFlow, Horovod)."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    deps = project["dependencies"] + extras["tensorflow"] + extras["horovod"]
     return dict(d.split("==") for d in deps if "==" in d)
 
 
@@ -150,13 +153,18 @@ def test_make_setup_installs_both_frameworks_before_it_builds_horovod():
     """The venv's Horovod is built against what is installed when horovod-wheel.sh runs: torch and TensorFlow."""
     outer = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}  # under make test
     plan = subprocess.run(
-        ["make", "-n", "-B", ".venv/.installed"], cwd=REPO, capture_output=True, text=True, check=True, env=outer
+        ["make", "-n", "-B", "WITH_TF=1", ".venv/.horovod"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+        env=outer,
     ).stdout
     build = plan.index("horovod-wheel.sh")
-    assert -1 < plan.find("tensorflow-cpu==") < build and -1 < plan.find("torch==") < build
+    assert -1 < plan.find("tensorflow-cpu==") < build and -1 < plan.find(" -e .") < build  # torch with the base
     assert -1 < plan.find("--no-deps -r containers/requirements/tf-keras.txt") < build
     stamp = subprocess.run(["make", "-pn", "setup"], cwd=REPO, capture_output=True, text=True, env=outer).stdout
-    rule = next(line for line in stamp.splitlines() if line.startswith(".venv/.installed:"))
+    rule = next(line for line in stamp.splitlines() if line.startswith(".venv/.horovod:"))
     assert all(f"containers/build/{name}" in rule for name in ("horovod-idle-cycle.patch", "horovod-tensorflow.patch"))
 
 
@@ -222,9 +230,9 @@ def test_make_setup_runs_its_four_parts_at_once():
     outer = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}  # under make test
     plan = subprocess.run(["make", "-n", "setup"], cwd=REPO, capture_output=True, text=True, check=True, env=outer)
     sub_make = [line.split() for line in plan.stdout.splitlines() if "-j4" in line.split()]
-    assert [words[-4:] for words in sub_make] == [
-        [".venv/.installed", "node_modules/.installed", "docker-setup", "tools"]
-    ], plan.stdout
+    assert [words[-4:] for words in sub_make] == [[".venv/.dev", "node_modules/.installed", "docker-setup", "tools"]], (
+        plan.stdout
+    )
 
 
 def test_context_tag_follows_content_paths_and_build_args(tmp_path):
