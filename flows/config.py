@@ -7,6 +7,7 @@ No setting holds a secret: Prefect stores the whole config with every run, so se
 environment variables that the *_env settings name, and a secret-shaped value anywhere is refused unshown.
 """
 
+import difflib
 import os
 import re
 import types
@@ -17,7 +18,7 @@ from typing import Annotated, Any, Union, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from infra.compute import JobConfig, PoolConfig, ProcessPoolConfig, backend_of, refuse_backend_sections
+from infra.compute import BACKENDS, JobConfig, PoolConfig, ProcessPoolConfig, backend_of, refuse_backend_sections
 from infra.core.errors import BadInput, first_line
 from infra.core.redact import ENV_NAME_ERROR, names_a_variable, redact, secret_shapes
 from infra.data.manifest import check_dataset_name
@@ -230,10 +231,27 @@ def yaml_problem(exc: yaml.YAMLError) -> str:
 FROM_ENV = "TRAINFLOW_* variables"
 
 
+# The project's TRAINFLOW_ variables that are not settings, never read as config: where the fast loader's compiled
+# library is kept (containers/trainer/jpeg_crop.py), the images' trainer (containers/*.Dockerfile), the checkout a
+# deployment pulls (prefect.yaml), and the test suite's own (tests/conftest.py).
+OTHER_VARIABLES = frozenset(
+    {
+        "TRAINFLOW_JPEG_CROP_DIR",
+        "TRAINFLOW_TRAINER",
+        "TRAINFLOW_REPO",
+        "TRAINFLOW_TEST_FREE_GIB",
+        "TRAINFLOW_TEST_REGISTRY",
+    }
+)
+
+
 def env_values(environ: Mapping[str, str]) -> dict:
-    """TRAINFLOW_SECTION__FIELD=value as nested dicts (values stay strings; pydantic converts them)."""
+    """TRAINFLOW_SECTION__FIELD=value as nested dicts (values stay strings; pydantic converts them); a TRAINFLOW_
+    variable that names no setting (and is not one of the project's OTHER_VARIABLES) is a ConfigError naming it and
+    the nearest setting's variable."""
     values: dict = {}
-    for key in sorted(k for k in environ if k.startswith(ENV_PREFIX)):  # a parent sorts before its children
+    keys = sorted(k for k in environ if k.startswith(ENV_PREFIX) and k not in OTHER_VARIABLES)
+    for key in keys:  # a parent sorts before its children
         *parents, leaf = key[len(ENV_PREFIX) :].lower().split("__")
         node = values
         for depth, part in enumerate(parents):
@@ -250,7 +268,39 @@ def env_values(environ: Mapping[str, str]) -> dict:
                 "variables fill setting by setting; unset it"
             )
         node[leaf] = environ[key]
+    refuse_unknown(keys)
     return values
+
+
+def refuse_unknown(keys: list[str]) -> None:
+    """A ConfigError for the first TRAINFLOW_ variable that names no setting, with the one it most likely meant."""
+    known = setting_variables()
+    old_sections = tuple(f"{ENV_PREFIX}{name.upper()}__" for name in BACKENDS)  # refuse_backend_sections names them
+    if unknown := [k for k in keys if k.upper() not in known and not k.upper().startswith(old_sections)]:
+        nearest = nearest_variable(unknown[0].upper(), known)
+        hint = f"did you mean {nearest}?" if nearest else "see the settings reference (docs/reference/settings.md)"
+        raise ConfigError(f"environment variable {unknown[0]} names no setting; {hint} Unset it or rename it")
+
+
+def nearest_variable(key: str, known: set[str]) -> str | None:
+    """The setting variable `key` most likely meant: one whose last part it names (TRAINFLOW_EPOCHS: the section
+    left out), else the closest spelling."""
+    leaf = key.rsplit("__", 1)[-1].removeprefix(ENV_PREFIX)
+    same_leaf = sorted(k for k in known if k.rsplit("__", 1)[-1].removeprefix(ENV_PREFIX) == leaf)
+    nearest = same_leaf or difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
+    return nearest[0] if nearest else None
+
+
+def setting_variables(model: type[BaseModel] | None = None, where: tuple = ()) -> set[str]:
+    """The TRAINFLOW_ variable of every setting and section (every framework's and backend's)."""
+    names = set()
+    for name, field in (model or FlowConfig).model_fields.items():
+        path = (*where, name)
+        names.add(env_name(path))
+        for kind in one_of_sections(field) or [field.annotation]:
+            if isinstance(kind, type) and issubclass(kind, BaseModel):
+                names |= setting_variables(kind, path)
+    return names
 
 
 def env_name(where) -> str:

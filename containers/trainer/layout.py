@@ -19,6 +19,19 @@ from pathlib import Path
 from trainer.errors import UsageError
 
 SYNTHETIC = "synthetic"  # --data synthetic: batches generated on the device, no files (every framework's trainer)
+# Photo formats that PIL cannot read, and how to make JPEGs of them.
+CONVERT = {
+    suffix: f"a {name} image, which trainflow cannot read: convert it to JPEG first ({how})"
+    for suffixes, name, how in (
+        (
+            (".heic", ".heif"),
+            "HEIC",
+            "`heif-convert IN.heic OUT.jpg`, or ImageMagick: `magick mogrify -format jpg *.heic`",
+        ),
+        ((".avif",), "AVIF", "ImageMagick: `magick mogrify -format jpg *.avif`"),
+    )
+    for suffix in suffixes
+}
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".pgm", ".pbm", ".gif", ".tif", ".tiff", ".webp"})
 
 
@@ -55,7 +68,7 @@ def split_folders(data_dir: Path) -> tuple[Path, Path | None]:
     """DATA/train, and DATA/val or None when absent, each checked to hold class folders."""
     kind = entry_kind(data_dir)
     if kind != "folder":
-        what = "is a file, not a folder" if kind == "file" else "does not exist"
+        what = "is a file, not a folder" if kind in ("file", "special") else "does not exist"
         raise UsageError(f"data folder {data_dir} {what}; point --data at a folder holding train/<class>/ images")
     train_dir, val_dir = data_dir / "train", data_dir / "val"
     if entry_kind(train_dir) != "folder" or not _class_dirs(train_dir):
@@ -124,9 +137,10 @@ def split_images(split_dir: Path, classes: list[str]) -> Iterator[tuple[str, int
 
 
 def entry_kind(path: Path) -> str:
-    """ "folder", "file" or "missing"; a symlink that loops or leads nowhere is an error that names it."""
+    """ "folder", "file", "special" (a FIFO, socket or device: never opened) or "missing"; a symlink that loops or
+    leads nowhere is an error that names it."""
     try:
-        return "folder" if stat.S_ISDIR(os.stat(path).st_mode) else "file"
+        return kind_of(os.stat(path).st_mode)
     except (FileNotFoundError, NotADirectoryError):
         if os.path.islink(path):
             raise UsageError(
@@ -141,6 +155,20 @@ def entry_kind(path: Path) -> str:
                 "remove the link or point it at a real folder or image"
             ) from None
         raise UsageError(f"cannot read {path} ({exc.strerror}); fix its permissions or remove it") from None
+
+
+def kind_of(mode: int) -> str:
+    """entry_kind's word for a file mode."""
+    return "folder" if stat.S_ISDIR(mode) else "file" if stat.S_ISREG(mode) else "special"
+
+
+def special_name(path: Path) -> str:
+    """What a special file is, for its error: reading one may wait forever (a FIFO with no writer)."""
+    mode = os.stat(path).st_mode
+    for test, name in ((stat.S_ISFIFO, "named pipe (FIFO)"), (stat.S_ISSOCK, "socket")):
+        if test(mode):
+            return name
+    return "device file"
 
 
 def _target(link: Path) -> str:
@@ -182,7 +210,8 @@ def _visible(folder: Path) -> list[tuple[Path, str]]:
         if entry.is_symlink():
             visible.append((path, entry_kind(path)))
         else:
-            visible.append((path, "folder" if entry.is_dir(follow_symlinks=False) else "file"))
+            regular = "file" if entry.is_file(follow_symlinks=False) else "special"
+            visible.append((path, "folder" if entry.is_dir(follow_symlinks=False) else regular))
     return visible
 
 
@@ -203,6 +232,12 @@ def _image_files(folder: Path, above: frozenset = frozenset()) -> list[Path]:
             )
         if kind == "folder":
             subfolders.append(path)
+        elif kind == "special":  # never opened: a FIFO would block every command that reads it
+            raise UsageError(
+                f"{path} is a {special_name(path)}, not an image file; remove it or move it out of the data folder"
+            )
+        elif path.suffix.lower() in CONVERT:
+            raise UsageError(f"{path} is {CONVERT[path.suffix.lower()]}; remove the originals from the data folder")
         elif path.suffix.lower() not in IMAGE_SUFFIXES:
             raise UsageError(f"{path} is not an image file; remove it or move it out of the data folder")
         elif not os.access(path, os.R_OK):

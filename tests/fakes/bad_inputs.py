@@ -173,6 +173,7 @@ CASES = [
         env=SMALL_BATCH,
     ),
     Case("environment variable of the wrong type", ["run", "--dry-run"], env={"TRAINFLOW_TRAINING__EPOCHS": "abc"}),
+    Case("an environment variable that names no setting", ["run", "--dry-run"], env={"TRAINFLOW_EPOCHS": "3"}),
     Case("unknown compute backend", ["run", "--dry-run"], env={"TRAINFLOW_POOL__BACKEND": "slurm"}),
     Case(
         "more workers than the pool has slots",
@@ -246,6 +247,17 @@ CASES = [
         data_with(lambda d: write_image(d / "train" / "c\td" / "x.png")),
     ),
     Case("a data set of one class", [*TRAIN, "--data", "{dir}/data"], lambda root: images(root / "data", "a")),
+    Case(
+        "a named pipe (FIFO) in a class folder (dry run)",
+        ["run", "--dry-run", "--data", "{dir}/data", "--workdir", "{dir}/w"],
+        data_with(lambda d: os.mkfifo(d / "train" / "a" / "pipe.jpg")),
+    ),
+    Case(
+        "a named pipe (FIFO) in a class folder (train)",
+        [*TRAIN, "--data", "{dir}/data"],
+        data_with(lambda d: os.mkfifo(d / "train" / "a" / "pipe.jpg")),
+    ),
+    Case("an iPhone HEIC photo", [*TRAIN, "--data", "{dir}/data"], with_file("train/a/IMG_0001.HEIC", b"ftypheic")),
     Case(
         "a file given as the data folder",
         [*TRAIN, "--data", "{dir}/data.png"],

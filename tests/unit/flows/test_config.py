@@ -147,7 +147,9 @@ def test_the_example_configs_load():
 
 
 def test_unknown_trainflow_variable_is_named_without_its_value():
-    with pytest.raises(ConfigError, match="invalid setting registry_password: Extra inputs") as failure:
+    with pytest.raises(
+        ConfigError, match="environment variable TRAINFLOW_REGISTRY_PASSWORD names no setting"
+    ) as failure:
         load_config(None, {}, environ={"TRAINFLOW_REGISTRY_PASSWORD": "s3cret-value"})
     assert "s3cret-value" not in str(failure.value)
 
@@ -199,3 +201,23 @@ def test_a_backend_section_of_the_old_format_says_where_its_settings_went(source
         r"settings now live under pool:, with backend: azureml .* move them there",
     ):
         load_config(config if source == "file" else None, {}, environ)
+
+
+@pytest.mark.parametrize(
+    "name, meant",
+    [
+        ("TRAINFLOW_EPOCHS", "TRAINFLOW_TRAINING__EPOCHS"),
+        ("TRAINFLOW_TRAINING__EPOHCS", "TRAINFLOW_TRAINING__EPOCHS"),
+        ("TRAINFLOW_STORAGE__CONTAINR", "TRAINFLOW_STORAGE__CONTAINER"),
+    ],
+)
+def test_a_variable_that_names_no_setting_is_refused_with_the_setting_it_likely_meant(name, meant):
+    with pytest.raises(ConfigError, match=f"^environment variable {name} names no setting; did you mean {meant}?"):
+        load_config(None, {}, environ={name: "3"})
+
+
+@pytest.mark.parametrize(
+    "name", ["TRAINFLOW_JPEG_CROP_DIR", "TRAINFLOW_TEST_FREE_GIB", "TRAINFLOW_TEST_REGISTRY", "TRAINFLOW_REPO"]
+)
+def test_the_projects_other_variables_are_never_read_as_settings(name):
+    assert load_config(None, {}, environ={name: "/somewhere"}) == load_config(None, {}, environ={})
