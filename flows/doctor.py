@@ -11,7 +11,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +18,7 @@ from pathlib import Path
 from infra.core.diskspace import free_bytes
 from infra.engines.installed import LAYERS, has_module, horovod_has
 from infra.services.azurite import REPO
+from infra.services.prefect_server import api_answers
 
 DEMO_BYTES = 1 << 30  # what a demo run writes under the workdir (the digits set, its copies, Prefect's database)
 
@@ -105,20 +105,11 @@ def ports_row(ui_port: int = 4200) -> Row:
     """Prefect's API: the one PREFECT_API_URL names, which must answer as Prefect's; else the UI's port free."""
     url = os.environ.get("PREFECT_API_URL")
     if url:
-        answer = prefect_health(url)
+        answer = api_answers(url)
         fix = f"PREFECT_API_URL={url} does not answer as Prefect's API; unset it to use trainflow's own server"
         return Row("Prefect's API", "every command", f"{url} answers" if answer else "", fix, required=True)
     found = f"port {ui_port} free for trainflow ui" if port_free(ui_port) else ""
     return Row("Prefect's UI port", "trainflow ui", found, f"trainflow ui --port N (port {ui_port} is in use)")
-
-
-def prefect_health(url: str) -> bool:
-    """Whether `url` answers Prefect's health check (GET /health: true) within 3 s."""
-    try:
-        with urllib.request.urlopen(url.rstrip("/") + "/health", timeout=3) as response:
-            return response.read().strip() == b"true"
-    except (OSError, ValueError):
-        return False
 
 
 def port_free(port: int) -> bool:

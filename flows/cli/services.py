@@ -15,9 +15,11 @@ from flows.cli.common import ConfigOpt, WorkdirOpt, configure, friendly_errors
 from flows.config import ConfigError, FlowConfig
 from flows.preflight import check_access
 from infra.core.diskspace import check_prefect_space
+from infra.core.errors import BadInput
 from infra.core.redact import RedactSecrets
 from infra.runs.tracking import UI_PORT, local_ui, store_folder, store_uri, ui_command
 from infra.runs.workdir import workdir_lock
+from infra.services.prefect_server import api_answers
 from infra.services.supervise import Service, ServiceDied, port_open, stop
 
 
@@ -117,6 +119,7 @@ def prefect_api(workdir: Path) -> Iterator[None]:
     os.environ.setdefault("PREFECT_HOME", str(workdir / "prefect"))
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     with ExitStack() as stack:
+        check_prefect_api(os.environ.get("PREFECT_API_URL"))
         if not os.environ.get("PREFECT_API_URL"):
             from infra.services.prefect_server import running_prefect_server
 
@@ -134,6 +137,16 @@ def prefect_api(workdir: Path) -> Iterator[None]:
                 if isinstance(handler, logging.StreamHandler):
                     handler.addFilter(without_traceback)
         yield
+
+
+def check_prefect_api(url: str | None) -> None:
+    """A PREFECT_API_URL that does not answer as Prefect's API ends the command in one line, before anything starts
+    (Prefect's client would retry it for minutes, then print a traceback)."""
+    if url and not api_answers(url):
+        raise BadInput(
+            f"PREFECT_API_URL is {url}, which does not answer as Prefect's API (GET {url.rstrip('/')}/health); start "
+            "that server or correct the URL, or unset PREFECT_API_URL to use trainflow's own server"
+        )
 
 
 def send_what_prefect_holds(seconds: float = 5) -> None:

@@ -23,11 +23,12 @@ from infra.services.supervise import ServiceError, free_port, running_service
 
 
 def api_answers(url: str) -> bool:
-    """Whether the Prefect API at `url` reports itself healthy."""
+    """Whether `url` answers as a healthy Prefect API: GET /health gives `true` (another HTTP server gives an error or
+    something else)."""
     try:
-        with urlopen(f"{url}/health", timeout=2) as response:
-            return response.status == 200
-    except OSError:
+        with urlopen(f"{url.rstrip('/')}/health", timeout=2) as response:
+            return response.status == 200 and response.read(16).strip() == b"true"
+    except (OSError, ValueError):  # no answer, an error status, or not a URL at all
         return False
 
 

@@ -174,6 +174,11 @@ CASES = [
     ),
     Case("environment variable of the wrong type", ["run", "--dry-run"], env={"TRAINFLOW_TRAINING__EPOCHS": "abc"}),
     Case("an environment variable that names no setting", ["run", "--dry-run"], env={"TRAINFLOW_EPOCHS": "3"}),
+    Case(
+        "PREFECT_API_URL naming a port nothing answers on",
+        ["run", "--data", "synthetic", "--workdir", "{dir}/w"],
+        env={"PREFECT_API_URL": "http://127.0.0.1:9/api"},
+    ),
     Case("unknown compute backend", ["run", "--dry-run"], env={"TRAINFLOW_POOL__BACKEND": "slurm"}),
     Case(
         "more workers than the pool has slots",
