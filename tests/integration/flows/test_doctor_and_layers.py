@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fakes.paths import BIN, REPO
+from tests.fakes.paths import REPO
 
 pytestmark = pytest.mark.integration
 OUTER = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}  # under make test
@@ -59,13 +59,7 @@ def test_the_pytorch_default_needs_neither_tensorflow_nor_horovod(tmp_path):
 
 
 def test_doctor_shows_every_part_and_fails_only_for_what_the_local_default_needs(tmp_path):
-    done = subprocess.run(
-        [str(BIN / "trainflow"), "doctor", "--workdir", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "COLUMNS": "200"},
-    )
+    done = trainflow_without([], ["doctor", "--workdir", str(tmp_path)], {"COLUMNS": "200"})
     assert done.returncode == 0, done.stdout + done.stderr
     rows = {
         line.split("│")[1].strip(): line.split("│")[3].strip()
@@ -88,13 +82,8 @@ def test_doctor_shows_every_part_and_fails_only_for_what_the_local_default_needs
 
 
 def test_doctor_names_a_prefect_api_url_that_does_not_answer(tmp_path):
-    done = subprocess.run(
-        [str(BIN / "trainflow"), "doctor", "--workdir", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "COLUMNS": "250", "PREFECT_API_URL": "http://127.0.0.1:9/api"},
-    )
+    env = {"COLUMNS": "250", "PREFECT_API_URL": "http://127.0.0.1:9/api"}
+    done = trainflow_without([], ["doctor", "--workdir", str(tmp_path)], env)
     assert done.returncode == 1
     assert "✗ PREFECT_API_URL=http://127.0.0.1:9/api does not answer as Prefect's API; unset it" in done.stdout
 
