@@ -24,7 +24,7 @@ def runs(
     attempt (a run killed and resumed counts the killed attempt's time), and receipt."""
     if ctx.invoked_subcommand:
         return
-    from infra.runs.lineage import list_runs
+    from infra.runs.lineage import damage_line, list_runs
 
     root = configure(None, None, workdir).workdir / "runs"
     rows = list_runs(root)
@@ -34,6 +34,9 @@ def runs(
         print(f"no runs under {root}")
     else:
         print_rows(f"runs under {root}", [run_columns(row) for row in rows])
+        for row in rows:
+            if row["damaged"]:
+                print(damage_line(row, root))
 
 
 def run_columns(row: dict) -> dict:

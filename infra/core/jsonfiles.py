@@ -8,11 +8,12 @@ from infra.core.diskspace import writing
 
 
 def read_json(path: Path) -> dict:
-    """The mapping in `path` ({} when there is none or it cannot be read)."""
+    """The mapping in `path` ({} when there is none, it cannot be read, or it holds something else)."""
     try:
-        return json.loads(path.read_text())
+        found = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
+    return found if isinstance(found, dict) else {}
 
 
 def write_json(path: Path, values: dict, indent: int | None = None) -> None:

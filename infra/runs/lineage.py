@@ -137,9 +137,11 @@ def run_row(folder: Path) -> dict:
     receipt, cost = read_json(folder / RECEIPT), ledger_summary(read_json(folder / LEDGER))
     tries = cost.get("attempts") or [brief(a) for a in read_attempts(folder)]
     updated = datetime.fromtimestamp((folder / RECORD).stat().st_mtime)  # as it started, then as it ended
+    damaged = damaged_files(folder)
     return {
         "run_id": folder.name,
-        "status": record.get("status") or metrics.get("status") or "unknown",
+        "status": record.get("status") or metrics.get("status") or ("damaged" if damaged else "unknown"),
+        "damaged": damaged,
         "updated": updated.isoformat(sep=" ", timespec="seconds"),
         "framework": receipt.get("framework") or metrics.get("framework"),
         "model": metrics.get("model"),
@@ -156,6 +158,29 @@ def run_row(folder: Path) -> dict:
         "lost_gpu_hours": cost.get("lost_gpu_hours"),
         "receipt": receipt or None,
     }
+
+
+def damaged_files(folder: Path) -> list[str]:
+    """The run's records that are there but cannot be read as what they are (cut short, not JSON, not a mapping)."""
+    damaged = []
+    for name in (RECORD, "metrics.json", RECEIPT, LEDGER):
+        path = folder / name
+        if path.exists():
+            try:
+                readable = isinstance(json.loads(path.read_text()), dict)
+            except (OSError, ValueError):
+                readable = False
+            damaged += [] if readable else [name]
+    return damaged
+
+
+def damage_line(row: dict, runs: Path) -> str:
+    """What `trainflow runs` says of a run whose records are damaged, and the fix."""
+    files = ", ".join(row["damaged"])
+    return (
+        f"run {row['run_id']}: {files} in {runs / row['run_id']} cannot be read; restore it from the run's copy on the "
+        f"file share (results/{row['run_id']}/), or remove the run's folder"
+    )
 
 
 def list_runs(runs: Path) -> list[dict]:

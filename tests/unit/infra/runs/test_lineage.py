@@ -15,6 +15,7 @@ from infra.runs.lineage import (
     GUIDE,
     RECEIPT,
     config_hash,
+    damage_line,
     diff_runs,
     find_run,
     list_runs,
@@ -107,6 +108,19 @@ def test_the_runs_are_listed_as_they_ended_with_accuracy_time_cost_and_receipt(t
     }
     assert rows[0]["receipt"]["parameter_digest"] == "ab" * 32
     assert list_runs(tmp_path / "nowhere") == []
+
+
+def test_a_run_whose_records_are_damaged_says_which_file_and_the_fix(tmp_path):
+    receipt_of(tmp_path, "run-a")
+    folder = tmp_path / "runs" / "run-a"
+    (folder / RECORD).write_text('{"status": "compl')  # cut short, as a full disk or a crash leaves it
+    (folder / "metrics.json").write_text("[1, 2]")  # JSON, but not a mapping
+    (row,) = list_runs(tmp_path / "runs")
+    assert row["damaged"] == [RECORD, "metrics.json"] and row["status"] == "damaged"
+    assert damage_line(row, tmp_path / "runs") == (
+        f"run run-a: run.json, metrics.json in {folder} cannot be read; restore it from the run's copy on the file "
+        "share (results/run-a/), or remove the run's folder"
+    )
 
 
 def test_a_run_is_named_by_its_id_or_an_unambiguous_prefix(tmp_path):
