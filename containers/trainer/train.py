@@ -115,7 +115,7 @@ def check_only(args) -> int:
     """Validate the arguments, output folder, data (decoding every image with --verify-images) and model."""
     check_model_name(args.model)
     check_output_folder(args.out)
-    num_classes, replicas = args.num_classes, args.check_workers
+    classes, replicas = synthetic_classes(args.num_classes), args.check_workers
     if args.parallel == "pipeline":
         check_layout(args.check_workers, args.stages, args.batch_size, args.microbatches)
         replicas = args.check_workers // args.stages
@@ -125,8 +125,11 @@ def check_only(args) -> int:
         if source == data.DECODED:
             data.hand_to_workers(Path(args.out), record)  # the workers skip what this decode found, not decode again
         data.check_batch_fits(args.batch_size, replicas, len(train_split.samples))
-        num_classes = len(train_split.classes)
-        log.info("data ok: %d training images in %d classes", len(train_split.samples), num_classes)
+        classes = train_split.classes
+        log.info("data ok: %d training images in %d classes", len(train_split.samples), len(classes))
+    if found := checkpoint.latest_checkpoint(args_checkpoints(args)):  # another run's: refused before any worker
+        check_resumable(checkpoint.load_checkpoint(found), args.model, classes, args.out)
+    num_classes = len(classes)
     try_one_step(args, num_classes)
     if args.parallel == "pipeline":
         check_splittable(args, num_classes)
@@ -287,7 +290,7 @@ def make_batches(args, backend: Backend, device: torch.device, channels_last: bo
         batches = data.SyntheticBatches(
             args.batch_size, args.image_size, args.num_classes, steps, args.seed + shard, device, channels_last
         )
-        return batches, None, [str(i) for i in range(args.num_classes)], {}
+        return batches, None, synthetic_classes(args.num_classes), {}
     splits, rank, world = data.index_folder(Path(args.data)), backend.rank, backend.world_size
     gather = functools.partial(all_gather_json, backend)
     train_split, val_split, record, _ = badfiles.usable_splits(args, Path(args.out), splits, rank, world, gather)
@@ -358,7 +361,7 @@ def load_latest_checkpoint(run: Run) -> dict | None:
     if found is None:
         return None
     state = checkpoint.load_checkpoint(found)  # any layout's, as the single-device model's
-    check_resumable(state, run)
+    check_resumable(state, run.args.model, run.classes, run.args.out)
     if run.pipeline:
         run.pipeline.load_stage(state["model"], state["optimizer"], run.optimizer)  # this stage's tensors only
     else:
@@ -428,13 +431,18 @@ def restore_progress(run: Run, state: dict) -> None:
     run.skip_steps = state["samples_in_epoch"] // (run.args.batch_size * run.replicas)
 
 
-def check_resumable(state: dict, run: Run) -> None:
-    """A checkpoint from another model or class list cannot be resumed."""
-    if state["arch"] != run.args.model or state["classes"] != run.classes:
+def check_resumable(state: dict, model: str, classes: list[str], out: str) -> None:
+    """A checkpoint from another model or class list cannot be resumed (the preflight and every worker check it)."""
+    if state["arch"] != model or state["classes"] != classes:
         raise UsageError(
-            f"{run.args.out} holds checkpoints of another run ({state['arch']}, {len(state['classes'])} classes); "
-            "pass a new --out or delete its checkpoints/"
+            f"{out} holds checkpoints of another run ({state['arch']}, {len(state['classes'])} classes; this run: "
+            f"{model}, {len(classes)} classes); pass a new --out or delete its checkpoints/"
         )
+
+
+def synthetic_classes(num_classes: int) -> list[str]:
+    """The class names of synthetic data: its class indices."""
+    return [str(i) for i in range(num_classes)]
 
 
 def steps_per_epoch(run: Run) -> int:

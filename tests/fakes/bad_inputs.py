@@ -90,6 +90,16 @@ def held_workdir(root: Path) -> None:
     (root / "holder.pid").write_text(str(holder.pid))
 
 
+def another_runs_checkpoint(root: Path) -> None:
+    """Setup: good data in DIR/data and, in DIR/out, the checkpoint of a run of another model and classes."""
+    import torch  # only this case needs it
+
+    images(root / "data")
+    (root / "out" / "checkpoints").mkdir(parents=True)
+    state = {"arch": "resnet50", "classes": ["cat", "dog", "emu"], "model": {}, "optimizer": {}}
+    torch.save(state, root / "out" / "checkpoints" / "step-000000010.pt")
+
+
 LISTENERS: list[socket.socket] = []  # ports the cases hold busy, open until the process ends
 
 
@@ -274,6 +284,11 @@ CASES = [
     Case("unknown launcher", [*TRAIN, "--data", "{dir}/data", "--launcher", "mpirun"], files()),
     Case("unknown launcher to benchmark", ["bench", "train", "--launcher", "mpirun", "--workdir", "{dir}/w"]),
     Case("results folder inside a file", [*TRAIN, "--data", "{dir}/data", "--out", "{dir}/file/out"], files(file="")),
+    Case(
+        "a results folder holding another run's checkpoints",
+        [*TRAIN, "--data", "{dir}/data", "--out", "{dir}/out"],
+        another_runs_checkpoint,
+    ),
     Case("batch larger than the data set", [*TRAIN, "--data", "{dir}/data", "--batch-size", "5"], files()),
     Case(
         "a model that cannot take the image size",
