@@ -6,6 +6,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from flows.config import LOCAL_DATA_FREE, ConfigError, FlowConfig
+from infra.core.jsonfiles import read_json, write_json
 from infra.data.manifest import check_names, relative_paths
 from infra.data.sample_data import write_digits
 
@@ -14,6 +15,7 @@ def with_data(cfg: FlowConfig, training: bool = False) -> FlowConfig:
     """`cfg` with its data resolved (the digits set written once when none is named), its names checked, and with
     `training` the batch checked against it: bad data fails here, before any service starts."""
     cfg = cfg.model_copy(update={"data": data_folder(cfg)})
+    check_dataset_source(cfg)
     images = check_data_names(cfg)
     if training:
         check_batch(cfg, images)
@@ -43,6 +45,36 @@ def digits_at(dest: Path) -> Path:
         raise ConfigError(
             f"cannot write the digits set to {dest} ({exc.strerror}); pass a writable --workdir or --data"
         ) from None
+
+
+def sources_file(cfg: FlowConfig) -> Path:
+    """The record of the folder each data set name of the workdir was staged from (names taken from folders)."""
+    return cfg.workdir / "cache" / "dataset-sources.json"
+
+
+def named_after_folder(cfg: FlowConfig) -> bool:
+    """Whether the data set takes its name from a local folder's (no `dataset:` set): two folders of one name would
+    take the same one."""
+    return bool(cfg.data) and cfg.data not in LOCAL_DATA_FREE and not cfg.dataset
+
+
+def check_dataset_source(cfg: FlowConfig) -> None:
+    """Refuse a folder that would replace the data set another folder of the same name staged in this workdir (one
+    that still exists: a folder moved elsewhere is the same data)."""
+    name = cfg.dataset_name()
+    staged_from = read_json(sources_file(cfg)).get(name) if named_after_folder(cfg) else None
+    if staged_from and staged_from != cfg.data and Path(staged_from).exists():
+        raise ConfigError(
+            f"data set {name!r} of workdir {cfg.workdir} was staged from {staged_from}; {cfg.data} has the same "
+            f"folder name and would replace it: name this one with dataset: NAME (TRAINFLOW_DATASET=NAME), or use "
+            "another --workdir"
+        )
+
+
+def remember_source(cfg: FlowConfig) -> None:
+    """Record the folder a data set named after it was staged from (check_dataset_source reads it)."""
+    if named_after_folder(cfg):
+        write_json(sources_file(cfg), {**read_json(sources_file(cfg)), cfg.dataset_name(): str(cfg.data)})
 
 
 def check_data_names(cfg: FlowConfig) -> int | None:

@@ -5,7 +5,7 @@ import tempfile
 from pathlib import Path
 
 from flows.config import STAGED, SYNTHETIC, FlowConfig
-from flows.dataset import shrunk_folder
+from flows.dataset import remember_source, shrunk_folder
 from flows.steps.context import Context, container_url
 from infra.data import manifest as mf
 from infra.data.shrink import out_of_date, stale_files
@@ -74,8 +74,9 @@ def planned_upload(ctx: Context) -> dict:
 
 
 def run(ctx: Context) -> None:
-    """Upload the shards Blob lacks, then the manifest."""
+    """Upload the shards Blob lacks, then the manifest; record which folder the data set came from."""
     ctx.staged["upload"] = uploaded(ctx)
+    remember_source(ctx.cfg)
     ctx.did(moved_plan(STEP, ctx.staged["upload"]), ctx.staged["upload"])
 
 

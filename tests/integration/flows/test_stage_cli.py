@@ -1,5 +1,6 @@
 """`trainflow stage` end to end, as a user runs it: a Prefect flow against real storage, and no secret leaks."""
 
+import json
 import os
 import re
 import subprocess
@@ -81,6 +82,7 @@ def test_stage_with_a_sas_token_puts_the_data_on_the_file_server_and_leaks_nothi
     assert current == work / "fileserver" / "datasets" / "digits" / "current"
     assert len(list((current / "train").rglob("*.png"))) == 1438 and len(list((current / "val").rglob("*.png"))) == 359
     assert "staging summary" in result.stdout
+    assert json.loads((work / "cache" / "dataset-sources.json").read_text()) == {"digits": str(digits)}
     assert leaks(secrets_of(token), result, work) == []
 
 
