@@ -51,6 +51,50 @@ def run_inputs(cfg: RunSettings, scripts: str, data: Path) -> str:
     return settings_fingerprint(cfg, str(data), scripts)
 
 
+def input_values(cfg: RunSettings, scripts: str, data: Path) -> dict:
+    """What run_inputs fingerprints, by name: kept in the record, so that a re-run that cannot resume says why."""
+    return {
+        "training": cfg.training.model_dump(mode="json"),
+        "pool": cfg.pool.model_dump(mode="json"),
+        "job": cfg.job.model_dump(mode="json"),
+        "dataset": cfg.dataset_name(),
+        "data version": str(data),
+        "scripts version": scripts,
+    }
+
+
+def flattened(values: dict, prefix: str = "") -> dict:
+    """Nested settings as {"training.epochs": 8, ...}."""
+    flat: dict = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            flat |= flattened(value, f"{prefix}{key}.")
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def not_resumed(root: Path, inputs: str, values: dict) -> str | None:
+    """Why a run with these inputs does not resume the newest unfinished run (what changed, from what to what), or
+    None when it resumes one or none is unfinished. Runs recorded before their values were kept say nothing."""
+    if resumable(root, inputs):
+        return None
+    records = [read_record(f) for f in root.glob("*/")] if root.exists() else []
+    unfinished = [r for r in records if r.get("status") in UNFINISHED and isinstance(r.get("inputs"), dict)]
+    if not unfinished:
+        return None
+    last = max(unfinished, key=lambda r: (root / r["run_id"] / RECORD).stat().st_mtime)
+    old, new = flattened(last["inputs"]), flattened(values)
+    changed = [
+        f"{key} from {old.get(key)!r} to {new.get(key)!r}" for key in sorted(old | new) if old.get(key) != new.get(key)
+    ]
+    more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+    return (
+        f"not resuming the {last['status']} run {last['run_id']}: {', '.join(changed[:3])}{more} changed; this is a "
+        "new run (set them back to resume it)"
+    )
+
+
 def read_record(folder: Path) -> dict:
     """A run folder's record ({} when it has none or it cannot be read)."""
     return read_json(folder / RECORD)
@@ -86,7 +130,7 @@ def resumable(root: Path, inputs: str) -> str | None:
 
 
 @contextmanager
-def tracked_run(root: Path, flow_run: str, inputs: str) -> Iterator[tuple[str, bool]]:
+def tracked_run(root: Path, flow_run: str, inputs: str, values: dict | None = None) -> Iterator[tuple[str, bool]]:
     """Record the run under `root` for the block: yields (run id, resumed), the id being that of the unfinished
     run with the same inputs when there is one, else `flow_run`'s; the record says how the block ended, and lists
     every flow run that worked on the run (the ledger counts their steps)."""
@@ -98,6 +142,7 @@ def tracked_run(root: Path, flow_run: str, inputs: str) -> Iterator[tuple[str, b
         **earlier,
         "run_id": run_id,
         "fingerprint": inputs,
+        **({"inputs": values} if values is not None else {}),
         "owner": owner(),
         "status": "running",
         "flow_runs": [*earlier.get("flow_runs", []), flow_run],

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from infra.runs.record import fingerprint, read_record, tracked_run, write_record
+from infra.runs.record import fingerprint, not_resumed, read_record, tracked_run, write_record
 
 
 def test_a_run_records_how_it_ended(tmp_path):
@@ -64,3 +64,16 @@ def test_stale_runs_of_other_inputs_are_marked_interrupted(tmp_path):
 def test_the_fingerprint_changes_with_any_input():
     assert fingerprint({"a": 1}, "v1") == fingerprint({"a": 1}, "v1")
     assert len({fingerprint({"a": 1}, "v1"), fingerprint({"a": 2}, "v1"), fingerprint({"a": 1}, "v2")}) == 3
+
+
+def test_a_re_run_that_cannot_resume_says_which_settings_changed_from_what_to_what(tmp_path):
+    before = {"training": {"epochs": 8, "model": "resnet18"}, "dataset": "digits", "scripts version": "v1"}
+    with pytest.raises(KeyboardInterrupt), tracked_run(tmp_path, "first", "f1", before):
+        raise KeyboardInterrupt
+    after = {**before, "training": {"epochs": 10, "model": "resnet18"}}
+    assert not_resumed(tmp_path, "f2", after) == (
+        "not resuming the interrupted run first: training.epochs from 8 to 10 changed; this is a new run (set them "
+        "back to resume it)"
+    )
+    assert not_resumed(tmp_path, "f1", before) is None  # the same inputs: it resumes
+    assert read_record(tmp_path / "first")["inputs"] == before
