@@ -2,7 +2,7 @@
 (start-tracking): both stay open for the rest of the walk, and say how it ended."""
 
 from flows.steps.context import Context
-from infra.runs.record import input_values, not_resumed, run_inputs, tracked_run
+from infra.runs.record import input_values, run_inputs, tracked_run
 from tasks.track_run import ended_if_unfinished, engine_tracking, start_tracking_task
 from tasks.train_on_pool import run_paths
 
@@ -20,9 +20,7 @@ def run(ctx: Context) -> None:
     """Open the run's record (the unfinished run's, resumed, when one has the same inputs), then its MLflow run."""
     cfg = ctx.cfg
     ctx.inputs, values = run_inputs(cfg, ctx.scripts, ctx.data), input_values(cfg, ctx.scripts, ctx.data)
-    if why := not_resumed(cfg.workdir / "runs", ctx.inputs, values):
-        print(why, flush=True)
-    runs = tracked_run(cfg.workdir / "runs", ctx.run_id, ctx.inputs, values)
+    runs = tracked_run(cfg.workdir / "runs", ctx.run_id, ctx.inputs, values)  # says why when it cannot resume
     ctx.run_id, ctx.resumed = ctx.stack.enter_context(runs)
     ctx.run = run_paths(cfg, ctx.run_id, ctx.scripts, ctx.data)
     ctx.tracked = start_tracking_task(cfg, ctx.run_id, ctx.data, ctx.scripts, ctx.image)

@@ -10,7 +10,7 @@ runs/<run id>/ in Blob storage) instead of starting again from step 0.
 
 import hashlib
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
@@ -130,11 +130,15 @@ def resumable(root: Path, inputs: str) -> str | None:
 
 
 @contextmanager
-def tracked_run(root: Path, flow_run: str, inputs: str, values: dict | None = None) -> Iterator[tuple[str, bool]]:
+def tracked_run(
+    root: Path, flow_run: str, inputs: str, values: dict | None = None, say: Callable[[str], None] = print
+) -> Iterator[tuple[str, bool]]:
     """Record the run under `root` for the block: yields (run id, resumed), the id being that of the unfinished
     run with the same inputs when there is one, else `flow_run`'s; the record says how the block ended, and lists
     every flow run that worked on the run (the ledger counts their steps)."""
-    mark_stale(root)
+    mark_stale(root)  # a killed run's record says running: interrupted from here on
+    if values is not None and (why := not_resumed(root, inputs, values)):
+        say(why)
     previous = resumable(root, inputs)
     run_id = previous or flow_run
     earlier = read_record(root / run_id)

@@ -77,3 +77,11 @@ def test_a_re_run_that_cannot_resume_says_which_settings_changed_from_what_to_wh
     )
     assert not_resumed(tmp_path, "f1", before) is None  # the same inputs: it resumes
     assert read_record(tmp_path / "first")["inputs"] == before
+    said: list[str] = []
+    write_record(tmp_path / "first", {**read_record(tmp_path / "first"), "status": "running", "owner": dead_owner()})
+    with tracked_run(tmp_path, "second", "f2", after, said.append) as (run_id, resumed):  # after a SIGKILL
+        assert (run_id, resumed) == ("second", False)
+    assert said == [
+        "not resuming the interrupted run first: training.epochs from 8 to 10 changed; this is a new run (set them "
+        "back to resume it)"
+    ]
