@@ -77,8 +77,11 @@ def flattened(values: dict, prefix: str = "") -> dict:
 def not_resumed(root: Path, inputs: str, values: dict) -> str | None:
     """Why a run with these inputs does not resume the newest unfinished run (what changed, from what to what), or
     None when it resumes one or none is unfinished. Runs recorded before their values were kept say nothing."""
-    if resumable(root, inputs):
-        return None
+    return None if resumable(root, inputs) else changed_since_unfinished(root, values)
+
+
+def changed_since_unfinished(root: Path, values: dict) -> str | None:
+    """not_resumed's line for a run that resumes none: what changed since the newest unfinished run, if any."""
     records = [read_record(f) for f in root.glob("*/")] if root.exists() else []
     unfinished = [r for r in records if r.get("status") in UNFINISHED and isinstance(r.get("inputs"), dict)]
     if not unfinished:
@@ -137,9 +140,9 @@ def tracked_run(
     run with the same inputs when there is one, else `flow_run`'s; the record says how the block ended, and lists
     every flow run that worked on the run (the ledger counts their steps)."""
     mark_stale(root)  # a killed run's record says running: interrupted from here on
-    if values is not None and (why := not_resumed(root, inputs, values)):
-        say(why)
     previous = resumable(root, inputs)
+    if previous is None and values is not None and (why := changed_since_unfinished(root, values)):
+        say(why)
     run_id = previous or flow_run
     earlier = read_record(root / run_id)
     record = {
