@@ -110,10 +110,11 @@ lint: $(DEV_LAYER)
 	$(LINT_ENV) $(BIN)/lint-imports --no-cache
 
 # Two test processes (pytest-xdist): while one waits on a service, a launcher or the network, the other computes.
-# tests/conftest.py keeps every Docker test on one of them. TEST_WORKERS=0 runs the suite in this one process.
+# tests/conftest.py keeps every Docker test on one of them. TEST_WORKERS=0 runs the suite in this one process. The
+# 25 slowest tests are listed at the end: where the suite's time goes.
 TEST_WORKERS ?= 2
 test: setup lint
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25 $(PYTEST_ARGS)
 
 bench: $(BASE) node_modules/.installed
 	$(BIN)/trainflow bench train --workdir $(WORKDIR) --json $(WORKDIR)/bench-train.json

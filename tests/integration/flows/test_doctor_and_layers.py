@@ -115,7 +115,12 @@ def test_make_demo_installs_the_layer_its_framework_or_launcher_needs(args, laye
     assert f"-j2 {layers}" in make_plan("demo", *args)
 
 
-def test_horovod_is_built_after_tensorflow_where_tensorflow_is_wanted():
-    plan = make_plan(".venv/.horovod", "FRAMEWORK=keras")
+def test_horovod_is_built_after_tensorflow_where_tensorflow_is_wanted(tmp_path):
+    venv = tmp_path / "venv"  # a fresh clone's venv (this checkout's may hold the TensorFlow layer already)
+    plan = make_plan(f"{venv}/.horovod", f"VENV={venv}", "FRAMEWORK=keras")
     assert -1 < plan.find("tensorflow-cpu==") < plan.find("horovod-wheel.sh")
-    assert "tensorflow-cpu==" not in make_plan(".venv/.horovod")  # PyTorch alone: built without it
+    assert "tensorflow-cpu==" not in make_plan(f"{venv}/.horovod", f"VENV={venv}")  # PyTorch alone: without it
+    venv.mkdir()
+    (venv / ".tensorflow").touch()  # installed before (make setup-tensorflow): Horovod is built with it
+    plan = make_plan(f"{venv}/.horovod", f"VENV={venv}")
+    assert -1 < plan.find("tensorflow-cpu==") < plan.find("horovod-wheel.sh")
