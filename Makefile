@@ -126,10 +126,10 @@ DEVICE_PYTHON = $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
 device-check:
 	PYTHONPATH=containers $(DEVICE_PYTHON) -m benchmarks.device_check --out $(DEVICE_CHECK_OUT)
 
-# The documentation site (mkdocs.yml): the reference pages written afresh from the code (flows/reference.py), then
+# The documentation site (mkdocs.yml): the reference pages written afresh from the code (cli/reference.py), then
 # the site built into site/ with --strict, as the tests build it (tests/integration/test_docs_site.py).
 docs: $(DEV_LAYER)
-	$(BIN)/python -m flows.reference
+	$(BIN)/python -m cli.reference
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 clean:

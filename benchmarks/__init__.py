@@ -2,7 +2,7 @@
 
 Each is one function of its module, `bench_NAME(cfg, json_out, **options)`: it runs on the config's settings,
 prints its table, writes its figures to `json_out` when given and returns them. BENCHES names them for
-`trainflow bench NAME` (flows/cli/bench.py) and `trainflow bench all` (benchmarks/suite.py); this module imports
+`trainflow bench NAME` (cli/bench.py) and `trainflow bench all` (benchmarks/suite.py); this module imports
 nothing, so that the command line lists the benchmarks without loading torch.
 """
 

@@ -17,7 +17,7 @@ from rich.progress import Progress, TaskID, TimeElapsedColumn
 from infra.core.errors import BadInput
 from infra.core.jsonfiles import write_json as keep_json
 from infra.engines import ENGINES
-from infra.engines.contract import TrainingMetrics, TrainingSettings
+from infra.engines.contract import Metrics, TrainingSettings
 from infra.engines.launchers import LaunchError
 from infra.engines.pytorch import PyTorchTraining
 from trainer.metrics import installed_versions, library_versions
@@ -44,7 +44,7 @@ def as_framework(defaults: dict, training: TrainingSettings, framework: str) -> 
     return engine(**{**defaults, **{k: v for k, v in named.items() if k in engine.model_fields}})
 
 
-def steady_rate(metrics: TrainingMetrics) -> float:
+def steady_rate(metrics: Metrics) -> float:
     """A benchmark run's steady images/s (its last epoch after the first step), which it must have measured."""
     if metrics.steady_images_per_sec is None:
         raise LaunchError("the run measured no steady images/s: its last epoch had one step; give it more steps")

@@ -79,7 +79,7 @@ def one_round(flow: list[str], direct: list[str], root: Path, advance) -> dict:
 
 def fixed_parts(root: Path) -> dict[str, float]:
     """Seconds to import the flow (a fresh Python), to start Prefect's server, and to start Azurite."""
-    parts = {"import the flow": timed_command([sys.executable, "-c", "import flows.cli, flows.train_flow"])}
+    parts = {"import the flow": timed_command([sys.executable, "-c", "import cli, flows.train_flow"])}
     with tempfile.TemporaryDirectory(dir=root) as tmp:
         parts["start Prefect's server"] = time_call(lambda: start_and_stop(running_prefect_server(Path(tmp) / "p")))
         parts["start Azurite"] = time_call(lambda: start_and_stop(running_azurite(Path(tmp) / "a")))

@@ -25,7 +25,7 @@ from benchmarks import REPEATS
 from benchmarks.common import bench_progress, clear_checkpoints, shown, spread, write_json
 from flows.config import FlowConfig
 from infra.compute.process import train_here
-from infra.engines.contract import TrainingMetrics
+from infra.engines.contract import Metrics
 from infra.engines.pytorch import PyTorchTraining
 
 # Small enough for 2 CPU cores; the config file's training section overrides any of these.
@@ -77,7 +77,7 @@ def bench_parallel(
     )
     base = base.model_copy(update={"threads": base.threads or max(1, len(os.sched_getaffinity(0)) // 2)})
     root, plan = cfg.workdir.resolve() / "bench" / "parallel", planned_runs(base, microbatches) + deeper_runs(base)
-    results: dict[str, list[TrainingMetrics]] = {label: [] for label, _ in plan}
+    results: dict[str, list[Metrics]] = {label: [] for label, _ in plan}
     with bench_progress() as progress:
         bar = progress.add_task("parallelism benchmark", total=len(plan) * repeats)
         for repeat in range(repeats):  # interleaved: a slow spell of the machine touches every configuration
@@ -98,9 +98,9 @@ def bench_parallel(
     return result
 
 
-def row(label: str, cfg: PyTorchTraining, runs: list[TrainingMetrics]) -> dict:
+def row(label: str, cfg: PyTorchTraining, runs: list[Metrics]) -> dict:
     """One configuration's figures over its repetitions, from their metrics.json."""
-    facts = [m.model_dump() for m in runs]
+    facts = [m.to_json() for m in runs]
     pipeline = facts[0].get("pipeline") or {}
     return {
         "run": label,

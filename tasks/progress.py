@@ -1,6 +1,6 @@
-"""Live progress of the training step in the Prefect UI, from the trainer's progress lines (infra/engines/contract.py's
-PROGRESS_LINE, every training.log_every steps, on every backend: they are the lines the job streams): a progress
-artifact that moves as steps pass, described by a markdown line with the step, the images/s and the ETA."""
+"""Live progress of the training step in the Prefect UI, from the trainer's `Progress` events (trainer/records.py,
+every training.log_every steps, on every backend: they are lines of the job's stream): a progress artifact that
+moves as steps pass, described by a markdown line with the step, the images/s and the ETA."""
 
 import time
 from collections.abc import Callable, Iterator
@@ -11,7 +11,7 @@ from uuid import UUID
 
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
-from infra.engines.contract import PROGRESS_LINE
+from trainer.records import Event, Progress
 
 KEY = "training-progress"
 
@@ -31,13 +31,11 @@ class StepSeen:
         return min(100.0, 100.0 * self.step / max(self.total, 1))
 
 
-def read_step(line: str, epochs: int) -> StepSeen | None:
-    """The progress in a trainer line (None for any other line); `epochs` is training.epochs."""
-    m = PROGRESS_LINE.search(line)
-    if m is None:
+def read_step(event: Event, epochs: int) -> StepSeen | None:
+    """Where a Progress event says training is (None for another event); `epochs` is training.epochs."""
+    if not isinstance(event, Progress):
         return None
-    epoch, step, per_epoch, rate = int(m.group(1)), int(m.group(2)), int(m.group(4)), float(m.group(5))
-    return StepSeen(epoch, epochs, step, per_epoch * epochs, rate)
+    return StepSeen(event.epoch, epochs, event.step, event.steps_per_epoch * epochs, event.images_per_sec)
 
 
 def eta_seconds(first: tuple[float, int], now: float, step: int, total: int) -> float | None:
@@ -78,9 +76,9 @@ class ProgressArtifact:
         # runs the sync version, a UUID
         self.id = cast(UUID, create_progress_artifact(0.0, key=KEY, description="**training**: starting"))
 
-    def see(self, line: str) -> None:
-        """Read a line of the job; a progress line moves the artifact (if `interval` has passed)."""
-        seen = read_step(line, self.epochs)
+    def see(self, event: Event) -> None:
+        """Take an event of the job; a Progress event moves the artifact (if `interval` has passed)."""
+        seen = read_step(event, self.epochs)
         if seen is None:
             return
         now, self.last = self.clock(), seen
@@ -101,14 +99,9 @@ class ProgressArtifact:
 
 
 @contextmanager
-def training_progress(epochs: int, echo: Callable[[str], None]) -> Iterator[Callable[[str], None]]:
-    """A progress artifact for the training step; yields what takes each line of the job (to `echo`, and to the
-    artifact); 100% when the block completes."""
+def training_progress(epochs: int) -> Iterator[Callable[[Event], None]]:
+    """A progress artifact for the training step; yields what takes each event of the job; 100% when the block
+    completes."""
     artifact = ProgressArtifact(epochs)
-
-    def take(line: str) -> None:
-        echo(line)
-        artifact.see(line)
-
-    yield take
+    yield artifact.see
     artifact.finish()

@@ -78,12 +78,12 @@ def run_training_task(pool: Pool, training, out: Path, timeout_s: float, resumed
     try:
         with (
             timed_attempt(out, flow_run.get_id() or "local"),  # its time counts in the ledger, however it ends
-            training_progress(training.epochs, get_run_logger().info) as echo,  # live in the UI (tasks/progress.py)
+            training_progress(training.epochs) as progress,  # live in the UI (tasks/progress.py)
         ):
-            run_job(job, out / "logs", echo, timeout_s)
+            run_job(job, out / "logs", get_run_logger().info, timeout_s, progress)
     finally:
         attempts_artifact(job.attempts())
-    return {"metrics": read_metrics(out).model_dump(), "command": job.describe(), "attempts": job.attempts()}
+    return {"metrics": read_metrics(out).to_json(), "command": job.describe(), "attempts": job.attempts()}
 
 
 def attempts_artifact(attempts: list[dict]) -> None:

@@ -150,7 +150,7 @@ def show_bad_images(record: Verified, listing: Path | None, source: str) -> None
 
 def data_facts(args, out: Path, train: Split, val: Split | None, record: Verified | None) -> dict:
     """What metrics.json records about the data: images trained and validated on, and those left out."""
-    facts = {"train_images": len(train.samples), "val_images": len(val.samples) if val else 0}
+    facts: dict[str, object] = {"train_images": len(train.samples), "val_images": len(val.samples) if val else 0}
     if record is not None and record.bad:
         listing = bad_list_path(Path(out), len(record.bad), args.bad_files)
         facts["bad_files"] = bad_files_entry(record.bad, listing)

@@ -1,6 +1,8 @@
-"""What every framework's trainer prints and how it exits (the trainer contract, infra/engines/contract.py): each
-line starts with `[rank N]`, bad input is one `ERROR error: MESSAGE` line and exit status 2, anything unexpected a
-traceback and exit status 1. Torch-free: the TensorFlow trainers use it too."""
+"""What every framework's trainer prints and how it exits (the contract of trainer/records.py): each line starts
+with `[rank N]`; the events the orchestrator reads (progress, checkpoints, failures) are lines of their own beside
+the log for people; bad input is one `ERROR error: MESSAGE` line (and its `Failure` event) and exit status 2, a
+fault one such line and exit status 1, anything unexpected a traceback and exit status 1. Torch-free: the
+TensorFlow trainers use it too."""
 
 import logging
 import os
@@ -11,6 +13,7 @@ from collections.abc import Callable
 
 from trainer import tracking
 from trainer.errors import DiskFull, UsageError
+from trainer.records import EpochRow, Event, Failure, Progress, event_line, rank_prefix
 from trainer.tracking import Tracker
 
 log = logging.getLogger("trainer")
@@ -33,15 +36,26 @@ def run_main(
         train(args)
         return 0
     except UsageError as exc:
-        log.error("error: %s", one_line(exc))
+        fail(Failure(one_line(exc)))
         refused()
         return 2
     except DiskFull as exc:  # a fault, not bad input: the newest checkpoint is whole, a re-run resumes from it
-        log.error("error: %s", exc)
+        fail(Failure(str(exc), "fault"))
         return 1
     except Exception as exc:
-        log.exception("error: unexpected %s: %s", type(exc).__name__, exc)
+        fail(Failure(f"unexpected {type(exc).__name__}: {exc}", "unexpected"))
         return 1
+
+
+def fail(failure: Failure) -> None:
+    """The error line for people (with the traceback when it is unexpected) and its event."""
+    log.error("error: %s", failure.message, exc_info=failure.cause == "unexpected")
+    event(failure)
+
+
+def event(record: Event) -> None:
+    """An event for the orchestrator, on a line of its own."""
+    log.info("%s", event_line(record))
 
 
 def one_line(exc: Exception) -> str:
@@ -64,27 +78,37 @@ def setup_logging(rank: int) -> None:
         level=logging.INFO,
         force=True,
         stream=sys.stdout,
-        format=f"[rank {rank}] %(asctime)s %(levelname)s %(message)s",
+        format=f"{rank_prefix(rank)}%(asctime)s %(levelname)s %(message)s",
         datefmt="%H:%M:%S",
     )
 
 
-def progress(tracker: Tracker, epoch: int, step: int, done: int, steps: int, loss: float, lr: float, rate: float):
-    """The progress line every --log-every steps (PROGRESS_LINE: epoch from 1, global step, the step in the epoch of
-    its steps, the loss, the learning rate, images/s) and the step's metrics to the tracker."""
-    log.info("epoch %d step %d (%d/%d) loss %.4f lr %.5f, %.1f images/s", epoch, step, done, steps, loss, lr, rate)
-    tracker.log(tracking.step_metrics(loss, lr, rate), step)
+def progress(tracker: Tracker, p: Progress) -> None:
+    """The progress line every --log-every steps (epoch from 1, global step, the step in the epoch of its steps, the
+    loss, the learning rate, images/s), its event, and the step's metrics to the tracker."""
+    log.info(
+        "epoch %d step %d (%d/%d) loss %.4f lr %.5f, %.1f images/s",
+        p.epoch,
+        p.step,
+        p.step_in_epoch,
+        p.steps_per_epoch,
+        p.loss,
+        p.lr,
+        p.images_per_sec,
+    )
+    event(p)
+    tracker.log(tracking.step_metrics(p.loss, p.lr, p.images_per_sec), p.step)
 
 
-def epoch_done(row: dict, epochs: int) -> None:
+def epoch_done(row: EpochRow, epochs: int) -> None:
     """Rank 0's line at an epoch's end."""
-    top1 = "n/a" if row["val_top1"] is None else f"{row['val_top1']:.4f}"
+    top1 = "n/a" if row.val_top1 is None else f"{row.val_top1:.4f}"
     log.info(
         "epoch %d/%d done: train loss %.4f, val top-1 %s, %.1f images/s (%.1f per worker)",
-        row["epoch"],
+        row.epoch,
         epochs,
-        row["train_loss"],
+        row.train_loss,
         top1,
-        row["images_per_sec"],
-        row["images_per_sec_per_worker"],
+        row.images_per_sec,
+        row.images_per_sec_per_worker,
     )

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from trainer.errors import UsageError
+from trainer.recipe import RATIO, val_resize
 
 INSTALL = "pip install 'trainflow[dali]' (nvidia-dali-cuda130)"
 
@@ -34,7 +35,7 @@ class TrainSteps:
             device=decoder,
             output_type=types.RGB,
             random_area=[self.min_crop_scale, 1.0],
-            random_aspect_ratio=[3 / 4, 4 / 3],
+            random_aspect_ratio=list(RATIO),
         )
         images = fn.resize(images, resize_x=self.size, resize_y=self.size)  # antialiased, as torchvision's
         return fn.flip(images, horizontal=fn.random.coin_flip()) if self.hflip else images
@@ -48,7 +49,7 @@ class ValSteps:
 
     def images(self, fn, types, files, decoder: str):
         images = fn.decoders.image(files, device=decoder, output_type=types.RGB)
-        return fn.crop(fn.resize(images, resize_shorter=round(self.size / 0.875)), crop=(self.size, self.size))
+        return fn.crop(fn.resize(images, resize_shorter=val_resize(self.size)), crop=(self.size, self.size))
 
 
 class DaliBatches:
@@ -105,13 +106,13 @@ def build_pipeline(steps: TrainSteps | ValSteps, batch_size: int, threads: int, 
     @pipeline_def(
         batch_size=batch_size,
         num_threads=threads,
-        device_id=(device.index or 0) if gpu else None,
+        device_id=(device.index or 0) if gpu else None,  # type: ignore[arg-type]  # stub says int; None: CPU-only
         seed=seed,
         exec_pipelined=False,
         exec_async=False,
     )  # fed one batch, run, read: no queue to keep filled
     def pipeline():
-        files = fn.external_source(name="files", dtype=types.UINT8)
+        files = fn.external_source(name="files", dtype=types.DALIDataType.UINT8)
         return fn.transpose(steps.images(fn, types, files, "mixed" if gpu else "cpu"), perm=[2, 0, 1])
 
     pipe = pipeline()

@@ -53,8 +53,8 @@ from trainer.layout import (  # the data API: the layout's names, used here or b
     index_folder,  # noqa: F401 - part of the data API
 )
 from trainer.options import LOADERS  # noqa: F401 - the loaders the data API builds
+from trainer.recipe import MEAN, RATIO, STD, val_resize
 
-MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 CPU = torch.device("cpu")  # the default device of the batch makers
 
 
@@ -122,7 +122,6 @@ def train_transform(size: int, min_crop_scale: float, hflip: bool, loader: str =
     return transforms.Compose(steps + ([transforms.RandomHorizontalFlip()] if hflip else []) + to_floats(loader))
 
 
-RATIO = (3 / 4, 4 / 3)  # RandomResizedCrop's aspect ratios, and their logarithms as torchvision computes them
 LOG_RATIO = torch.log(torch.tensor(RATIO)).tolist()
 
 
@@ -276,7 +275,7 @@ def val_transform(size: int, loader: str = "pil"):
     if loader == "gpu":  # the fast loader's evaluation, applied on the device to each whole decoded image
         return gpu_decode.DeviceSteps(encode_whole, val_transform(size, "fast"), read_uint8)
     t = kind(loader)
-    return t.Compose([t.Resize(round(size / 0.875)), t.CenterCrop(size), *to_floats(loader)])
+    return t.Compose([t.Resize(val_resize(size)), t.CenterCrop(size), *to_floats(loader)])
 
 
 def kind(loader: str):

@@ -51,6 +51,10 @@ class Backend:
         """Sum a tensor over all workers (returns the sum; CPU or device tensors)."""
         return tensor
 
+    def gather(self, value):
+        """`value` (any picklable object) of every worker, in rank order."""
+        return [value]
+
     def shutdown(self) -> None:
         """Leave the process group."""
 
@@ -93,6 +97,11 @@ class DDP(Backend):
         moved = tensor.to(self.device)
         torch.distributed.all_reduce(moved)
         return moved.to(tensor.device)
+
+    def gather(self, value):
+        values = [None] * self.world_size
+        torch.distributed.all_gather_object(values, value)  # torch.distributed: pickled, on the group's device
+        return values
 
     def shutdown(self):
         leave_process_group()
@@ -161,6 +170,9 @@ class Horovod(Backend):
 
     def all_reduce_sum(self, tensor):
         return self.hvd.allreduce(tensor, op=self.hvd.Sum)
+
+    def gather(self, value):
+        return self.hvd.allgather_object(value)  # Horovod: pickled, in rank order
 
     def shutdown(self):
         self.hvd.shutdown()

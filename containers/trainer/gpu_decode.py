@@ -111,7 +111,7 @@ class Decoder:
         self.stream = torch.cuda.Stream(device) if cuda else None
 
     def __call__(self, batch: EncodedBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.stream is None:
+        if self.stream is None or self.consumer is None:  # both set on CUDA only
             return decode_batch(batch.samples, self.steps, self.device), batch.targets
         # The decode runs on a stream of its own, so it overlaps the training step; the batch is handed over once
         # that stream is done (synchronised here, in the decode thread), and record_stream keeps the allocator from
@@ -152,7 +152,7 @@ def decode_jpegs(jpegs: list[Encoded], read: Callable[[str], torch.Tensor], devi
     if not jpegs:
         return []
     try:
-        return on_device([as_tensor(s.image) for s in jpegs], device)
+        return on_device([as_tensor(jpeg_bytes(s)) for s in jpegs], device)
     except RuntimeError:
         return [decode_one(sample, read, device) for sample in jpegs]
 
@@ -160,7 +160,7 @@ def decode_jpegs(jpegs: list[Encoded], read: Callable[[str], torch.Tensor], devi
 def decode_one(sample: Encoded, read: Callable[[str], torch.Tensor], device: torch.device) -> torch.Tensor:
     """One JPEG decoded on `device`, else on the CPU by `read` (PIL's decode, or a message naming the file)."""
     try:
-        return on_device(as_tensor(sample.image), device)
+        return on_device(as_tensor(jpeg_bytes(sample)), device)
     except RuntimeError:
         return read(sample.path).to(device)
 
@@ -174,6 +174,14 @@ def on_device(data, device: torch.device):
     if device.type == "cuda":
         torch.cuda.current_stream(device).synchronize()
     return decode_jpeg(data, device=device, mode=ImageReadMode.RGB)
+
+
+def jpeg_bytes(sample: Encoded) -> bytes:
+    """The JPEG bytes of a sample for the device to decode (decode_images passes only those); TypeError for an
+    image the worker decoded already."""
+    if not isinstance(sample.image, bytes):
+        raise TypeError(f"{sample.path} was decoded in the worker: it has no JPEG bytes for the device")
+    return sample.image
 
 
 def as_tensor(content: bytes) -> torch.Tensor:

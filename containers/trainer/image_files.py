@@ -133,7 +133,7 @@ def write_bad_list(bad: list[tuple[str, str]], dest: Path) -> Path:
 def read_bad_list(path: Path) -> list[tuple[str, str]]:
     """The (path, reason) pairs of a list that write_bad_list wrote."""
     lines = Path(path).read_text(encoding="utf-8").splitlines()
-    return [tuple(line.split("\t", 1)) for line in lines if line]
+    return [(name, why) for name, why in (line.split("\t", 1) for line in lines if line)]
 
 
 def bad_image_lines(bad: list[tuple[str, str]], shown: int = SHOWN) -> list[str]:

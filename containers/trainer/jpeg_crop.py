@@ -103,6 +103,14 @@ def library() -> ctypes.CDLL | None:
     return _load()[0]
 
 
+def loaded() -> ctypes.CDLL:
+    """The library, for the functions below (their callers check library() first); OSError saying why it is not."""
+    lib = library()
+    if lib is None:
+        raise OSError(f"partial JPEG decoding is unavailable: {unavailable()}")
+    return lib
+
+
 def unavailable() -> str:
     """Why partial decoding is off ('' when it is on)."""
     return _load()[1]
@@ -111,7 +119,7 @@ def unavailable() -> str:
 def decode_crop(data: bytes, top: int, left: int, height: int, width: int) -> torch.Tensor:
     """Rows [top, top+height) and columns [left, left+width) of the JPEG `data` as an RGB uint8 CHW tensor (a
     view of HWC memory, the layout torchvision's uint8 resize is fastest on); JpegError when libjpeg refuses it."""
-    lib = library()
+    lib = loaded()
     out = torch.empty(height, width, 3, dtype=torch.uint8)
     message = ctypes.create_string_buffer(lib.jpeg_crop_message_size())
     status = lib.jpeg_crop_decode(data, len(data), top, left, height, width, out.data_ptr(), message)
@@ -126,19 +134,19 @@ def info(data: bytes) -> tuple[int, int, int] | None:
     """(width, height, components) from a JPEG's header, read without libjpeg (a few markers); None when `data`
     does not start with a JPEG header."""
     found = (ctypes.c_int * 3)()
-    return tuple(found) if library().jpeg_crop_info(data, len(data), found) == 0 else None
+    return tuple(found) if loaded().jpeg_crop_info(data, len(data), found) == 0 else None
 
 
 def cuttable(data: bytes) -> bool:
     """Whether decode_crop decodes only the crop's restart intervals of this JPEG (one sequential scan, a restart
     interval that divides a row of MCUs), not every row down to the crop's last."""
-    return bool(library().jpeg_crop_cuttable(data, len(data)))
+    return bool(loaded().jpeg_crop_cuttable(data, len(data)))
 
 
 def add_restarts(data: bytes, interval: int = 1) -> bytes:
     """The JPEG `data` rewritten with a restart marker after every `interval` MCUs, its Huffman tables optimised:
     the same DCT coefficients, so the same pixels; JpegError when libjpeg refuses it."""
-    lib, out, size = library(), ctypes.c_void_p(), ctypes.c_ulong()
+    lib, out, size = loaded(), ctypes.c_void_p(), ctypes.c_ulong()
     message = ctypes.create_string_buffer(lib.jpeg_crop_message_size())
     if lib.jpeg_crop_add_restarts(data, len(data), interval, ctypes.byref(out), ctypes.byref(size), message):
         raise JpegError(message.value.decode(errors="replace"))
@@ -154,7 +162,7 @@ def normalise(images: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, pl
     fmt = torch.contiguous_format if planar else torch.channels_last
     out = torch.empty(images.shape, dtype=torch.float32, memory_format=fmt)
     n, _, h, w = images.shape
-    library().jpeg_crop_normalise(
+    loaded().jpeg_crop_normalise(
         images.data_ptr(), out.data_ptr(), n, h * w, scale.data_ptr(), shift.data_ptr(), planar
     )
     return out

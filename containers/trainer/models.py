@@ -64,7 +64,7 @@ class InitRecorder(torch.overrides.TorchFunctionMode):
     def by_name(self, model: torch.nn.Module) -> dict[str, list]:
         """The recorded calls of each of the model's parameters and buffers, by state-dict name, in order."""
         names = {id(t): n for n, t in [*model.named_parameters(), *model.named_buffers()]}
-        recipe = {n: [] for n in names.values()}
+        recipe: dict[str, list] = {n: [] for n in names.values()}
         for target, func, args, kwargs, state in self.calls:
             if id(target) in names:
                 recipe[names[id(target)]].append((func, args, kwargs, state, target))
@@ -115,6 +115,6 @@ def put(model: torch.nn.Module, name: str, tensor: torch.Tensor) -> None:
     """Replace the parameter or buffer `name` with `tensor` (a parameter stays a parameter)."""
     owner, _, leaf = name.rpartition(".")
     module = model.get_submodule(owner)
-    if leaf in module._parameters:
-        tensor = torch.nn.Parameter(tensor, requires_grad=module._parameters[leaf].requires_grad)
+    if (old := module._parameters.get(leaf)) is not None:
+        tensor = torch.nn.Parameter(tensor, requires_grad=old.requires_grad)
     setattr(module, leaf, tensor)

@@ -20,6 +20,7 @@ Horovod has no pipeline parallelism: this mode runs on torch.distributed only.
 import copy
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -197,12 +198,13 @@ class Pipeline:
     def step(self, images: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
         """One optimizer step's forward and backward through the pipeline, then gradients averaged over the
         replicas; the mean loss on the last stage, a tensor (None elsewhere)."""
-        started, losses = time.perf_counter(), []
+        started = time.perf_counter()
+        losses: list[torch.Tensor] = []  # the last stage's schedule appends each micro-batch's loss
         inputs = (images,) if self.stage == 0 else ()
-        extra = {"target": targets, "losses": losses} if self.is_last else {}
+        last = self.is_last  # only the last stage takes the targets and fills losses (step defaults both to None)
         if len(self.step_seconds) == 1:
             self.clock.busy = 0.0  # the first step also infers the shapes: leave it out (see steady_steps)
-        self.schedule.step(*inputs, **extra)
+        self.schedule.step(*inputs, target=targets if last else None, losses=losses if last else None)
         self.clock.close()
         self.average_gradients()
         self.step_seconds.append(time.perf_counter() - started)
@@ -237,7 +239,7 @@ class Pipeline:
 
     def receive(self) -> torch.Tensor:
         """The activations the stage before sends (their shape and type first)."""
-        header = [None, None]
+        header: list[Any] = [None, None]  # (shape, dtype), as forward_only sends them
         dist.recv_object_list(header, src=self.rank - 1, device=self.device)
         x = torch.empty(header[0], dtype=header[1], device=self.device)
         dist.recv(x, src=self.rank - 1)
@@ -273,7 +275,7 @@ class Pipeline:
         if self.rank >= self.stages:
             return None
         mine = {k: v.detach().cpu() for k, v in self.whole.state_dict().items() if k in self.names}
-        parts = [None] * self.stages if self.rank == 0 else None
+        parts: list[Any] | None = [None] * self.stages if self.rank == 0 else None  # gather_object fills each slot
         dist.gather_object(mine, parts, dst=0, group=self.pipeline_group)
         return None if parts is None else {k: merged(parts)[k] for k in self.whole.state_dict()}
 
@@ -292,7 +294,8 @@ class ComputeClock:
     passes (from the gradient reaching its output to the last gradient accumulated into its parameters)."""
 
     def __init__(self, module: torch.nn.Module):
-        self.busy, self.started, self.backward_from, self.last_grad = 0.0, 0.0, None, 0.0
+        self.busy, self.started, self.last_grad = 0.0, 0.0, 0.0
+        self.backward_from: float | None = None  # when the backward pass in progress began
         module.register_forward_pre_hook(self.forward_begins)
         module.register_forward_hook(self.forward_ends)
         for param in module.parameters():
@@ -343,8 +346,12 @@ def agreed_costs(model: torch.nn.Module, recipe: dict, args, device: torch.devic
     """Per-block costs every rank agrees on: parameter counts, or times measured on rank 0 and broadcast."""
     if args.balance != "time":
         return parameter_costs(blocks_of(model))
-    costs = [timed_costs(model, recipe, microbatch_sample(args, device)) if dist.get_rank() == 0 else None]
+    costs: list[list[float] | None] = [
+        timed_costs(model, recipe, microbatch_sample(args, device)) if dist.get_rank() == 0 else None
+    ]
     dist.broadcast_object_list(costs, src=0)
+    if costs[0] is None:  # rank 0 always sends a list
+        raise RuntimeError("rank 0 broadcast no block costs")
     return costs[0]
 
 

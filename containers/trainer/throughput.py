@@ -66,7 +66,7 @@ class Throughput:
         """CPU milliseconds per step after the first: of the thread that counts (the one that trains) and of the
         process's other threads (gloo's, Horovod's background thread: the all-reduce; with more than one torch
         thread, torch's intra-op pool too). (0, 0) before a second step."""
-        if self.steps < 2:
+        if self.steps < 2 or self.cpu_after_first is None:  # count set cpu_after_first at the first step
             return 0.0, 0.0
         thread, process = self.cpu_after_first
         trained, n = time.thread_time() - thread, self.steps - 1

@@ -20,10 +20,11 @@ from typing import Generic, Literal, Protocol, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from infra.core.errors import TrainflowError
-from infra.engines.contract import SYNTHETIC, TrainingMetrics, TrainingSettings, read_metrics
+from infra.engines.contract import SYNTHETIC, Metrics, TrainingSettings, read_metrics
 from infra.engines.launchers import LaunchError, route_output
 from infra.images.registry import ImageConfig
 from infra.storage.fileshare import FileShareConfig, local_root
+from trainer.records import Event
 
 
 class PoolError(TrainflowError):
@@ -248,9 +249,15 @@ def owner_alive(label: str) -> bool:
         return True
 
 
-def run_job(job: Job, log_dir: Path, echo: Callable[[str], None], timeout_s: float) -> int:
-    """Check and submit `job`, stream its output into log_dir and `echo`, and wait; cancel it past `timeout_s`
-    (0: none)."""
+def run_job(
+    job: Job,
+    log_dir: Path,
+    echo: Callable[[str], None],
+    timeout_s: float,
+    on_event: Callable[[Event], None] = lambda event: None,
+) -> int:
+    """Check and submit `job`, stream its output into log_dir, its log lines to `echo` and the trainer's events to
+    `on_event`, and wait; cancel it past `timeout_s` (0: none)."""
     job.check()
     job.submit()
     timed_out = threading.Event()
@@ -264,7 +271,7 @@ def run_job(job: Job, log_dir: Path, echo: Callable[[str], None], timeout_s: flo
         timer.daemon = True
         timer.start()
     try:
-        return route_output(job.lines(), lambda: wait_for(job), log_dir, echo)
+        return route_output(job.lines(), lambda: wait_for(job), log_dir, echo, on_event)
     except LaunchError as exc:
         if timed_out.is_set():
             raise JobTimedOut(
@@ -280,9 +287,7 @@ def run_job(job: Job, log_dir: Path, echo: Callable[[str], None], timeout_s: flo
             timer.cancel()
 
 
-def train_on_pool(
-    pool: Pool, training, out: Path, echo: Callable[[str], None], timeout_s: float = 0
-) -> TrainingMetrics:
+def train_on_pool(pool: Pool, training, out: Path, echo: Callable[[str], None], timeout_s: float = 0) -> Metrics:
     """Create the pool, run the training job on it, and delete it whatever happens; the run's metrics. A run that
     fails leaves no empty folder of its own making where its results would be."""
     created = first_missing(out)

@@ -30,7 +30,7 @@ from infra.compute.base import (
     train_on_pool,
 )
 from infra.core.errors import BadInput
-from infra.engines.contract import PACKAGE, TrainingMetrics, TrainingSettings, preflight, trainer_argv
+from infra.engines.contract import PACKAGE, Metrics, TrainingSettings, preflight, trainer_argv
 from infra.engines.installed import missing_part
 from infra.engines.launchers import LaunchError, local_command
 from infra.services.supervise import spawn
@@ -177,9 +177,7 @@ class ProcessJob(OneAttempt):
                 continue
 
 
-def train_here(
-    training: TrainingSettings, data: str, out: Path, pools: Path, echo: Callable[[str], None]
-) -> TrainingMetrics:
+def train_here(training: TrainingSettings, data: str, out: Path, pools: Path, echo: Callable[[str], None]) -> Metrics:
     """`training` on a process pool of this machine with this checkout's trainer (`trainflow train`, the
     benchmarks); the run's metrics. An `out` that holds checkpoints is resumed."""
     if problem := missing_part(training):  # the workers train in this venv

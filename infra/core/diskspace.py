@@ -3,7 +3,7 @@ path, the bytes needed and the bytes free there; where the need is known before 
 
 The translation of ENOSPC, EDQUOT and SQLite's "database or disk is full" is the trainer's (trainer/errors.py,
 which the nodes run too); every writer here wraps its write in `writing(path, ...)`, and the CLI's last net
-(flows/cli/common.py) words one that reaches it unnamed with `unnamed_full_disk`.
+(cli/common.py) words one that reaches it unnamed with `unnamed_full_disk`.
 """
 
 import os

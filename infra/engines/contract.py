@@ -5,12 +5,11 @@
   trainer's defaults, choices, help and checks.
 - Its command line: `python <scripts>/<ENTRY> --data D --out O <options>` (`trainer_argv`), and its preflight:
   the same with `--check` in one process, before any worker (`preflight`).
-- Its output, one format for every framework, so that progress, tracking, the ledger and the reports never ask
-  which framework trained: every line starts with `[rank N]`, an input error is `... ERROR error: MESSAGE`, the
-  progress line every training.log_every steps is `PROGRESS_LINE` (tasks/progress.py shows it live), a checkpoint
-  written is `checkpoint step N saved` and a resume `resumed from step-N.<ext>` (`CHECKPOINT_LINE`: what a
-  resubmitting backend counts lost work from), and rank 0 writes metrics.json (`TrainingMetrics`) and the model
-  (`MODEL_FILE`).
+- Its output, one format for every framework, declared once in trainer/records.py (which both sides import), so
+  that progress, tracking, the ledger and the reports never ask which framework trained: every line starts with
+  `[rank N]`; events beside the log for people (`Progress` every training.log_every steps, which tasks/progress.py
+  shows live; `Checkpointed`, what a resubmitting backend counts lost work from; `Failure`, an input error's one
+  line); rank 0 writes metrics.json (records.Metrics) and the model (`MODEL_FILE`).
 
 Of the trainer package, the orchestrator imports only its contract modules (trainer.errors, trainer.layout and
 its image_files, verified and folders, trainer.scripts, trainer.staged, trainer.tracking, trainer.jpeg_crop) and,
@@ -18,29 +17,27 @@ in each engine module, that framework's options; the trainer never imports the o
 import-linter contracts in pyproject.toml).
 """
 
-import re
 import subprocess
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from infra.core.errors import BadInput
 from trainer.layout import SYNTHETIC
+from trainer.records import SCHEMA, Failure, Metrics, read_event
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "containers" / "trainer"  # the training package: every framework's trainer, uploaded as one
-RANK_LINE = re.compile(r"\[rank (\d+)\]")
-ERROR_LINE = re.compile(r"\[rank (\d+)\].* ERROR error: (.*)")
-# The progress line, every training.log_every steps: epoch, global step, (step in epoch/steps per epoch), images/s.
-PROGRESS_LINE = re.compile(r"epoch (\d+) step (\d+) \((\d+)/(\d+)\) loss \S+ lr \S+, ([\d.]+) images/s")
-CHECKPOINT_LINE = re.compile(r"checkpoint step (\d+) saved|resumed from step-(\d+)\.")
+METRICS = TypeAdapter(Metrics)  # metrics.json: the trainer's declaration, validated here by pydantic
 
 __all__ = [
     "SYNTHETIC",
     "TrainingSettings",
-    "TrainingMetrics",
+    "Metrics",
+    "METRICS",
+    "metrics_from",
     "trainer_argv",
     "check_command",
     "preflight",
@@ -86,46 +83,25 @@ class TrainingSettings(BaseModel):
         raise NotImplementedError
 
 
-class TrainingMetrics(BaseModel):
-    """metrics.json as rank 0 writes it (the fields the orchestrator reads; the others are kept as they are)."""
-
-    model_config = ConfigDict(extra="allow")
-
-    status: Literal["running", "complete", "interrupted", "failed"]  # the last two: set by infra/runs/record.py
-    framework: str = "pytorch"
-    """The framework that trained (training.framework); metrics.json of runs before it was recorded: pytorch."""
-    model: str
-    world_size: int
-    backend: str
-    images_per_sec: float | None = None
-    data_wait_share: list[float] | None = None
-    """Per rank: the share of the last epoch's training time spent waiting for the next batch (the loader) rather
-    than computing; high on any rank means the loader underfeeds the GPUs (each epoch's row has its own)."""
-    steady_images_per_sec: float | None = None
-    """The last epoch's images/s after its first step (which also infers shapes and allocates): what benches use."""
-    cpu_ms_per_step: dict[str, float | None] = {}
-    """The last epoch's CPU ms per step after its first, mean of the ranks: "training_thread" (the thread that runs
-    the step) and "other_threads" (the all-reduce's threads; with more than one torch thread, its pool too)."""
-    wall_seconds: float
-    final_val_top1: float | None = None
-    final_val_top5: float | None = None
-    trainer: str = ""
-    """The training package that ran (which scripts version trained the model)."""
-    epochs: list[dict] = []
-    peak_memory_mb: list[float] = []
-    """Per rank: peak memory (allocated on CUDA, the process's own peak resident set on the CPU)."""
-    training_memory_mb: list[float] = []
-    """Per rank: the part of the peak that the model and its training added (on the CPU: above the resident set
-    before the model was built; on CUDA the same as peak_memory_mb)."""
-    pipeline: dict | None = None
-    bad_files: dict | None = None
-    """Images the run left out because they cannot be decoded (training.bad_files: skip): {"count": N, "list":
-    path of the list file (TSV `path<TAB>reason`, in the results), "first": [[path, reason], ...] (up to 20)}."""
+def read_metrics(out: Path) -> Metrics:
+    """The run's metrics.json, checked against the trainer's declaration."""
+    return metrics_from(METRICS.validate_json, (out / "metrics.json").read_bytes(), out / "metrics.json")
 
 
-def read_metrics(out: Path) -> TrainingMetrics:
-    """The run's metrics.json."""
-    return TrainingMetrics.model_validate_json((out / "metrics.json").read_text())
+def metrics_from(validate, value, where: Path | str) -> Metrics:
+    """`validate(value)` (METRICS.validate_json or validate_python): metrics.json of a known schema, or BadInput
+    naming what is wrong with it."""
+    try:
+        metrics = validate(value)
+    except ValidationError as exc:
+        problem = exc.errors()[0]
+        at = ".".join(map(str, problem["loc"])) or "the file"
+        raise BadInput(f"{where} is not a trainer's metrics.json ({at}: {problem['msg']})") from None
+    if metrics.schema > SCHEMA:
+        raise BadInput(
+            f"{where} has schema {metrics.schema}, newer than this trainflow's {SCHEMA}: upgrade trainflow to read it"
+        )
+    return metrics
 
 
 def trainer_argv(
@@ -153,5 +129,5 @@ def preflight(training: TrainingSettings, data: str, out: Path, scripts: str | P
     """Run the trainer's own checks in one process; raise BadInput with its one-line message."""
     proc = subprocess.run(check_command(training, data, out, scripts=scripts), capture_output=True, text=True)
     if proc.returncode != 0:
-        errors = [m.group(2) for m in map(ERROR_LINE.search, proc.stdout.splitlines()) if m]
+        errors = [e.message for e in map(read_event, proc.stdout.splitlines()) if isinstance(e, Failure)]
         raise BadInput(errors[-1] if errors else f"training check failed:\n{proc.stdout}{proc.stderr}")

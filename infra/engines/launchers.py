@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from infra.core.errors import TrainflowError
-from infra.engines.contract import ERROR_LINE, RANK_LINE
 from infra.services.supervise import ended as how_it_ended
+from trainer.records import Event, Failure, line_rank, read_event
 
 # How the launchers report a worker that ended. torchrun's failure summary: a "rank : N (local_rank: M)" line, then
 # "exitcode : -9 (pid: P)" (negative: the signal that killed it), the first to fail after "Root Cause". horovodrun:
@@ -76,19 +76,26 @@ def local_command(launcher: str, workers: int, trainer: list[str], python: str =
     return [horovodrun, *horovodrun_options(workers, f"localhost:{workers}", "lo"), python, *trainer]
 
 
-def route_output(lines: Iterable[str], wait: Callable[[], int], log_dir: Path, echo: Callable[[str], None]) -> int:
-    """Write each rank's lines to log_dir/rank<N>.log and all lines to launcher.log, pass the ranks' lines to
-    `echo`, then wait for the exit status; raise LaunchError naming the failing rank, with its error or last lines."""
+def route_output(
+    lines: Iterable[str],
+    wait: Callable[[], int],
+    log_dir: Path,
+    echo: Callable[[str], None],
+    on_event: Callable[[Event], None] = lambda event: None,
+) -> int:
+    """Write each rank's lines to log_dir/rank<N>.log and all lines to launcher.log, pass the ranks' log lines for
+    people to `echo` and their events (trainer/records.py) to `on_event`, then wait for the exit status; raise
+    LaunchError naming the failing rank, with its error or last lines."""
     log_dir.mkdir(parents=True, exist_ok=True)
     logs: dict[int, list[str]] = {}
     ended = Casualties()
     with open(log_dir / "launcher.log", "w") as all_lines:
         for line in lines:
             all_lines.write(line)
-            match = RANK_LINE.search(line)
-            if match:
-                logs.setdefault(int(match.group(1)), []).append(line[match.start() :])
-                echo(line[match.start() :].rstrip("\n"))
+            if ranked := line_rank(line):
+                logs.setdefault(ranked[0], []).append(ranked[1])
+                event = read_event(ranked[1])
+                on_event(event) if event else echo(ranked[1].rstrip("\n"))
             else:
                 ended.read(line)
         code = wait()
@@ -139,8 +146,9 @@ def describe_failure(
     """One message for a failed run: an input error (it set off the rest), else the rank the launcher saw die
     first (not a peer that then lost its connection to it) with its error, the signal that killed it or its exit
     status, and its last lines, else any rank's error, else every rank's last lines."""
-    errors = [(rank, m.group(2)) for rank, lines in logs.items() for m in map(ERROR_LINE.search, lines) if m]
-    inputs = [e for e in errors if not e[1].startswith("unexpected ")]
+    failures = [(rank, e) for rank, lines in logs.items() for e in map(read_event, lines) if isinstance(e, Failure)]
+    errors = [(rank, failure.message) for rank, failure in failures]
+    inputs = [(rank, failure.message) for rank, failure in failures if failure.cause != "unexpected"]
     if not inputs and died:
         rank = died[0]
         own = [message for r, message in errors if r == rank]

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from tempfile import TemporaryDirectory
 
-from flows.reference import PAGES, cell
+from cli.reference import PAGES, cell
 from tests.fakes.image_files import write_image, write_png_header
 
 TRAINFLOW = str(Path(sys.executable).parent / "trainflow")
@@ -412,7 +412,7 @@ def run_all(cases: list[Case]) -> list[tuple[Case, subprocess.CompletedProcess, 
         return list(pool.map(one, cases))
 
 
-ERRORS_PAGE = PAGES / "errors.md"  # the table's home; flows/reference.py writes the rest of the page
+ERRORS_PAGE = PAGES / "errors.md"  # the table's home; cli/reference.py writes the rest of the page
 
 
 def table(outcomes) -> str:

@@ -5,6 +5,7 @@ import re
 from pathlib import Path
 
 from infra.compute.process import train_here
+from trainer.records import Progress, read_event
 
 
 def digests(log_dir):
@@ -18,4 +19,10 @@ def digests(log_dir):
 
 def train_locally(training, data: str, out: Path, echo) -> dict:
     """`training` on this machine's process pool, as `trainflow train` runs it; the run's metrics.json."""
-    return train_here(training, data, out, out.parent / "pools", echo).model_dump()
+    return train_here(training, data, out, out.parent / "pools", echo).to_json()
+
+
+def progress_events(out: Path) -> list[Progress]:
+    """The Progress events rank 0 wrote in the run's log (the latest attempt's)."""
+    events = map(read_event, (out / "logs" / "rank0.log").read_text().splitlines())
+    return [e for e in events if isinstance(e, Progress)]

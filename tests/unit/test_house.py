@@ -16,7 +16,7 @@ import pytest
 from azure.core.exceptions import AzureError
 
 import infra
-from flows.cli.common import configure
+from cli.common import configure
 from flows.config import ConfigError, load_config
 from infra.core.errors import BadInput, TrainflowError, exit_code, is_permanent
 from tests.fakes.paths import REPO
@@ -79,7 +79,7 @@ def test_the_table_of_commands_lists_every_command():
     """The table of commands (docs/getting-started.md) has a row for each command the CLI has, and none it lacks."""
     import typer
 
-    from flows.cli import app
+    from cli import app
 
     page = (REPO / "docs" / "getting-started.md").read_text()
     listed = set(re.findall(r"^\| `(trainflow [a-z -]+?)(?: \[|`)", page, re.MULTILINE))

@@ -25,11 +25,10 @@ if __package__ in (None, ""):  # run as a script on a node: `trainer` importable
     exit_unless_intact(Path(scripts))  # before any other module of the package is imported
 
 from trainer.errors import DiskFull, UntrustedInput, UsageError, writing
+from trainer.records import Failure, event_line
 from trainer.staged.manifest import Manifest
 from trainer.staged.names import MANIFEST_FILE, FileEntry, check_dataset_name, shard_blob, shard_file
 from trainer.staged.versions import FILESERVER_FIX, FileServer, decide_sync, extract_members, fill_version
-
-BAD_INPUT = "error: "  # how this command's bad-input lines begin
 
 
 @contextmanager
@@ -78,28 +77,28 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_dataset_name(args.dataset)
     except UsageError as exc:
-        print(f"{BAD_INPUT}{exc}", file=sys.stderr)
-        return 2
+        return stop(Failure(str(exc)))
     if not (args.source / MANIFEST_FILE).is_file():
-        print(
-            f"{BAD_INPUT}{args.source} has no {MANIFEST_FILE}: data set {args.dataset} was never staged there "
-            "(run `trainflow stage` first)",
-            file=sys.stderr,
-        )
-        return 2
+        never = f"data set {args.dataset} was never staged there (run `trainflow stage` first)"
+        return stop(Failure(f"{args.source} has no {MANIFEST_FILE}: {never}"))
     try:
         with writing(args.export, fix=FILESERVER_FIX):
             print(f"fetched {args.dataset}: {fetch(args.source, args.export, args.dataset).resolve()}", flush=True)
     except UntrustedInput as exc:
-        print(f"{BAD_INPUT}{exc}", file=sys.stderr)
-        return 2
+        return stop(Failure(str(exc)))
     except DiskFull as exc:
-        print(f"{BAD_INPUT}{exc}", file=sys.stderr)
-        return 1
+        return stop(Failure(str(exc), "fault"))
     except OSError as exc:
-        print(f"{BAD_INPUT}cannot write to {args.export}: {exc.strerror}", file=sys.stderr)
-        return 1
+        return stop(Failure(f"cannot write to {args.export}: {exc.strerror}", "fault"))
     return 0
+
+
+def stop(failure: Failure) -> int:
+    """The error line for people and its event (trainer/records.py: what the Azure ML attempt reads); the exit
+    status: 2 for bad input, 1 for a fault."""
+    print(f"error: {failure.message}", file=sys.stderr)
+    print(event_line(failure), file=sys.stderr, flush=True)
+    return 2 if failure.cause == "input" else 1
 
 
 if __name__ == "__main__":

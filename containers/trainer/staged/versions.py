@@ -36,7 +36,8 @@ def extract_members(
     entry = next(wanted, None)
     with tarfile.open(tar_path, "r") as tar:
         for member in tar:
-            tar.members = []  # tarfile keeps every member read unless told not to
+            # tarfile keeps every member read unless told not to
+            tar.members = []  # type: ignore[attr-defined]  # typeshed's TarFile lacks `members`, the list it keeps
             if entry is None or member.name > entry.path:
                 break
             if not member.isfile():  # a link, a device, a FIFO or a folder: staging writes regular files only
@@ -45,7 +46,9 @@ def extract_members(
                 raise UntrustedInput(f"{problem}; {RESTAGE.format(blob=blob)}")
             if member.name < entry.path:
                 continue  # a file the version links from the current one
-            data = tar.extractfile(member).read()
+            stream = tar.extractfile(member)
+            assert stream is not None  # extractfile gives None only for what is not a regular file, refused above
+            data = stream.read()
             if len(data) != entry.size or hashlib.sha256(data).hexdigest() != entry.sha256:
                 raise ValueError(f"{member.name} in {tar_path.name} does not match the manifest")
             write_member(dest, entry.path, data)
@@ -247,6 +250,9 @@ def compare_versions(server: FileServer, name: str, manifest: Manifest) -> SyncP
 
 def link_unchanged(plan: SyncPlan, dest: Path) -> None:
     """Hard-link (or copy) the reused files of the current version into the new version `dest`."""
+    current = plan.current
+    if current is None:  # compare_versions reuses files only from a current version
+        raise ValueError("a plan that reuses files names no current version to link them from")
     made = set()
     for rel in plan.reused_paths():
         parent = os.path.dirname(rel)
@@ -254,9 +260,9 @@ def link_unchanged(plan: SyncPlan, dest: Path) -> None:
             os.makedirs(dest / parent, exist_ok=True)
             made.add(parent)
         try:
-            os.link(plan.current / rel, dest / rel)
+            os.link(current / rel, dest / rel)
         except OSError:
-            shutil.copyfile(plan.current / rel, dest / rel)
+            shutil.copyfile(current / rel, dest / rel)
 
 
 def fill_version(plan: SyncPlan, dest: Path, extract: Callable[[str, Iterator[FileEntry]], None], threads: int) -> None:

@@ -40,14 +40,11 @@ import tensorflow as tf
 
 from trainer import badfiles, image_files, layout
 from trainer.layout import SYNTHETIC, Split
+from trainer.recipe import MEAN, RATIO, STD, SYNTHETIC_STEPS, val_resize
 
 log = logging.getLogger("trainer")
 
-MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-RATIO = (3 / 4, 4 / 3)  # RandomResizedCrop's aspect ratios, drawn uniformly between their logarithms
 TRIES = 10  # RandomResizedCrop's draws before it falls back to the centre crop
-VAL_SCALE = 0.875  # validation: the shorter side resized to size / 0.875 (256 for 224), then the centre crop
-SYNTHETIC_STEPS = 100  # an epoch of synthetic data without --steps-per-epoch
 UNREADABLE = "trainflow: cannot decode image"  # in_order's error: then <the file's name in base64> and the name
 JPEG_START, JPEG_END = b"\xff\xd8", b"\xff\xd9"  # the first bytes of the formats TensorFlow decodes, and JPEG's last
 PNG, GIF = b"\x89PNG", b"GIF"
@@ -164,7 +161,7 @@ def val_dataset(images: Images, args, rank: int, world: int) -> tf.data.Dataset 
     samples, size = val_order(images, rank, world), args.image_size
 
     def centred(path: tf.Tensor, place: tf.Tensor) -> tf.Tensor:
-        return normalised(centre_crop(shorter_side(decode_whole(path), round(size / VAL_SCALE)), size))
+        return normalised(centre_crop(shorter_side(decode_whole(path), val_resize(size)), size))
 
     return decoded_batches(images.val, samples, samples, centred, args, drop_remainder=False)
 

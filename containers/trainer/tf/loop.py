@@ -16,8 +16,8 @@ DATA is an ImageNet-layout folder (train/<class>/..., val/<class>/...) or the wo
 worker computes the gradient of its own batch, Horovod averages them (the `# Horovod:` lines), and every worker
 applies the same update. Rank 0 alone writes OUT: checkpoints/ (every --checkpoint-every steps and at each epoch
 end), metrics.json and model.keras; a run started again with the same OUT resumes from its newest checkpoint at
-its exact step (run.py says how, and what the loop shares with fit.py, the Keras trainer). Bad input exits with
-status 2 and a one-line message. Run with --help for every option.
+its exact step. trainer/core.py runs the loop, with run.py's adapter (which fit.py, the Keras trainer, shares) and
+this module's step. Bad input exits with status 2 and a one-line message. Run with --help for every option.
 """
 
 import os
@@ -36,24 +36,21 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 import tf_keras as keras
 
-from trainer.tf import data
-from trainer.tf.run import Run, Throughput, end_epoch, epoch_row, finish, log_step, main, save_checkpoint, set_up
-from trainer.tf.run import set_learning_rate as set_rate
+from trainer import core
+from trainer.tf.run import TensorFlow, main, set_up
 
 
 def train(args) -> None:
-    """Set up this worker (resuming if OUT holds a checkpoint), train every epoch, write the results."""
+    """Set up this worker (resuming if OUT holds a checkpoint), train every epoch, write the results (core.train)."""
     run = set_up(args, "tensorflow")
-    step = make_train_step(run)
-    while run.epoch < args.epochs:
-        end_epoch(run, train_epoch(run, step))
-    finish(run)
+    run.adapter.step_fn = make_train_step(run.adapter)
+    core.train(run)
 
 
-def make_train_step(run: Run):
+def make_train_step(adapter: TensorFlow):
     """The training step as one tf.function: forward, backward, gradients averaged over the workers, SGD update;
     returns the batch's mean loss."""
-    model, optimizer = run.model, run.optimizer
+    model, optimizer = adapter.model, adapter.optimizer
     cross_entropy = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
     @tf.function
@@ -66,27 +63,6 @@ def make_train_step(run: Run):
         return loss
 
     return step
-
-
-def train_epoch(run: Run, step) -> dict:
-    """One epoch of synchronous SGD from its first step not yet done; its row of metrics.json."""
-    args = run.args
-    done, run.skip_steps = run.skip_steps, 0
-    batches = data.batches(data.train_dataset(run.images, args, run.worker.rank, run.worker.size, run.epoch, done))
-    counted, losses = Throughput(), []
-    while done < run.steps and (batch := counted.next_batch(batches)) is not None:
-        images, labels = batch
-        set_rate(run)
-        loss = step(images, labels)  # stays a tensor: no wait for the value but every --log-every steps
-        done, run.step = done + 1, run.step + 1
-        if args.checkpoint_every and run.step % args.checkpoint_every == 0:
-            save_checkpoint(run, step_in_epoch=done)
-        losses.append(loss * len(labels))
-        counted.count(len(labels))
-        if run.master and run.step % args.log_every == 0:
-            log_step(run, done, float(loss), counted)
-    loss_sum = float(tf.add_n(losses)) if losses else 0.0  # waits for the last step: then the epoch's time is up
-    return epoch_row(run, loss_sum, counted)
 
 
 if __name__ == "__main__":

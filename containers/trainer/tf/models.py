@@ -17,6 +17,7 @@ momentum 0.9 is torch's 0.1: Keras weighs the old average, torch the new batch),
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import tf_keras as keras
@@ -103,19 +104,19 @@ def bottleneck(x, planes: int, stride: int, width: int, name: str, seeds: "Seeds
     return norm(f"{name}.bn3")(conv(planes * 4, 1, 1, f"{name}.conv3", seeds)(x))
 
 
-def conv(filters: int, kernel: int, stride: int, name: str, seeds: "Seeds") -> layers.Conv2D:
+def conv(filters: int, kernel: int, stride: int, name: str, seeds: "Seeds") -> Any:
     """A convolution without bias or padding of its own (a ZeroPadding2D before it pads as torch does), He-normal
     on fan_out as torchvision's kaiming_normal_(mode="fan_out", nonlinearity="relu")."""
     init = keras.initializers.VarianceScaling(2.0, "fan_out", "untruncated_normal", seed=seeds.next())
     return layers.Conv2D(filters, kernel, strides=stride, use_bias=False, kernel_initializer=init, name=name)
 
 
-def norm(name: str) -> layers.BatchNormalization:
+def norm(name: str) -> Any:
     """Batch norm over the channels (NHWC), with torch's momentum and epsilon; gamma 1, beta 0."""
     return layers.BatchNormalization(momentum=BN_MOMENTUM, epsilon=BN_EPSILON, name=name)
 
 
-def dense(num_classes: int, fan_in: int, seeds: "Seeds") -> layers.Dense:
+def dense(num_classes: int, fan_in: int, seeds: "Seeds") -> Any:
     """The classifier, in float32 whatever the policy (logits, and the loss after them, keep their precision);
     weights and bias uniform within +-1/sqrt(fan_in), as torch's nn.Linear initialises them."""
     bound = 1 / math.sqrt(fan_in)

@@ -15,15 +15,13 @@ from typing import Any, Protocol
 
 from infra.compute.azureml.settings import AzureMLPoolConfig
 from infra.core.errors import first_line
-from infra.engines.contract import CHECKPOINT_LINE, ERROR_LINE
 from infra.engines.launchers import LaunchError
-from trainer.staged.fetch import BAD_INPUT
+from trainer.records import Checkpointed, Failure, Progress, read_event
 
 # Azure ML job statuses that end a job, and the exit status each maps to.
 FINAL = {"Completed": 0, "Failed": 1, "Canceled": 1, "NotResponding": 1}
 ERROR_MESSAGE = re.compile(r'"message":\s*"((?:[^"\\]|\\.)*)"')  # in the error JSON that jobs.stream raises
 PREEMPTED = re.compile(r"pre-?empt", re.IGNORECASE)  # "PreemptionError: Nodes of this job got pre-empted"
-STEP_LINE = re.compile(r"epoch \d+ step (\d+) ")  # the trainer's progress line (every training.log_every steps)
 
 
 class Cluster(Protocol):
@@ -51,12 +49,15 @@ class Attempt:
     error: str = ""  # what the job's stream raised (Azure ML's error, e.g. a PreemptionError)
 
     def read(self, line: str) -> None:
-        """Note the progress, checkpoints and input errors a log line shows."""
-        if step := STEP_LINE.search(line):
-            self.last_step = int(step.group(1))
-        if saved := CHECKPOINT_LINE.search(line):
-            self.last_checkpoint = int(saved.group(1) or saved.group(2))
-        self.bad_input = self.bad_input or bool(ERROR_LINE.search(line)) or line.startswith(BAD_INPUT)
+        """Note the progress, checkpoints and input errors a line of the job shows (the events of the trainer, and
+        of the sync command that refuses staged data)."""
+        event = read_event(line)
+        if isinstance(event, Progress):
+            self.last_step = event.step
+        elif isinstance(event, Checkpointed):
+            self.last_checkpoint = event.step
+        elif isinstance(event, Failure) and event.cause == "input":
+            self.bad_input = True
 
     def clock(self, status: str, now: float) -> None:
         """Count the time the job spends Running (GPU time) from what each poll sees."""

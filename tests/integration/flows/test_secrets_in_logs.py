@@ -12,7 +12,7 @@ SIG = "SuperSecretSig0123456789abcdefghij%3D"
 LEAKY_FLOW = f"""
 import sys
 from pathlib import Path
-from flows.cli.services import prefect_api
+from cli.services import prefect_api
 
 with prefect_api(Path(sys.argv[1])):
     from prefect import flow, get_run_logger

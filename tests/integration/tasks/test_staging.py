@@ -30,6 +30,7 @@ from tasks.upload_dataset import upload_dataset
 from tests.fakes.faultproxy import FaultProxy
 from tests.fakes.image_files import write_image
 from tests.fakes.paths import REPO
+from trainer.records import Failure, read_event
 
 pytestmark = pytest.mark.integration
 
@@ -377,7 +378,9 @@ def test_the_node_side_fetch_refuses_a_tampered_manifest_with_one_line_and_exit_
     args = [sys.executable, str(script), "--source", str(source), "--export", str(export), "--dataset", "pets"]
     done = subprocess.run(args, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done.stderr
-    assert done.stderr.count("\n") == 1 and done.stderr.startswith("error: staged data set 'pets' cannot be used")
+    person, event = done.stderr.splitlines()  # one line for people, its event for the Azure ML attempt
+    assert person.startswith("error: staged data set 'pets' cannot be used")
+    assert read_event(event) == Failure(person.removeprefix("error: "), "input")
     assert not list(tmp_path.rglob("node-escaped.png")) and not os.path.lexists("/node-escaped.png")
     assert (
         not (export / "datasets" / "pets").exists()

@@ -14,12 +14,13 @@ from pathlib import Path
 import pytest
 
 from flows.config import DIGITS_TRAINING
-from infra.engines.contract import ERROR_LINE, PACKAGE, PROGRESS_LINE, trainer_argv
+from infra.engines.contract import PACKAGE, trainer_argv
 from infra.engines.launchers import local_command
 from infra.engines.pytorch import PyTorchTraining
 from infra.engines.tensorflow import KerasTraining, TensorFlowTraining
 from tests.fakes.bad_inputs import images
-from tests.fakes.training import digests, train_locally
+from tests.fakes.training import digests, progress_events, train_locally
+from trainer.records import Failure, read_event
 
 # Its module fixtures (PyTorch's demo run, the uninterrupted runs) train once: one group of the suite's workers.
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("tf-training")]
@@ -107,7 +108,7 @@ def test_the_demo_reaches_pytorch_s_accuracy_with_two_workers_in_sync(pytorch_de
     assert metrics["parameters_in_sync"] is True
     ranks = digests(out / "logs")
     assert ranks[0] == ranks[1] == metrics["parameter_digest"][:16]
-    assert sum(bool(PROGRESS_LINE.search(line)) for line in lines) == 8 * 22 // 10  # every 10 of 22 steps an epoch
+    assert len(progress_events(out)) == 8 * 22 // 10  # every 10 of 22 steps an epoch
 
 
 # (b) A worker killed mid-training: the run started again resumes ---------------------------------------------
@@ -138,8 +139,8 @@ def test_a_killed_run_resumes_from_its_checkpoint_and_ends_in_sync(digits, tmp_p
     assert metrics["parameters_in_sync"] is True
     ranks = digests(out / "logs")
     assert ranks[0] == ranks[1] == metrics["parameter_digest"][:16]
-    progress = [m for m in map(PROGRESS_LINE.search, lines) if m]
-    assert progress and all(m.group(4) == "6" for m in progress) and lines[0].startswith("[rank ")
+    progress = progress_events(out)
+    assert progress and all(p.steps_per_epoch == 6 for p in progress) and lines[0].startswith("[rank ")
     assert (out / metrics["model_file"]).is_file()
 
 
@@ -224,7 +225,7 @@ TINY = ["--image-size", "16", "--epochs", "1", "--batch-size", "3", "--loader-wo
 def test_bad_input_is_one_error_line_naming_it_and_exit_2(tmp_path, framework, argv, named):
     data = with_corrupt_image(tmp_path / "data")
     result = run_trainer(framework, ["--data", str(data), "--out", str(tmp_path / "out"), *TINY, *argv])
-    errors = [m.group(2) for m in map(ERROR_LINE.search, result.stdout.splitlines()) if m]
+    errors = [e.message for e in map(read_event, result.stdout.splitlines()) if isinstance(e, Failure)]
     assert result.returncode == 2, result.stdout[-3000:] + result.stderr[-3000:]
     assert len(errors) == 1 and named in errors[0], errors
     assert "Traceback" not in result.stdout  # the workers' log (TensorFlow's own C++ log, on stderr, may show one)

@@ -7,7 +7,7 @@ from typer.testing import CliRunner
 from benchmarks.gpu import gpu_row, measured, runs
 from benchmarks.gpu_plan import MODEL_STEP_RUNS, SYNTHETIC_RUNS, mfu, peak_tflops, trainer_lacks
 from benchmarks.loader import installed_loaders
-from flows.cli import app
+from cli import app
 from trainer.metrics import installed_versions
 
 

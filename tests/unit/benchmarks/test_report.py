@@ -131,7 +131,7 @@ def test_bench_all_sizes_give_way_to_the_settings_the_config_names():
 def test_a_bench_refuses_fewer_than_two_repeats_before_running_anything(command, tmp_path):
     from typer.testing import CliRunner
 
-    from flows.cli import app
+    from cli import app
 
     result = CliRunner().invoke(app, ["bench", command, "--repeats", "1", "--workdir", str(tmp_path)])
     said = " ".join(result.output.replace("│", " ").split())

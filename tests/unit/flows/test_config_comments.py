@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import typer
 
-from flows.cli import app
+from cli import app
 from tests.fakes.paths import REPO
 
 CONFIGS = sorted((REPO / "flows" / "configs").glob("*.yaml")) + [REPO / "prefect.yaml"]

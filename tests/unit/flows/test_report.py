@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from flows.report import epoch_rows, step_rows, summary_markdown, svg_plot
-from infra.engines.contract import TrainingMetrics
+from infra.engines.contract import Metrics
 from trainer import data
 
 METRICS = {
@@ -60,7 +60,7 @@ def test_report_pieces():
 def test_the_run_summary_shows_the_images_left_out():
     entry = data.bad_files_entry([(f"train/a/{i}.png", "truncated") for i in range(30)], Path("/results/bad-files.tsv"))
     assert entry["count"] == 30 and len(entry["first"]) == 20
-    metrics = TrainingMetrics(
+    metrics = Metrics(
         status="complete",
         model="resnet18",
         world_size=2,
@@ -68,7 +68,7 @@ def test_the_run_summary_shows_the_images_left_out():
         images_per_sec=10.0,
         wall_seconds=3.0,
         bad_files=entry,
-    ).model_dump()
+    ).to_json()
     summary = {
         "run_id": "r1",
         "dataset": "d",

@@ -16,9 +16,10 @@ from infra.runs.tracking import TrackingConfig, client, engine_uri, flat, run_pa
 from tasks.progress import eta_seconds, eta_text, progress_markdown, read_step
 from tasks.track_run import ended_if_unfinished, tracked_training
 from trainer.metrics import Throughput, wait_share
+from trainer.records import Checkpointed, Failure, Progress, read_event
 from trainer.tracking import epoch_metrics
 
-LINE = "[rank 0] 10:00:01 INFO epoch 2 step 30 (10/20) loss 0.4123 lr 0.05000, 123.4 images/s"
+EVENT = Progress(epoch=2, step=30, step_in_epoch=10, steps_per_epoch=20, loss=0.4123, lr=0.05, images_per_sec=123.4)
 
 
 def slow_batches(n: int, seconds: float):
@@ -60,10 +61,10 @@ def test_the_cpu_per_step_splits_the_training_thread_from_the_others():
     assert 50 <= training < 65 and 100 <= others < 115
 
 
-def test_the_progress_line_gives_the_step_of_all_and_the_eta_follows_the_pace():
-    seen = read_step(LINE, epochs=3)
+def test_the_progress_event_gives_the_step_of_all_and_the_eta_follows_the_pace():
+    seen = read_step(EVENT, epochs=3)
     assert (seen.epoch, seen.step, seen.total, seen.images_per_sec) == (2, 30, 60, 123.4) and seen.percent == 50.0
-    assert read_step("[rank 0] 10:00:01 INFO checkpoint step 30 saved", 3) is None
+    assert read_step(Checkpointed(30), 3) is None
     assert eta_seconds((100.0, 10), 100.0, 10, 60) is None  # no pace before a step has passed
     assert eta_seconds((100.0, 10), 110.0, 30, 60) == 15.0  # 20 steps in 10 s, 30 to go
     assert [eta_text(s) for s in (None, 12.4, 250, 3900)] == ["measuring", "12 s", "4 min 10 s", "1 h 05 min"]
@@ -137,11 +138,12 @@ def test_a_tracking_uri_without_mlflow_is_refused_in_one_line(tmp_path):
         text=True,
     )
     assert done.returncode == 2
-    assert done.stdout.strip().endswith(
-        "error: --tracking-uri sqlite:///x.db needs MLflow in the engine's Python, "
-        "which lacks it: pip install mlflow-skinny==3.17.2, or leave --tracking-uri "
-        "out to train without tracking"
+    message = (
+        "--tracking-uri sqlite:///x.db needs MLflow in the engine's Python, which lacks it: pip install "
+        "mlflow-skinny==3.17.2, or leave --tracking-uri out to train without tracking"
     )
+    assert [e for e in map(read_event, done.stdout.splitlines()) if e] == [Failure(message)]  # what the flow reads
+    assert f"ERROR error: {message}\n" in done.stdout  # the line for people
     assert not (tmp_path / "out").exists()
 
 

@@ -6,7 +6,7 @@ import torch
 
 from benchmarks.common import spread
 from benchmarks.parallel import compared, deeper_runs, row
-from infra.engines.contract import TrainingMetrics
+from infra.engines.contract import Metrics
 from infra.engines.pytorch import PyTorchTraining
 from trainer import checkpoint, metrics
 from trainer.models import build_model, build_on_meta, forget, materialise
@@ -99,9 +99,9 @@ def test_old_checkpoints_go_with_their_stage_files(tmp_path):
     ]
 
 
-def metrics_of(images_per_sec: float, peaks: list[float], params: list[int]) -> TrainingMetrics:
+def metrics_of(images_per_sec: float, peaks: list[float], params: list[int]) -> Metrics:
     """A run's metrics whose training added all but 200 MB (the runtime) of each rank's peak."""
-    return TrainingMetrics(
+    return Metrics(
         status="complete",
         model="m",
         world_size=len(peaks),

@@ -147,7 +147,7 @@ def test_horovod_trains_across_two_containers_on_mounted_data(docker_engine, cpu
         RunPaths("test-hvd", digits, REPO / "containers", out),
         cpu_image["image"],
     )
-    metrics = train_on_pool(pool, cfg, out, lines.append).model_dump()
+    metrics = train_on_pool(pool, cfg, out, lines.append).to_json()
     assert metrics["status"] == "complete" and metrics["world_size"] == 2 and metrics["backend"] == "horovod"
     assert metrics["parameters_in_sync"] is True
     assert (out / "model.pt").exists() and (out / "logs" / "rank1.log").read_text()

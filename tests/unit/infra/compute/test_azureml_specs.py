@@ -21,6 +21,7 @@ from infra.compute.azureml.settings import AzureMLPoolConfig, check_complete, in
 from infra.compute.azureml.specs import NFS_MOUNT
 from tasks.train_on_pool import run_paths
 from tests.fakes.paths import REPO
+from trainer.records import Checkpointed, Failure, Progress, event_line
 
 AZURE = REPO / "flows" / "configs" / "azure.yaml"
 PREEMPTION_ERROR = (
@@ -287,18 +288,17 @@ def test_new_attempts_stop_at_the_gpu_hour_budget_and_lost_work_counts_from_the_
     first = Attempt("trainflow-r-train-1", gpus=16, status="Failed", error=PREEMPTION_ERROR)
     first.clock("Running", 0.0)
     first.clock("Failed", 200.0)  # 200 s x 16 GPUs = 0.89 GPU-hours: another attempt may start
-    for line in [
-        "[rank 0] INFO epoch 1 step 40 (40/99)",
-        "[rank 0] INFO checkpoint step 40 saved",
-        "[rank 0] INFO epoch 1 step 60 (60/99)",
-    ]:
-        first.read(line)
+    for event in [Progress(1, 40, 40, 99, 2.3, 0.1, 900.0), Checkpointed(40), Progress(1, 60, 60, 99, 2.1, 0.1, 900.0)]:
+        first.read(f"[rank 0] 10:00:01 INFO epoch 1 step {event.step} (human)")  # the log for people: not read
+        first.read(f"[rank 0] 10:00:01 INFO {event_line(event)}")
     job.history, job.number = [first], 1
     assert why_ended(first).startswith("pre-empted") and first.lost_steps == 20 and job.refusal(first) is None
     second = Attempt("trainflow-r-train-2", gpus=16, status="Failed", seconds=60.0)  # 0.27 more: 1.16 in all
     job.history, job.number = [first, second], 2
     assert job.refusal(second) == "GPU-hours spent: 1.16 of pool.max_gpu_hours 1"
-    second.read("[rank 0] ERROR error: --data /x has no train/ folder")
+    second.read(f"[rank 0] 10:00:02 INFO {event_line(Failure('unexpected RuntimeError: NCCL timeout', 'unexpected'))}")
+    assert job.refusal(second) == "GPU-hours spent: 1.16 of pool.max_gpu_hours 1"  # a fault: worth another attempt
+    second.read(f"[rank 0] 10:00:02 INFO {event_line(Failure('--data /x has no train/ folder'))}")
     assert job.refusal(second) == "bad input: not retried"
 
 

@@ -7,7 +7,7 @@ import sqlite3
 import pytest
 import typer
 
-from flows.cli.common import friendly_errors
+from cli.common import friendly_errors
 from infra.core.diskspace import DiskFull, Need, check_needs, disk_full, is_disk_full, size_text
 from infra.core.errors import exit_code, is_permanent
 

@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 from typer.testing import CliRunner
 
-from flows.cli import app
+from cli import app
 from infra.core.errors import BadInput
 from infra.data import sample_data
 from infra.data.sample_data import ImagenetShape, write_imagenet_shaped

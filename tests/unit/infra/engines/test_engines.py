@@ -125,7 +125,7 @@ def test_the_digits_recipe_has_one_home_that_the_nightly_deployment_repeats():
 def test_the_commands_take_framework_and_refuse_another_in_one_line_with_exit_2(command, tmp_path):
     from typer.testing import CliRunner
 
-    from flows.cli import app
+    from cli import app
 
     assert "--framework" in CliRunner().invoke(app, [command[0], "--help"]).output
     result = CliRunner().invoke(app, [*command, "--framework", "mxnet", "--workdir", str(tmp_path / "w")])

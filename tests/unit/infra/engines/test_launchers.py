@@ -10,6 +10,7 @@ from infra.engines.contract import check_command, trainer_argv
 from infra.engines.launchers import LaunchError, local_command, route_output
 from infra.engines.pytorch import PyTorchTraining
 from trainer.options import build_parser
+from trainer.records import Failure, event_line
 
 NODE_PATHS = NodePaths("/scripts/v1", "/data", "/results")
 
@@ -99,12 +100,23 @@ def torchrun_summary(rank: int, host: str, exitcode: int) -> list[str]:
     ]
 
 
+def stopped(rank: int, message: str, cause: str = "input") -> list[str]:
+    """What a trainer's rank prints when it stops on an error (trainer/console.py): the line for people, its event."""
+    return [
+        f"[rank {rank}] 10:00:02 ERROR error: {message}\n",
+        f"[rank {rank}] 10:00:02 INFO {event_line(Failure(message, cause))}\n",
+    ]
+
+
+LOST_PEER = "unexpected RuntimeError: Connection closed by peer"
+
+
 def test_the_node_that_failed_first_is_named_not_the_peer_that_lost_it(tmp_path):
     lines = [
         "[rank 0] 10:00:01 INFO epoch 1 step 5\n",
         "[rank 1] 10:00:01 INFO epoch 1 step 5\n",
         *torchrun_summary(1, "node1", -9),  # node1's torchrun: its worker was killed
-        "[rank 0] 10:00:02 ERROR error: unexpected RuntimeError: Connection closed by peer\n",
+        *stopped(0, LOST_PEER, "unexpected"),
         *torchrun_summary(0, "node0", 1),
     ]  # node0's torchrun: its worker lost rank 1
     with pytest.raises(
@@ -113,13 +125,13 @@ def test_the_node_that_failed_first_is_named_not_the_peer_that_lost_it(tmp_path)
         r"lines:\n\[rank 1\] .* step 5",
     ):  # its signal, as torchrun reports it
         route_output(lines, lambda: 1, tmp_path, lambda line: None)
-    assert (tmp_path / "rank0.log").read_text().count("\n") == 2
+    assert (tmp_path / "rank0.log").read_text().count("\n") == 3
 
 
 def test_a_crash_is_named_with_its_own_error(tmp_path):
     lines = [
-        "[rank 0] 10:00:02 ERROR error: unexpected RuntimeError: Connection closed by peer\n",
-        "[rank 1] 10:00:01 ERROR error: unexpected ZeroDivisionError: division by zero\n",
+        *stopped(0, LOST_PEER, "unexpected"),
+        *stopped(1, "unexpected ZeroDivisionError: division by zero", "unexpected"),
         *torchrun_summary(1, "node1", 1),
         *torchrun_summary(0, "node0", 1),
     ]
@@ -129,9 +141,9 @@ def test_a_crash_is_named_with_its_own_error(tmp_path):
 
 def test_an_input_error_is_named_before_the_deaths_it_set_off(tmp_path):
     lines = [
-        "[rank 1] 10:00:01 ERROR error: --data /data: no such folder\n",
+        *stopped(1, "--data /data: no such folder"),
         *torchrun_summary(1, "node1", 1),
-        "[rank 0] 10:00:02 ERROR error: unexpected RuntimeError: Connection closed by peer\n",
+        *stopped(0, LOST_PEER, "unexpected"),
         *torchrun_summary(0, "node0", 1),
     ]
     with pytest.raises(LaunchError, match=r"^rank 1 failed: --data /data: no such folder$"):

@@ -93,7 +93,7 @@ def test_validation_resizes_and_crops_as_torchvisions_transform(tmp_path, width,
         (width // 4, height // 4)
     ).resize((width, height), Image.Resampling.BILINEAR).save(path)  # smooth: resampling filters agree on it
     image = data.decode_whole(tf.constant(str(path)))
-    ours = data.normalised(data.centre_crop(data.shorter_side(image, round(16 / data.VAL_SCALE)), 16)).numpy()
+    ours = data.normalised(data.centre_crop(data.shorter_side(image, data.val_resize(16)), 16)).numpy()
     theirs = torch_data.val_transform(16, "pil")(Image.open(path)).numpy().transpose(1, 2, 0)
     assert ours.shape == theirs.shape == (16, 16, 3) and np.abs(ours - theirs).mean() < 0.03
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from flows.cli import app
+from cli import app
 from tests.fakes.bad_inputs import images, with_file
 
 pytestmark = pytest.mark.integration  # the command as a user runs it
@@ -63,7 +63,7 @@ def test_digits_command_writes_the_layout_once(tmp_path):
 
 def test_the_cli_does_not_import_prefect_before_it_sets_prefects_settings():
     """Prefect reads its settings (home, timeouts) when first imported: the CLI sets them first."""
-    code = "import sys, flows.cli; sys.exit('prefect' in sys.modules)"
+    code = "import sys, cli; sys.exit('prefect' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 

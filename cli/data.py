@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from flows.cli.common import ConfigOpt, DataOpt, WorkdirOpt, configure, friendly_errors
+from cli.common import ConfigOpt, DataOpt, WorkdirOpt, configure, friendly_errors
 from flows.config import LOCAL_DATA_FREE, ConfigError
 from flows.dataset import digits_at
 

@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from flows.cli.common import (
+from cli.common import (
     ConfigOpt,
     DataOpt,
     MaxSideOpt,
@@ -21,7 +21,7 @@ from flows.cli.common import (
     friendly_errors,
     say,
 )
-from flows.cli.services import holding, prefect_api
+from cli.services import holding, prefect_api
 from flows.config import LOCAL_DATA_FREE, ConfigError, FlowConfig, smoke_config
 from flows.dataset import check_batch, check_data_names, with_data
 from flows.preflight import check_access
@@ -29,7 +29,7 @@ from infra.compute import backend_of, check_fits, check_installed
 from infra.compute.base import LocalBackend
 from infra.compute.process import train_here
 from infra.engines import ENGINES
-from infra.engines.contract import SYNTHETIC, TrainingMetrics
+from infra.engines.contract import METRICS, SYNTHETIC, Metrics, metrics_from
 from infra.runs.ledger import check_budget
 from infra.runs.workdir import command_line
 
@@ -102,7 +102,7 @@ def echo_line(line: str) -> None:
     print(line, flush=True)
 
 
-def print_summary(metrics: TrainingMetrics, out: Path) -> None:
+def print_summary(metrics: Metrics, out: Path) -> None:
     """The few numbers a person wants after a run."""
     top1 = metrics.final_val_top1
     accuracy = "n/a (no val/ split)" if top1 is None else f"{top1:.2%}"
@@ -182,7 +182,7 @@ def run_flow(cfg: FlowConfig, dry_run: bool) -> None:
     from infra.storage.transfers import print_summary_table
 
     print_summary_table(step_rows(result["done"], result["step_seconds"]), title="what each step did")
-    print_summary(TrainingMetrics.model_validate(result["metrics"]), Path(result["out"]))
+    print_summary(metrics_from(METRICS.validate_python, result["metrics"], result["out"]), Path(result["out"]))
     print(f"results on the file share: {result['results']['share']}")
 
 

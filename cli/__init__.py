@@ -8,12 +8,12 @@ import sys
 
 import typer
 
-from flows.cli.bench import bench_app
-from flows.cli.data import data_app
-from flows.cli.doctor import doctor
-from flows.cli.runs import runs_app
-from flows.cli.services import mlflow_ui, ui
-from flows.cli.training import build, deploy, run, smoke, stage, train
+from cli.bench import bench_app
+from cli.data import data_app
+from cli.doctor import doctor
+from cli.runs import runs_app
+from cli.services import mlflow_ui, ui
+from cli.training import build, deploy, run, smoke, stage, train
 
 app = typer.Typer(
     help="Training of image classifiers on a cluster, end to end: data-parallel or pipeline-parallel.",
@@ -29,5 +29,5 @@ for command in (train, stage, run, smoke, deploy, ui, mlflow_ui, build, doctor):
 
 
 def main() -> None:
-    """Entry point for `python -m flows.cli`."""
+    """Entry point for `python -m cli`."""
     sys.exit(app())

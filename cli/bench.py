@@ -12,8 +12,8 @@ from typing import Annotated, Any
 import typer
 
 from benchmarks import BENCHES, REPEATS
-from flows.cli.common import ConfigOpt, DataOpt, WorkdirOpt, configure, friendly_errors
-from flows.cli.services import holding
+from cli.common import ConfigOpt, DataOpt, WorkdirOpt, configure, friendly_errors
+from cli.services import holding
 from flows.config import ConfigError
 
 bench_app = typer.Typer(help="Benchmarks that print numbers.", no_args_is_help=True)

@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from flows.cli.common import ConfigOpt, WorkdirOpt, configure, friendly_errors
+from cli.common import ConfigOpt, WorkdirOpt, configure, friendly_errors
 from flows.config import ConfigError, FlowConfig
 from flows.preflight import check_access
 from infra.core.diskspace import check_prefect_space

@@ -6,7 +6,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from flows.cli.common import WorkdirOpt
+from cli.common import WorkdirOpt
 from flows.doctor import Row, examine
 
 

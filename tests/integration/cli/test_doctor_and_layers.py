@@ -19,7 +19,7 @@ OUTER = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS",
 def trainflow_without(modules: list[str], args: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
     """`trainflow ARGS` in this venv with `modules` unimportable."""
     hidden = "".join(f"sys.modules[{m!r}] = None; " for m in modules)
-    code = f"import sys; {hidden}from flows.cli import app; sys.argv = ['trainflow', *sys.argv[1:]]; app()"
+    code = f"import sys; {hidden}from cli import app; sys.argv = ['trainflow', *sys.argv[1:]]; app()"
     return subprocess.run(
         [sys.executable, "-c", code, *args],
         capture_output=True,

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from flows.cli.common import WorkdirOpt, configure, friendly_errors
+from cli.common import WorkdirOpt, configure, friendly_errors
 
 runs_app = typer.Typer(help="Past runs under the workdir: accuracy, time, cost, receipt.", invoke_without_command=True)
 

@@ -103,7 +103,7 @@ def check_staging_space(cfg: FlowConfig) -> None:
     shrunk = shrunk_folder(cfg)
     if shrunk:
         needs.append(shrunk_need(data, shrunk))
-    if not os.environ.get("PREFECT_API_URL"):  # the command starts Prefect's server (flows/cli/services.py)
+    if not os.environ.get("PREFECT_API_URL"):  # the command starts Prefect's server (cli/services.py)
         needs.append(prefect_need(Path(os.environ.get("PREFECT_HOME") or cfg.workdir / "prefect")))
     check_needs(needs, f"staging {cfg.dataset_name()}")
 

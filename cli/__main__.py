@@ -1,0 +1,5 @@
+"""`python -m cli`: the `trainflow` command."""
+
+from cli import main
+
+main()

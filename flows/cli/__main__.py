@@ -1,5 +1,0 @@
-"""`python -m flows.cli`: the `trainflow` command."""
-
-from flows.cli import main
-
-main()
