@@ -21,6 +21,7 @@ from infra.engines.tensorflow import KerasTraining, TensorFlowTraining
 from tests.fakes.bad_inputs import images
 from tests.fakes.training import digests, progress_events, train_locally
 from trainer.records import Failure, read_event
+from trainer.tf.checkpoints import write_npz
 
 # Its module fixtures (PyTorch's demo run, the uninterrupted runs) train once: one group of the suite's workers.
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("tf-training")]
@@ -229,6 +230,26 @@ def test_bad_input_is_one_error_line_naming_it_and_exit_2(tmp_path, framework, a
     assert result.returncode == 2, result.stdout[-3000:] + result.stderr[-3000:]
     assert len(errors) == 1 and named in errors[0], errors
     assert "Traceback" not in result.stdout  # the workers' log (TensorFlow's own C++ log, on stderr, may show one)
+
+
+@pytest.mark.parametrize("framework", ["tensorflow", "keras"])
+def test_the_preflight_refuses_an_out_holding_another_runs_checkpoints(tmp_path, framework):
+    """The preflight (core.check_only) reads the newest checkpoint's progress in --out, as PyTorch's does: another
+    model's is one line and exit 2, before any worker starts."""
+    data = images(tmp_path / "data")
+    out = tmp_path / "out"
+    (out / "checkpoints").mkdir(parents=True)
+    theirs = {"framework": "keras", "arch": "resnet50", "classes": ["a", "b"], "epoch": 0, "step": 4}
+    write_npz(out / "checkpoints" / "step-000000004.npz", {}, theirs)
+    result = run_trainer(framework, ["--data", str(data), "--out", str(out), *TINY, "--model", "resnet18", "--check"])
+    failures = [e for e in map(read_event, result.stdout.splitlines()) if isinstance(e, Failure)]
+    assert result.returncode == 2, result.stdout[-3000:] + result.stderr[-3000:]
+    assert failures == [
+        Failure(
+            f"{out} holds checkpoints of another run (resnet50, 2 classes, keras; this run: resnet18, 2 classes); "
+            "pass a new --out or delete its checkpoints/"
+        )
+    ]
 
 
 def test_the_tensorflow_trainers_run_without_torch(tmp_path):
