@@ -3,8 +3,9 @@ PyTorch trainer (train.py), without torch (the TensorFlow image has none).
 
 loop.py (--framework tensorflow: a custom loop) and fit.py (--framework keras: model.fit) are the entry points; run.py
 is the adapter they share to the training loop of trainer/core.py (Horovod, the model and optimizer, a step,
-validation, the collectives), checkpoints.py its checkpoint files; options.py their options. models.py: the ResNets of torchvision's names, built in Keras (tf_keras). data.py: the input pipeline
-(tf.data) over the folder layout.py indexes, with badfiles.py's rules for images that cannot be decoded.
+validation, the collectives), checkpoints.py its checkpoint files; options.py their options. models.py: the ResNets
+of torchvision's names, built in Keras (tf_keras). data.py: the input pipeline (tf.data) over the folder layout.py
+indexes, with badfiles.py's rules for images that cannot be decoded.
 """
 
 import os

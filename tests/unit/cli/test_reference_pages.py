@@ -7,8 +7,7 @@ import pytest
 import typer.main
 from pydantic import BaseModel
 
-from cli import app
-from cli import reference
+from cli import app, reference
 from flows.config import FlowConfig, one_of_sections, section_type
 from tests.fakes.bad_inputs import ERRORS_PAGE, page_table
 from trainer import options as torch_options
