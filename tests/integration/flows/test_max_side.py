@@ -14,7 +14,7 @@ import pytest
 from PIL import Image
 
 from infra.services.azurite import ACCOUNT
-from tests.integration.flows.test_stage_cli import TRAINFLOW, sas_token
+from tests.integration.cli.test_stage_cli import TRAINFLOW, sas_token
 from tests.integration.infra import test_disk_space
 from trainer.staged.names import MANIFEST
 

@@ -30,7 +30,7 @@ from infra.storage.fileserver import FileServer
 from tasks.sync_file_server import sync_to_file_server
 from tasks.upload_dataset import WHY, upload_dataset
 from tests.fakes.faultproxy import FaultProxy
-from tests.integration.flows.test_stage_cli import sas_token
+from tests.integration.cli.test_stage_cli import sas_token
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 TRAINFLOW = str(Path(sys.executable).parent / "trainflow")
