@@ -16,7 +16,7 @@ from rich.progress import Progress, TaskID, TimeElapsedColumn
 
 from infra.core.errors import BadInput
 from infra.core.jsonfiles import write_json as keep_json
-from infra.engines import ENGINES
+from infra.engines import ENGINES, TrainingConfig
 from infra.engines.contract import Metrics, TrainingSettings
 from infra.engines.launchers import LaunchError
 from infra.engines.pytorch import PyTorchTraining
@@ -34,7 +34,7 @@ def over_defaults(defaults: dict, training: TrainingSettings) -> PyTorchTraining
     return PyTorchTraining(**{**defaults, **training.model_dump(include=training.model_fields_set)})
 
 
-def as_framework(defaults: dict, training: TrainingSettings, framework: str) -> TrainingSettings:
+def as_framework(defaults: dict, training: TrainingSettings, framework: str) -> TrainingConfig:
     """`defaults` and the settings the config names, as `framework`'s section (for the benches that compare
     frameworks: the bench picks the framework and the launcher; a setting `framework` has not is left out)."""
     if framework not in ENGINES:

@@ -13,6 +13,7 @@ configuration once; REPEATS rounds, every figure the median with its min-max, ra
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from rich.console import Console
@@ -30,6 +31,7 @@ from benchmarks.common import (
 )
 from flows.config import ConfigError, FlowConfig
 from infra.compute.process import train_here
+from infra.engines import TrainingConfig
 from infra.engines.contract import TrainingSettings, read_metrics, trainer_argv
 from infra.engines.launchers import LaunchError
 
@@ -97,7 +99,7 @@ def bench_training(
 
 
 def one_round(
-    base: TrainingSettings, data: str, root: Path, launched: list[tuple[TrainingSettings, str]], advance
+    base: TrainingSettings, data: str, root: Path, launched: Sequence[tuple[TrainingSettings, str]], advance
 ) -> dict:
     """Steady images/s of each framework, launcher and worker count, of one single process alone and of two at once
     (the machine's ceiling, measured with the PyTorch trainer `base`)."""
@@ -169,7 +171,7 @@ def ceiling(r: dict) -> float:
     return r["together"] / (2 * r["alone"])
 
 
-def summarise(rounds: list[dict], base: TrainingSettings, data: str) -> dict:
+def summarise(rounds: list[dict], base: TrainingConfig, data: str) -> dict:
     """Every figure over the rounds; efficiencies, the ceiling, their ratio (the issue's goal: 0.9 or more) and the
     step's breakdown computed within each round."""
     efficiencies = [scaling_efficiency(r["rates"]) for r in rounds]

@@ -17,6 +17,7 @@ from infra.core.diskspace import DiskFull, Need, check_needs, existing, is_disk_
 from infra.core.errors import exit_code
 from infra.core.redact import redact
 from infra.data.manifest import allocated, staging_needs
+from infra.engines import ENGINES
 from infra.runs.workdir import check_workdir, command_line
 from infra.storage.fileserver import FileServer
 
@@ -36,6 +37,20 @@ MaxSideOpt = Annotated[
         metavar="N",
     ),
 ]
+
+
+def setting_help(name: str) -> str:
+    """The help of training setting `name` as its engines declare it (trainer/options.py), each framework's where
+    they differ, and the setting it overrides."""
+    frameworks: dict[str, list[str]] = {}
+    for framework, engine in ENGINES.items():
+        if name in engine.model_fields:
+            frameworks.setdefault(engine.model_fields[name].description or "", []).append(framework)
+    texts = [
+        text.rstrip(".") if names == list(ENGINES) else f"{', '.join(names)}: {text.rstrip('.')}"
+        for text, names in frameworks.items()
+    ]
+    return f"{'; '.join(texts)} (training.{name})."
 
 
 def friendly_errors(command):

@@ -32,10 +32,11 @@ from cli import app
 from flows.config import ENV_PREFIX, FlowConfig, one_of_sections, section_type
 from flows.interrupts import EXIT_INTERRUPTED
 from infra.core.errors import BadInput, TrainflowError
-from infra.engines.options import PER_RUN
+from infra.engines import ENGINES
 from trainer import options as torch_options
 from trainer.tf import options as tf_options
 
+SETTINGS = {name for engine in ENGINES.values() for name in engine.model_fields}  # the rest: each run's, --check's
 PAGES = Path(__file__).resolve().parents[1] / "docs" / "reference"
 REGENERATE = ".venv/bin/python -m cli.reference"
 CATALOG = re.compile(r"<!-- bad inputs: start -->\n.*?<!-- bad inputs: end -->", re.S)  # tests/fakes/bad_inputs.py
@@ -216,7 +217,7 @@ def parser_section(title: str, parser: argparse.ArgumentParser) -> str:
 def option_row(action: argparse.Action) -> list[str]:
     """A trainer option's flags, setting, type (its choices when it has some), default and help."""
     flags = ", ".join(f"`{f}`" for f in action.option_strings)
-    setting = "set by the flow" if action.dest in PER_RUN else f"`training.{action.dest}`"
+    setting = f"`training.{action.dest}`" if action.dest in SETTINGS else "set by the flow"
     if action.choices:
         kind = " | ".join(str(c) for c in action.choices)
     elif action.nargs == 0:

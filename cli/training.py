@@ -20,12 +20,13 @@ from cli.common import (
     configure,
     friendly_errors,
     say,
+    setting_help,
 )
 from cli.services import holding, prefect_api
 from flows.config import LOCAL_DATA_FREE, ConfigError, FlowConfig, smoke_config
 from flows.dataset import check_batch, check_data_names, with_data
 from flows.preflight import check_access
-from infra.compute import backend_of, check_fits, check_installed
+from infra.compute import backend_of, check_installed
 from infra.compute.base import LocalBackend
 from infra.compute.process import train_here
 from infra.engines import ENGINES
@@ -45,18 +46,18 @@ def train(
     config: ConfigOpt = None,
     data: DataOpt = None,
     workdir: WorkdirOpt = None,
-    workers: Annotated[int | None, typer.Option(help="Training processes.")] = None,
+    workers: Annotated[int | None, typer.Option(help=setting_help("workers"))] = None,
     framework: FrameworkOpt = None,
     launcher: LauncherOpt = None,
     out: Annotated[Path | None, typer.Option(help="Results folder; a folder with checkpoints is resumed.")] = None,
-    model: Annotated[str | None, typer.Option(help="torchvision model name.")] = None,
-    epochs: Annotated[int | None, typer.Option()] = None,
-    batch_size: Annotated[int | None, typer.Option(help="Images per worker per step.")] = None,
-    parallel: Annotated[str | None, typer.Option(help="data, or pipeline (the model split into --stages).")] = None,
-    stages: Annotated[int | None, typer.Option(help="Pipeline stages (--parallel pipeline).")] = None,
-    microbatches: Annotated[int | None, typer.Option(help="Micro-batches per step.")] = None,
-    device: Annotated[str | None, typer.Option(help="auto, cpu or cuda.")] = None,
-    precision: Annotated[str | None, typer.Option(help="auto, bf16 or fp32.")] = None,
+    model: Annotated[str | None, typer.Option(help=setting_help("model"))] = None,
+    epochs: Annotated[int | None, typer.Option(help=setting_help("epochs"))] = None,
+    batch_size: Annotated[int | None, typer.Option(help=setting_help("batch_size"))] = None,
+    parallel: Annotated[str | None, typer.Option(help=setting_help("parallel"))] = None,
+    stages: Annotated[int | None, typer.Option(help=setting_help("stages"))] = None,
+    microbatches: Annotated[int | None, typer.Option(help=setting_help("microbatches"))] = None,
+    device: Annotated[str | None, typer.Option(help=setting_help("device"))] = None,
+    precision: Annotated[str | None, typer.Option(help=setting_help("precision"))] = None,
 ) -> None:
     """Train on this machine with N local workers (the process backend, as `trainflow run` does) and print the
     results folder. Every other trainer option is a `training:` setting of --config."""
@@ -73,7 +74,9 @@ def train(
         "device": device,
         "precision": precision,
     }
-    cfg = with_data(configure(config, data, workdir, overrides))
+    # it trains on processes here, one a worker: the pool's slots follow --workers
+    pool = {"slots_per_node": workers} if workers else {}
+    cfg = with_data(configure(config, data, workdir, overrides, pool=pool))
     warn_if_oversubscribed(cfg.training.workers)
     given = out
     out = (out or cfg.workdir / "results" / datetime.now().strftime("train-%Y%m%d-%H%M%S")).resolve()
@@ -165,7 +168,6 @@ def smoke(
 
 def run_flow(cfg: FlowConfig, dry_run: bool) -> None:
     """Plan (dry run) or run the train-flow for `cfg` and print its summary."""
-    check_fits(cfg.pool, cfg.training.workers)
     check_installed(cfg.pool, cfg.training)
     check_budget(cfg)  # the flow checks it too (deployments); here nothing has started yet
     if isinstance(backend_of(cfg.pool), LocalBackend):  # its workers, in processes or containers, share this machine

@@ -321,11 +321,16 @@ def deep_merge(base: dict, top: dict) -> dict:
 
 def section_type(field) -> type[BaseModel] | None:
     """The model of a setting that is a section of settings (training, storage, ...), else None; for a section that
-    is one of several (pool: the section of the backend it names), the model they all derive from."""
+    is one of several (pool: the section of the backend it names), the model they all derive from (not a plain
+    class they share, such as the trainers' options declaration)."""
     kinds = one_of_sections(field) or [field.annotation]
     if not all(isinstance(kind, type) and issubclass(kind, BaseModel) for kind in kinds):
         return None
-    return next(base for base in kinds[0].__mro__ if all(issubclass(kind, base) for kind in kinds))
+    return next(
+        base
+        for base in kinds[0].__mro__
+        if issubclass(base, BaseModel) and all(issubclass(kind, base) for kind in kinds)
+    )
 
 
 def one_of_sections(field) -> list:

@@ -9,6 +9,7 @@ from flows.config import LOCAL_DATA_FREE, ConfigError, FlowConfig
 from infra.core.jsonfiles import read_json, write_json
 from infra.data.manifest import check_names, relative_paths
 from infra.data.sample_data import write_digits
+from trainer.errors import UsageError
 
 
 def with_data(cfg: FlowConfig, training: bool = False) -> FlowConfig:
@@ -95,11 +96,10 @@ def check_data_names(cfg: FlowConfig) -> int | None:
 
 
 def check_batch(cfg: FlowConfig, images: int | None) -> None:
-    """Refuse a global batch larger than the training images (every worker needs a full batch each epoch), as the
-    trainer's own preflight would, but before staging and the pool."""
-    settings = cfg.training
-    if images is not None and settings.batch_size * settings.workers > images:
-        raise ConfigError(
-            f"training.batch_size {settings.batch_size} x {settings.workers} workers is more than the {images} "
-            f"training images in {cfg.data}; lower training.batch_size or training.workers"
-        )
+    """Refuse a global batch larger than the training images, by the trainer's own rule (every replica needs a full
+    batch each epoch), but before staging and the pool."""
+    if images is not None:
+        try:
+            cfg.training.check_batch(images, str(cfg.data))
+        except UsageError as exc:
+            raise ConfigError(str(exc)) from None

@@ -10,7 +10,7 @@ they would be made.
 from flows.config import FlowConfig
 from flows.steps import RUN, operations, plan
 from flows.steps.context import Context
-from infra.compute import backend_of, check_fits, check_installed
+from infra.compute import backend_of, check_installed
 
 RUN_ID = "<run id>"
 
@@ -20,7 +20,6 @@ def dry_run(cfg: FlowConfig) -> tuple[list[dict], dict[str, str]]:
     would send its service (as YAML, with the storage operations; nothing for local pools). Each decision is
     made once. With no data named, the digits set's place stands for it (nothing is written)."""
     cfg = cfg.model_copy(update={"data": cfg.data or str(cfg.workdir / "data" / "digits")})
-    check_fits(cfg.pool, cfg.training.workers)
     check_installed(cfg.pool, cfg.training)
     ctx = Context(cfg, RUN, RUN_ID)
     rows = plan(ctx)

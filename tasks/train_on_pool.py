@@ -15,7 +15,7 @@ from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
-from infra.compute import Pool, RunConfig, RunPaths, backend_of, check_fits, run_job
+from infra.compute import Pool, RunConfig, RunPaths, backend_of, run_job
 from infra.engines.contract import SYNTHETIC, read_metrics
 from infra.runs.attempts import timed_attempt
 from infra.runs.record import RECORD, RunSettings, read_record
@@ -56,9 +56,9 @@ def plan_pool(cfg: RunConfig[Any], run: RunPaths, image: str | None) -> Pool:
     retry_condition_fn=unless_permanent,
     cache_policy=NO_CACHE,
 )
-def create_pool_task(pool: Pool, pool_cfg, workers: int, keep_runs: set[str]) -> dict:
-    """Prefect step: delete pools that crashed runs left behind, then create this run's pool and wait for it."""
-    check_fits(pool_cfg, workers)
+def create_pool_task(pool: Pool, keep_runs: set[str]) -> dict:
+    """Prefect step: delete pools that crashed runs left behind, then create this run's pool and wait for it (its
+    config, the world size included, was checked when it was read)."""
     gone = pool.delete_leftovers(keep_runs)
     if gone:
         get_run_logger().warning("deleted pools left behind by runs %s", ", ".join(gone))

@@ -12,7 +12,6 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from trainer.errors import UsageError
 from trainer.image_files import SHOWN, bad_image_lines, bad_images_error, find_bad_images, write_bad_list
 from trainer.layout import Split, without
 from trainer.verified import VERIFIED, Verified, read_record, read_verified, write_record
@@ -94,15 +93,6 @@ def skip_bad_images(splits: tuple[Split, Split | None], data_dir: Path, bad: lis
 def bad_files_entry(bad: list[tuple[str, str]], listing: Path | None) -> dict:
     """metrics.json's record of the images a run left out: how many, the list file, the first of them."""
     return {"count": len(bad), "list": str(listing), "first": [list(pair) for pair in bad[:SHOWN]]}
-
-
-def check_batch_fits(batch_size: int, workers: int, images: int) -> None:
-    """Every worker needs at least one full batch per epoch."""
-    if batch_size * workers > images:
-        raise UsageError(
-            f"--batch-size {batch_size} x {workers} workers is more than the {images} training images; "
-            "lower --batch-size"
-        )
 
 
 def usable_splits(

@@ -26,7 +26,7 @@ from typing import Any, Generic, Literal, Protocol, TypeVar
 from trainer import badfiles, checkpoint, console, tracking
 from trainer.errors import UsageError
 from trainer.layout import SYNTHETIC, index_folder
-from trainer.options import check_output_folder, decay_epochs
+from trainer.options import check_batch_fits, check_output_folder, decay_epochs
 from trainer.records import SCHEMA, Checkpointed, EpochRow, Metrics, Progress
 from trainer.schedule import Schedule, lr_factor
 from trainer.throughput import Throughput, digest_chunks
@@ -198,7 +198,7 @@ def check_only(args: Namespace, checks: Checks, replicas: int) -> int:
         train_split, _, record, source = badfiles.usable_splits(args, Path(args.out), index_folder(Path(args.data)))
         if source == badfiles.DECODED:
             badfiles.hand_to_workers(Path(args.out), record)  # the workers skip what this decode found
-        badfiles.check_batch_fits(args.batch_size, replicas, len(train_split.samples))
+        check_batch_fits(args.batch_size, replicas, len(train_split.samples))
         classes = train_split.classes
         log.info("data ok: %d training images in %d classes", len(train_split.samples), len(classes))
     if (progress := checks.newest_progress(checkpoints_folder(args))) is not None:

@@ -36,7 +36,6 @@ from trainer.badfiles import (  # noqa: F401 - the bad-file rules, torch-free (e
     DECODED,
     bad_files_entry,
     bad_list_path,
-    check_batch_fits,
     folder_identity,
     hand_to_workers,
     known_bad_images,
@@ -52,7 +51,7 @@ from trainer.layout import (  # the data API: the layout's names, used here or b
     Split,
     index_folder,  # noqa: F401 - part of the data API
 )
-from trainer.options import LOADERS  # noqa: F401 - the loaders the data API builds
+from trainer.options import LOADERS, check_batch_fits  # noqa: F401 - the loaders the data API builds, its rule
 from trainer.recipe import MEAN, RATIO, STD, val_resize
 
 CPU = torch.device("cpu")  # the default device of the batch makers

@@ -1,24 +1,24 @@
-"""Command-line options of the training engines, and the checks made on them before anything runs.
+"""Command-line options of the training engines, declared once as types, and the checks made on them before
+anything runs.
 
-Every framework's trainer takes the common options (`add_common_options`, checked by `check_common_args`): data,
-results, model, schedule, augmentation, checkpoints, logging, tracking, bad files and the preflight's --check.
-`build_parser` is the PyTorch trainer's (train.py): the common options and its own (loaders, torch.compile, the
-torch.distributed backends, pipeline parallelism); trainer/tf/options.py is the TensorFlow and Keras trainers'.
+`CommonOptions` declares the options every framework's trainer takes (data, model, schedule, augmentation,
+checkpoints, logging, tracking, bad files), `PyTorchOptions` the PyTorch trainer's own (loaders, torch.compile, the
+torch.distributed backends, pipeline parallelism); trainer/tf/options.py declares the TensorFlow and Keras trainers'.
+Each option is an annotated attribute, `name: Annotated[type, Help("...")] = default`: the trainer's parser is made
+from it (`add_options`), and so are the orchestrator's config section (infra/engines), the CLI's help and the
+reference pages. `check_args` and `check_common_args` refuse values that cannot train.
 """
 
 import argparse
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated, Any, Literal, get_args, get_origin, get_type_hints
 
 from trainer.errors import UsageError
 from trainer.folders import cannot_write_in, nearest_existing
 from trainer.tracking import check_trackers
 
-LOADERS = ("fast", "pil", "dali", "gpu")  # --loader: see data.py, dali.py and gpu_decode.py
-# --compile-mode: torch.compile's modes (reduce-overhead: CUDA graphs; max-autotune: Triton kernels tuned per shape)
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-GRAD_COMPRESSIONS = ("none", "fp16", "bf16")  # --grad-compression: see distributed.py
 # The classifiers of the pinned torchvision (torchvision.models.list_models(module=torchvision.models)), listed here
 # so that the orchestrator checks training.model before anything starts without importing torch; the trainer checks
 # --model against its own torchvision (trainer/models.py), and tests/unit/trainer/test_model_names.py keeps the two
@@ -38,30 +38,159 @@ wide_resnet50_2
 TORCHVISION_MODELS = tuple(TORCHVISION_CLASSIFIERS.split())
 
 
+Loader = Literal["fast", "pil", "dali", "gpu"]  # --loader: see data.py, dali.py and gpu_decode.py
+LOADERS = get_args(Loader)
+# --compile-mode: torch.compile's modes (reduce-overhead: CUDA graphs; max-autotune: Triton kernels tuned per shape)
+CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
+COMPILE_MODES = get_args(CompileMode)
+GradCompression = Literal["none", "fp16", "bf16"]  # --grad-compression: see distributed.py
+GRAD_COMPRESSIONS = get_args(GradCompression)
+Switch = Literal["auto", "on", "off"]
+
+
 @dataclass(frozen=True)
-class FrameworkHelp:
-    """The help of the common options whose meaning depends on the framework."""
+class Help:
+    """An option's help, as `Annotated[type, Help("...")]` in an options declaration: the trainer's --help, the
+    config setting's description and the reference pages all read it."""
 
-    out: str
-    """--out: what the results folder holds."""
-    model: str
-    """--model: which models there are."""
-    loader_workers: str
-    """--loader-workers: what does the loading in parallel."""
-    device: str
-    """--device: what auto picks."""
-    precision: str
-    """--precision: what auto and bf16 mean."""
-    threads: str = "CPU threads per worker; 0 shares the cores among the local workers"
+    text: str
 
 
-PYTORCH_HELP = FrameworkHelp(
-    out="results folder: checkpoints, metrics.json, model.pt; resumed if it holds a checkpoint",
-    model="torchvision model name",
-    loader_workers="DataLoader worker processes per training process",
-    device="auto: a GPU when there is one",
-    precision="auto: bf16 autocast on GPU, fp32 on CPU",
-)
+class CommonOptions:
+    """The options of every framework's trainer that are settings (the config's training section), with the
+    ResNet-50-on-ImageNet reference case's defaults. A framework's declaration subclasses it, adds its own and may
+    declare a common option again to give it help that is true of that framework (same type, same default).
+
+    Not settings, added to every parser by `add_options`: --data and --out (each run's), --check and
+    --check-workers (the preflight's)."""
+
+    OUT_HELP = "results folder: checkpoints, metrics.json, model.pt; resumed if it holds a checkpoint"
+
+    model: Annotated[str, Help("torchvision model name")] = "resnet50"
+    image_size: Annotated[int, Help("side of the square crops the model sees")] = 224
+    min_crop_scale: Annotated[float, Help("smallest area fraction of the random-resized crop")] = 0.08
+    hflip: Annotated[bool, Help("random horizontal flips")] = True
+    loader_workers: Annotated[int, Help("DataLoader worker processes per training process")] = 4
+    steps_per_epoch: Annotated[int, Help("cap on steps per epoch; synthetic data needs it (default 100 there)")] = 0
+    num_classes: Annotated[int, Help("classes of synthetic data (real data: the class folders)")] = 1000
+    seed: Annotated[int, Help("seed of initialisation, shuffling and augmentation")] = 0
+    epochs: Annotated[int, Help("passes over the training split")] = 90
+    batch_size: Annotated[int, Help("images per worker per step")] = 32
+    lr: Annotated[float, Help("one-worker learning rate; scaled by the number of workers")] = 0.0125
+    momentum: Annotated[float, Help("SGD momentum")] = 0.9
+    weight_decay: Annotated[float, Help("L2 penalty")] = 1e-4
+    warmup_epochs: Annotated[float, Help("linear ramp from the one-worker rate to the scaled rate")] = 5.0
+    schedule: Annotated[
+        Literal["cosine", "step"], Help("decay after warmup: cosine to zero, or /10 at --lr-decay-epochs")
+    ] = "cosine"
+    lr_decay_epochs: Annotated[str, Help("epochs at which the step schedule divides the rate by 10")] = "30,60,80"
+    device: Annotated[Literal["auto", "cpu", "cuda"], Help("auto: a GPU when there is one")] = "auto"
+    precision: Annotated[Literal["auto", "bf16", "fp32"], Help("auto: bf16 autocast on GPU, fp32 on CPU")] = "auto"
+    threads: Annotated[int, Help("CPU threads per worker; 0 shares the cores among the local workers")] = 0
+    checkpoint_every: Annotated[
+        int, Help("steps between checkpoints (also one at each epoch end); 0: epoch ends only")
+    ] = 500
+    keep_checkpoints: Annotated[int, Help("newest checkpoints kept")] = 3
+    log_every: Annotated[int, Help("steps between progress lines")] = 20
+    tracking_uri: Annotated[
+        str,
+        Help(
+            "MLflow tracking URI that the rank reporting the loss logs metrics to while training (needs "
+            "mlflow-skinny); empty: no tracking"
+        ),
+    ] = ""
+    tracking_run_id: Annotated[
+        str,
+        Help(
+            "MLflow run to log into (the flow makes one per pipeline run); empty: a new run in the experiment trainflow"
+        ),
+    ] = ""
+    tensorboard: Annotated[
+        str,
+        Help(
+            "folder of TensorBoard event files (needs tensorboard): the run's go to a subfolder named after --out, "
+            "beside other runs'; empty: none"
+        ),
+    ] = ""
+    verify_images: Annotated[
+        bool,
+        Help(
+            "decode every image once before training (with --check: all of them; in training: each worker its "
+            "share); not needed where DATA/.verified.json vouches for the data version"
+        ),
+    ] = False
+    bad_files: Annotated[
+        Literal["fail", "skip"],
+        Help(
+            "images that cannot be decoded: fail refuses them all in one line (two or more listed in "
+            "OUT/bad-files.tsv); skip trains without them, listed in OUT/bad-files.tsv and metrics.json"
+        ),
+    ] = "fail"
+
+
+class PyTorchOptions(CommonOptions):
+    """The PyTorch trainer's options (train.py): the common ones and its loaders, torch.compile, its backends and
+    pipeline parallelism."""
+
+    loader: Annotated[
+        Loader,
+        Help(
+            "fast: only the training crop of a JPEG decoded (libjpeg-turbo), straight to uint8 tensors, normalised "
+            "on the device; pil: PIL images, normalised floats made by the loader (the original path); dali: NVIDIA "
+            "DALI (GPU decoding on a GPU, its CPU mode otherwise; pip install 'trainflow[dali]'); gpu: the workers "
+            "read the files and draw the fast loader's crops, a thread of the training process decodes each batch on "
+            "the device (nvJPEG, batched, on a GPU) and crops, resizes and flips there; PNG, CMYK and what the "
+            "device refuses are decoded on the CPU"
+        ),
+    ] = "fast"
+    pin_memory: Annotated[Switch, Help("auto: on when training on a GPU")] = "auto"
+    compile: Annotated[
+        Literal["auto", "off", "on"],
+        Help(
+            "torch.compile the model (TorchDynamo + Inductor); auto: on for a GPU (1.26x ResNet-50's images/s on "
+            "one H100, README: Benchmark), off on the CPU (its first steps pay minutes of compiling); never in "
+            "pipeline mode"
+        ),
+    ] = "auto"
+    compile_mode: Annotated[
+        CompileMode,
+        Help(
+            "torch.compile's mode, with --compile on (or auto on a GPU): reduce-overhead replays the step as CUDA "
+            "graphs, max-autotune also tunes Triton kernels per shape (minutes of compiling), "
+            "max-autotune-no-cudagraphs tunes without the graphs"
+        ),
+    ] = "default"
+    fused_optimizer: Annotated[
+        Switch,
+        Help(
+            "SGD's update as one fused kernel over every parameter (fused=True) rather than a kernel per parameter "
+            "and step (off: torch's default, foreach on CUDA); auto: on for CUDA and the CPU, where torch has it"
+        ),
+    ] = "auto"
+    channels_last: Annotated[Switch, Help("auto: on for GPU")] = "auto"
+    backend: Annotated[Literal["auto", "single", "ddp", "horovod"], Help("auto: from the launcher's environment")] = (
+        "auto"
+    )
+    grad_compression: Annotated[
+        GradCompression,
+        Help(
+            "the gradients' type in the all-reduce: none (float32); fp16 (DDP and Horovod) or bf16 (DDP only) halve "
+            "the bytes sent, for slow links between nodes (no faster on one CPU machine)"
+        ),
+    ] = "none"
+    parallel: Annotated[
+        Literal["data", "pipeline"],
+        Help("data: every worker holds the model; pipeline: the model split into --stages (torchrun only)"),
+    ] = "data"
+    stages: Annotated[int, Help("pipeline: stages the model is split into; the world is stages x replicas")] = 1
+    microbatches: Annotated[
+        int, Help("micro-batches per step (must divide --batch-size): pipelined, or gradient accumulation in data mode")
+    ] = 1
+    pipeline_schedule: Annotated[Literal["gpipe", "1f1b"], Help("pipeline: the micro-batch schedule")] = "gpipe"
+    balance: Annotated[
+        Literal["params", "time"],
+        Help("pipeline: balance the stages by parameter count or by measured forward+backward time"),
+    ] = "params"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -70,200 +199,56 @@ def build_parser() -> argparse.ArgumentParser:
         prog="train.py",
         description="Training of a torchvision classifier: data-parallel, or pipeline-parallel over stages.",
     )
-    add_common_options(p, PYTORCH_HELP)
-    add_pytorch_options(p)
+    add_options(p, PyTorchOptions)
     return p
 
 
-def add_common_options(p: argparse.ArgumentParser, helps: FrameworkHelp) -> None:
-    """The options of every framework's trainer, with the ResNet-50-on-ImageNet reference case's defaults."""
-    add_data_options(p, helps)
-    add_optimizer_options(p)
-    add_run_options(p, helps)
-    add_check_options(p)
-
-
-def add_data_options(p: argparse.ArgumentParser, helps: FrameworkHelp) -> None:
-    """Where the data and results are, the model, and how images are augmented and loaded."""
+def add_options(p: argparse.ArgumentParser, options: type[CommonOptions]) -> None:
+    """An argument for every option that `options` declares, after --data and --out, with --check and
+    --check-workers after the common ones (the order of --help)."""
     p.add_argument(
         "--data", required=True, help="ImageNet-layout folder (train/<class>/..., val/<class>/...) or 'synthetic'"
     )
-    p.add_argument("--out", required=True, type=Path, help=helps.out)
-    p.add_argument("--model", default="resnet50", help=helps.model)
-    p.add_argument("--image-size", type=int, default=224, help="side of the square crops the model sees")
-    p.add_argument(
-        "--min-crop-scale", type=float, default=0.08, help="smallest area fraction of the random-resized crop"
-    )
-    p.add_argument("--hflip", action=argparse.BooleanOptionalAction, default=True, help="random horizontal flips")
-    p.add_argument("--loader-workers", type=int, default=4, help=helps.loader_workers)
-    p.add_argument(
-        "--steps-per-epoch",
-        type=int,
-        default=0,
-        help="cap on steps per epoch; synthetic data needs it (default 100 there)",
-    )
-    p.add_argument(
-        "--num-classes", type=int, default=1000, help="classes of synthetic data (real data: the class folders)"
-    )
-    p.add_argument("--seed", type=int, default=0, help="seed of initialisation, shuffling and augmentation")
+    p.add_argument("--out", required=True, type=Path, help=options.OUT_HELP)
+    hints, common = option_hints(options), option_hints(CommonOptions)
+    for name in [*common, "", *(n for n in hints if n not in common)]:
+        if name:
+            p.add_argument("--" + name.replace("_", "-"), **argument(hints[name], getattr(options, name)))
+        else:
+            add_check_options(p)
 
 
-def add_optimizer_options(p: argparse.ArgumentParser) -> None:
-    """Synchronous SGD and its learning-rate schedule (trainer/schedule.py)."""
-    p.add_argument("--epochs", type=int, default=90, help="passes over the training split")
-    p.add_argument("--batch-size", type=int, default=32, help="images per worker per step")
-    p.add_argument("--lr", type=float, default=0.0125, help="one-worker learning rate; scaled by the number of workers")
-    p.add_argument("--momentum", type=float, default=0.9, help="SGD momentum")
-    p.add_argument("--weight-decay", type=float, default=1e-4, help="L2 penalty")
-    p.add_argument(
-        "--warmup-epochs", type=float, default=5.0, help="linear ramp from the one-worker rate to the scaled rate"
-    )
-    p.add_argument(
-        "--schedule",
-        choices=["cosine", "step"],
-        default="cosine",
-        help="decay after warmup: cosine to zero, or /10 at --lr-decay-epochs",
-    )
-    p.add_argument(
-        "--lr-decay-epochs", default="30,60,80", help="epochs at which the step schedule divides the rate by 10"
-    )
+def option_hints(options: type[CommonOptions]) -> dict[str, Any]:
+    """The options that `options` declares, in order, with their `Annotated` types."""
+    return get_type_hints(options, include_extras=True)
 
 
-def add_run_options(p: argparse.ArgumentParser, helps: FrameworkHelp) -> None:
-    """Where and how each worker runs, and what it records: checkpoints, progress lines, tracking."""
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help=helps.device)
-    p.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto", help=helps.precision)
-    p.add_argument("--threads", type=int, default=0, help=helps.threads)
-    p.add_argument(
-        "--checkpoint-every",
-        type=int,
-        default=500,
-        help="steps between checkpoints (also one at each epoch end); 0: epoch ends only",
-    )
-    p.add_argument("--keep-checkpoints", type=int, default=3, help="newest checkpoints kept")
-    p.add_argument("--log-every", type=int, default=20, help="steps between progress lines")
-    p.add_argument(
-        "--tracking-uri",
-        default="",
-        help="MLflow tracking URI that the rank reporting the loss logs "
-        "metrics to while training (needs mlflow-skinny); empty: no tracking",
-    )
-    p.add_argument(
-        "--tracking-run-id",
-        default="",
-        help="MLflow run to log into (the flow makes one per "
-        "pipeline run); empty: a new run in the experiment trainflow",
-    )
-    p.add_argument(
-        "--tensorboard",
-        default="",
-        help="folder of TensorBoard event files (needs tensorboard): the "
-        "run's go to a subfolder named after --out, beside other runs'; empty: none",
-    )
+def option_help(options: type[CommonOptions], name: str) -> str:
+    """The help of option `name` (a setting's name: batch_size) of `options`."""
+    return next(m.text for m in get_args(option_hints(options)[name]) if isinstance(m, Help))
+
+
+def argument(hint: Any, default: object) -> dict[str, Any]:
+    """argparse's keywords for an option of type `hint` (Annotated[type, Help]) and `default`."""
+    kind, *extras = get_args(hint)
+    spec: dict[str, Any] = {"default": default, "help": next(m.text for m in extras if isinstance(m, Help))}
+    if get_origin(kind) is Literal:
+        spec["choices"] = get_args(kind)
+    elif kind is bool:
+        spec["action"] = argparse.BooleanOptionalAction
+    elif kind is not str:
+        spec["type"] = kind
+    return spec
 
 
 def add_check_options(p: argparse.ArgumentParser) -> None:
-    """Images that cannot be decoded, and the preflight (--check)."""
-    p.add_argument(
-        "--verify-images",
-        action=argparse.BooleanOptionalAction,
-        default=False,
-        help="decode every image once before training (with --check: all of them; in training: each worker "
-        "its share); not needed where DATA/.verified.json vouches for the data version",
-    )
-    p.add_argument(
-        "--bad-files",
-        choices=["fail", "skip"],
-        default="fail",
-        help="images that cannot be decoded: fail refuses them all in one line (two or more listed in "
-        "OUT/bad-files.tsv); skip trains without them, listed in OUT/bad-files.tsv and metrics.json",
-    )
+    """The preflight's options (not settings)."""
     p.add_argument(
         "--check",
         action="store_true",
         help="check the arguments, output folder, data and model in one process, then exit",
     )
     p.add_argument("--check-workers", type=int, default=1, help="with --check: the number of workers the run will have")
-
-
-def add_pytorch_options(p: argparse.ArgumentParser) -> None:
-    """The PyTorch trainer's own: its loaders, torch.compile, its backends and pipeline parallelism."""
-    p.add_argument(
-        "--loader",
-        choices=LOADERS,
-        default="fast",
-        help="fast: only the training crop of a JPEG decoded (libjpeg-turbo), straight to uint8 tensors, "
-        "normalised on the device; "
-        "pil: PIL images, normalised floats made by the loader (the original path); dali: NVIDIA "
-        "DALI (GPU decoding on a GPU, its CPU mode otherwise; pip install 'trainflow[dali]'); gpu: the workers "
-        "read the files and draw the fast loader's crops, a thread of the training process decodes each batch on "
-        "the device (nvJPEG, batched, on a GPU) and crops, resizes and flips there; PNG, CMYK and what the "
-        "device refuses are decoded on the CPU",
-    )
-    p.add_argument(
-        "--pin-memory", choices=["auto", "on", "off"], default="auto", help="auto: on when training on a GPU"
-    )
-    p.add_argument(
-        "--compile",
-        choices=["auto", "off", "on"],
-        default="auto",
-        help="torch.compile the model (TorchDynamo + Inductor); auto: on for a GPU (1.26x ResNet-50's "
-        "images/s on one H100, README: Benchmark), off on the CPU (its first steps pay minutes of "
-        "compiling); never in pipeline mode",
-    )
-    p.add_argument(
-        "--compile-mode",
-        choices=COMPILE_MODES,
-        default="default",
-        help="torch.compile's mode, with --compile on (or auto on a GPU): reduce-overhead replays the step as CUDA "
-        "graphs, max-autotune also tunes Triton kernels per shape (minutes of compiling), "
-        "max-autotune-no-cudagraphs tunes without the graphs",
-    )
-    p.add_argument(
-        "--fused-optimizer",
-        choices=["auto", "on", "off"],
-        default="auto",
-        help="SGD's update as one fused kernel over every parameter (fused=True) rather than a kernel per parameter "
-        "and step (off: torch's default, foreach on CUDA); auto: on for CUDA and the CPU, where torch has it",
-    )
-    p.add_argument("--channels-last", choices=["auto", "on", "off"], default="auto", help="auto: on for GPU")
-    p.add_argument(
-        "--backend",
-        choices=["auto", "single", "ddp", "horovod"],
-        default="auto",
-        help="auto: from the launcher's environment",
-    )
-    p.add_argument(
-        "--grad-compression",
-        choices=GRAD_COMPRESSIONS,
-        default="none",
-        help="the gradients' type in the all-reduce: none (float32); fp16 (DDP and Horovod) or bf16 (DDP "
-        "only) halve the bytes sent, for slow links between nodes (no faster on one CPU machine)",
-    )
-    p.add_argument(
-        "--parallel",
-        choices=["data", "pipeline"],
-        default="data",
-        help="data: every worker holds the model; pipeline: the model split into --stages (torchrun only)",
-    )
-    p.add_argument(
-        "--stages", type=int, default=1, help="pipeline: stages the model is split into; the world is stages x replicas"
-    )
-    p.add_argument(
-        "--microbatches",
-        type=int,
-        default=1,
-        help="micro-batches per step (must divide --batch-size): pipelined, or gradient accumulation in data mode",
-    )
-    p.add_argument(
-        "--pipeline-schedule", choices=["gpipe", "1f1b"], default="gpipe", help="pipeline: the micro-batch schedule"
-    )
-    p.add_argument(
-        "--balance",
-        choices=["params", "time"],
-        default="params",
-        help="pipeline: balance the stages by parameter count or by measured forward+backward time",
-    )
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -320,6 +305,18 @@ def check_layout(world: int, stages: int, batch: int, microbatches: int) -> None
             f"the world size {world} is not a multiple of --stages {stages}; start stages x replicas processes"
         )
     check_microbatches(batch, microbatches)
+
+
+def check_batch_fits(batch_size: int, replicas: int, images: int, stages: int = 1, where: str = "") -> None:
+    """Every data-parallel replica (a worker, or in pipeline mode a pipeline of `stages` workers) needs a full batch
+    each epoch: the one rule, which the orchestrator runs on the data folder before staging (its message in the
+    config's words) and the trainer on the images it trains on."""
+    if batch_size * replicas > images:
+        who = f"{replicas} workers" if stages == 1 else f"{replicas} pipeline replicas (--stages {stages})"
+        raise UsageError(
+            f"--batch-size {batch_size} x {who} is more than the {images} training images{where}; "
+            "lower --batch-size or the world size"
+        )
 
 
 def check_microbatches(batch: int, microbatches: int) -> None:

@@ -226,7 +226,7 @@ def make_batches(args, backend: Backend, device: torch.device, channels_last: bo
     out = Path(args.out)
     train_split, val_split, record, _ = badfiles.usable_splits(args, out, splits, rank, world, backend.gather)
     facts = badfiles.data_facts(args, Path(args.out), train_split, val_split, record)
-    data.check_batch_fits(args.batch_size, shards, len(train_split.samples))
+    data.check_batch_fits(args.batch_size, shards, len(train_split.samples), args.stages)
     pin = resolve(args.pin_memory, device)
     train_set = data.image_files(
         train_split, data.train_transform(args.image_size, args.min_crop_scale, args.hflip, args.loader), args.loader

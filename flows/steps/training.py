@@ -26,7 +26,7 @@ def run(ctx: Context) -> None:
     """Create the run's pool, train on it (logging into the tracked MLflow run), and delete it whatever happens."""
     cfg, pool = ctx.cfg, plan_pool(ctx.cfg, ctx.run, ctx.image)
     try:
-        ctx.pool = create_pool_task(pool, cfg.pool, cfg.training.workers, set())
+        ctx.pool = create_pool_task(pool, set())
         ctx.did(step_plan("create-pool", "run", f"{cfg.pool.backend} pool, {slots(cfg.pool)} slots"))
         training = tracked_training(cfg.training, ctx.tracked)
         ctx.trained = run_training_task(pool, training, ctx.run.out, cfg.job.timeout_s, ctx.resumed)

@@ -89,16 +89,6 @@ def slots(pool: PoolSection) -> int:
     return backend_of(pool).nodes(pool) * pool.slots_per_node
 
 
-def check_fits(pool: PoolSection, workers: int) -> None:
-    """Refuse more workers than the pool has slots, before anything starts."""
-    if workers > slots(pool):
-        raise BadInput(
-            f"training.workers is {workers} but the {pool.backend} pool has {slots(pool)} slots "
-            f"({backend_of(pool).nodes(pool)} node(s) x pool.slots_per_node {pool.slots_per_node}); "
-            "lower training.workers or raise pool.nodes / pool.slots_per_node"
-        )
-
-
 def check_installed(pool: PoolSection, training: TrainingSettings) -> None:
     """Refuse a run whose workers need an install layer this venv lacks (infra/engines/installed.py), before anything
     starts: a pool that needs no image trains in this venv."""

@@ -20,6 +20,7 @@ from typing import Generic, Literal, Protocol, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from infra.core.errors import TrainflowError
+from infra.engines import TrainingConfig
 from infra.engines.contract import SYNTHETIC, Metrics, TrainingSettings, read_metrics
 from infra.engines.launchers import LaunchError, route_output
 from infra.images.registry import ImageConfig
@@ -145,7 +146,7 @@ class RunConfig(Protocol[S_co]):
     def pool(self) -> S_co: ...
 
     @property
-    def training(self) -> TrainingSettings: ...
+    def training(self) -> TrainingConfig: ...
 
     @property
     def fileshare(self) -> FileShareConfig: ...
@@ -169,7 +170,11 @@ class Backend(Protocol[S]):
     """Its pool section: the settings under `pool:` when pool.backend names it."""
 
     def check(self, cfg: RunConfig[S]) -> None:
-        """Refuse a config it cannot run (a ValueError naming the settings)."""
+        """Refuse a config it cannot run (a ValueError naming the settings), the world size included (check_world):
+        every command validates its config once, so each rule runs once."""
+
+    def check_world(self, pool: S, training: TrainingSettings) -> None:
+        """Refuse a world size (training.workers, its one owner) that the pool cannot start: the backend's rule."""
 
     def nodes(self, pool: S) -> int:
         """Nodes the pool has."""
@@ -203,6 +208,17 @@ class LocalBackend(Generic[S]):
             raise ValueError(
                 f"the {self.name} pool runs the scripts from the local file share, but fileshare.backend "
                 "is azure; set fileshare.backend: local to train on this machine"
+            )
+        self.check_world(cfg.pool, cfg.training)
+
+    def check_world(self, pool: S, training: TrainingSettings) -> None:
+        """Up to the pool's slots, one worker a slot."""
+        slots = self.nodes(pool) * pool.slots_per_node
+        if training.workers > slots:
+            raise ValueError(
+                f"training.workers is {training.workers} but the {self.name} pool has {slots} slots "
+                f"({self.nodes(pool)} node(s) x pool.slots_per_node {pool.slots_per_node}); "
+                "lower training.workers or raise pool.nodes / pool.slots_per_node"
             )
 
     def nodes(self, pool: S) -> int:

@@ -188,10 +188,11 @@ class DockerBackend(LocalBackend[DockerPoolConfig]):
     needs_image = True
     settings = DockerPoolConfig
 
-    def check(self, cfg: RunConfig[DockerPoolConfig]) -> None:
-        super().check(cfg)
-        if cfg.training.launcher == "torchrun":
-            torchrun_layout(cfg.training.workers, cfg.pool.slots_per_node)
+    def check_world(self, pool: DockerPoolConfig, training: TrainingSettings) -> None:
+        """Up to the pool's slots and, under torchrun, the same number of workers on every node it needs."""
+        super().check_world(pool, training)
+        if training.launcher == "torchrun":
+            torchrun_layout(training.workers, pool.slots_per_node)
 
     def pool(self, cfg: RunConfig[DockerPoolConfig], run: RunPaths, image: str | None) -> DockerPool:
         return DockerPool(cfg.pool, run, image or "<image>", cfg.image.engine)

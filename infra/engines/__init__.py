@@ -14,6 +14,7 @@ the ledger and the reports are the same for every framework. Adding a framework 
 May import: infra.core, and of the trainer its contract modules and the options of each framework's trainer.
 """
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Annotated, Any, Union
 
 from pydantic import BeforeValidator, Field
@@ -22,7 +23,8 @@ from infra.engines.contract import TrainingSettings
 from infra.engines.pytorch import PyTorchTraining
 from infra.engines.tensorflow import KerasTraining, TensorFlowTraining
 
-ENGINES: dict[str, type[TrainingSettings]] = {
+Engine = type[PyTorchTraining] | type[TensorFlowTraining] | type[KerasTraining]
+ENGINES: dict[str, Engine] = {
     "pytorch": PyTorchTraining,
     "tensorflow": TensorFlowTraining,
     "keras": KerasTraining,
@@ -32,7 +34,7 @@ DEFAULT = "pytorch"
 __all__ = ["DEFAULT", "ENGINES", "TrainingConfig", "default_training"]
 
 
-def one_of(engines: dict[str, type[TrainingSettings]]) -> Any:
+def one_of(engines: Mapping[str, type[TrainingSettings]]) -> Any:
     """The type of the training section: the section of the engine that `framework` names (the default framework's
     when it names none), as the pool section is the backend's; with one engine, that engine's section."""
     if len(engines) == 1:  # pydantic would still put the tag in every error's location
@@ -49,12 +51,12 @@ def default_framework(section: object) -> object:
     return {"framework": DEFAULT, **section} if isinstance(section, dict) else section
 
 
-if TYPE_CHECKING:
-    TrainingConfig = TrainingSettings
+if TYPE_CHECKING:  # the section as the type checker sees it: one of the engines' (pydantic's is made at run time)
+    TrainingConfig = PyTorchTraining | TensorFlowTraining | KerasTraining
 else:
     TrainingConfig = one_of(ENGINES)
 
 
-def default_training() -> TrainingSettings:
+def default_training() -> TrainingConfig:
     """The training section when a config names none: the default framework's defaults."""
     return ENGINES[DEFAULT].model_validate({})

@@ -20,7 +20,7 @@ import-linter contracts in pyproject.toml).
 import subprocess
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
@@ -72,11 +72,6 @@ class TrainingSettings(BaseModel):
     preflight_images: bool = True
     """The preflight (process pool and `trainflow train`) decodes every image once before the workers start,
     so a corrupt file fails fast, by name; the other checks always run."""
-
-    if TYPE_CHECKING:  # an engine adds its trainer's options as fields made from the trainer's own parser, which
-        # the type checker cannot see: to it, they are Any
-
-        def __getattr__(self, name: str) -> Any: ...
 
     def trainer_args(self) -> list[str]:
         """The trainer's command-line options for these settings (the orchestrator's own settings excluded)."""

@@ -1,29 +1,38 @@
-"""A trainer's options as settings: every engine's section of the config is made from its trainer's own argument
-parser, so the option, its default, its choices and its help have one home (the trainer) and cannot drift.
+"""A trainer's options as settings: every engine's section of the config subclasses its trainer's typed options
+declaration (trainer/options.py: `PyTorchOptions`, `TensorFlowOptions`), so the option, its type, its default, its
+choices and its help have one home (the trainer) and cannot drift, and the type checker sees every setting.
 
-`ParsedSettings` is the base of such a section: its trainer's options become fields (`with_options`), the section
-turns back into the trainer's arguments (`trainer_args`), and the trainer's own checks validate it (`check`), their
-messages naming the config's settings (training.batch_size) instead of the trainer's options (--batch-size).
+`ParsedSettings` is the base of such a section: the declaration's attributes become fields (their `Help` their
+descriptions), the section turns back into the trainer's arguments (`trainer_args`), and the trainer's own checks
+validate it (`check`), their messages naming the config's settings (training.batch_size) instead of the trainer's
+options (--batch-size).
 """
 
-import argparse
 import re
 from argparse import Namespace
-from typing import Any, Literal, TypeVar
+from typing import Any
 
-from pydantic import Field, create_model, model_validator
+from pydantic import model_validator
 
 from infra.engines.contract import TrainingSettings
 from trainer.errors import UsageError
+from trainer.options import Help, check_batch_fits
 
-# Set by the flow for each run, or the preflight's own: not settings.
-PER_RUN = {"help", "data", "out", "check", "check_workers"}
 FLAG = re.compile(r"--([a-z][a-z-]*)")
-S = TypeVar("S", bound="ParsedSettings")
 
 
 class ParsedSettings(TrainingSettings):
-    """A training section whose trainer options come from the trainer's parser (see `with_options`)."""
+    """A training section whose trainer options come from the trainer's declaration: a subclass names it first,
+    `class PyTorchTraining(PyTorchOptions, ParsedSettings)`."""
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        """Each option's `Help` is its setting's description (the schema, the reference pages)."""
+        super().__pydantic_init_subclass__(**kwargs)
+        for field in cls.model_fields.values():
+            for help_ in (m for m in field.metadata if isinstance(m, Help)):
+                field.description = help_.text
+        cls.model_rebuild(force=True)
 
     @model_validator(mode="after")
     def _the_trainer_accepts_it(self) -> "ParsedSettings":
@@ -32,6 +41,19 @@ class ParsedSettings(TrainingSettings):
         except UsageError as exc:
             raise ValueError(setting_names(str(exc))) from None
         return self
+
+    def replicas(self) -> tuple[int, int]:
+        """(data-parallel replicas, the workers of each): one worker each, unless an engine splits the model."""
+        return self.workers, 1
+
+    def check_batch(self, images: int, where: str) -> None:
+        """Refuse a batch that `images` training images (in `where`) cannot give every replica each epoch: the
+        trainer's rule (check_batch_fits), in the config's words."""
+        try:
+            replicas, stages = self.replicas()
+            check_batch_fits(self.namespace().batch_size, replicas, images, stages, where=f" in {where}")
+        except UsageError as exc:
+            raise UsageError(setting_names(str(exc))) from None
 
     def check(self, args: Namespace) -> None:
         """The trainer's own checks of its arguments (UsageError); an engine adds those of its launcher."""
@@ -54,33 +76,8 @@ class ParsedSettings(TrainingSettings):
         return args
 
 
-def with_options(base: type[S], parser: argparse.ArgumentParser, name: str, doc: str) -> type[S]:
-    """`base` with a field for every option of the trainer's `parser` that is a setting. An engine module binds it
-    under `if not TYPE_CHECKING` (the type checker cannot see fields made at run time: to it, the section is `base`)."""
-    made = create_model(name, __base__=base, __module__=base.__module__, **option_fields(parser))
-    made.__doc__ = doc
-    return made
-
-
 def setting_names(message: str) -> str:
     """A trainer message with its option names (--batch-size) as the config's (training.batch_size); the world
     size is training.workers."""
     message = message.replace("the world size", "training.workers")
     return FLAG.sub(lambda m: "training." + m.group(1).replace("-", "_"), message)
-
-
-def option_fields(parser: argparse.ArgumentParser) -> dict[str, Any]:
-    """(type, Field) of every trainer option that is a setting: its default, its choices, its help."""
-    fields: dict[str, Any] = {}
-    for action in parser._actions:  # argparse has no public list of a parser's options
-        if action.dest in PER_RUN:
-            continue
-        kind: Any
-        if action.choices:
-            kind = Literal[tuple(action.choices)]
-        elif isinstance(action, argparse.BooleanOptionalAction):
-            kind = bool
-        else:
-            kind = action.type or str
-        fields[action.dest] = (kind, Field(action.default, description=action.help))
-    return fields

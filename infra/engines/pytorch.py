@@ -1,26 +1,30 @@
 """The PyTorch engine: containers/trainer/train.py, started by torchrun (torch.distributed) or horovodrun.
 
-Its section of the config is made from the trainer's own argument parser (trainer/options.py, see
-infra/engines/options.py): every option is a setting with the trainer's default, choices and help, and the
+Its section of the config subclasses the trainer's own options declaration (trainer/options.py: `PyTorchOptions`, see
+infra/engines/options.py): every option is a setting with the trainer's type, default, choices and help, and the
 trainer's own checks (`check_args`, `check_layout`, the model's name) validate it, so the two cannot drift apart.
 """
 
 from argparse import Namespace
-from typing import TYPE_CHECKING, ClassVar, Literal
+from typing import ClassVar, Literal
 
-from infra.engines.options import ParsedSettings, with_options
+from infra.engines.options import ParsedSettings
 from trainer.errors import UsageError
-from trainer.options import TORCHVISION_MODELS, build_parser, check_args, check_layout, check_model_in
+from trainer.options import TORCHVISION_MODELS, PyTorchOptions, check_args, check_layout, check_model_in
 
 
-class PyTorchSettings(ParsedSettings):
-    """The orchestrator's settings of a PyTorch run; the trainer's options are added from its parser below."""
+class PyTorchTraining(PyTorchOptions, ParsedSettings):
+    """How the PyTorch trainer runs: the launcher, the workers, and every option of train.py
+    (`python containers/trainer/train.py --help`), with its defaults: the ResNet-50-on-ImageNet reference case."""
 
     ENTRY: ClassVar[str] = "trainer/train.py"
     MODEL_FILE: ClassVar[str] = "model.pt"
     IMAGE_STACK: ClassVar[str] = ""
     framework: Literal["pytorch"] = "pytorch"
     """The training framework (an engine of infra/engines): pytorch."""
+
+    def replicas(self) -> tuple[int, int]:
+        return (self.workers // self.stages, self.stages) if self.parallel == "pipeline" else (self.workers, 1)
 
     def check(self, args: Namespace) -> None:
         if self.launcher == "horovodrun" and args.backend == "auto":
@@ -53,13 +57,3 @@ def check_image_size(model: str, size: int) -> None:
         f"{model} takes images of {takes}, not --image-size {size}; set --image-size {high or low} or pick another "
         "--model"
     )
-
-
-DOC = (
-    "How the PyTorch trainer runs: the launcher, the workers, and every option of train.py "
-    "(`python containers/trainer/train.py --help`), with its defaults: the ResNet-50-on-ImageNet reference case."
-)
-if TYPE_CHECKING:
-    PyTorchTraining = PyTorchSettings
-else:
-    PyTorchTraining = with_options(PyTorchSettings, build_parser(), "PyTorchTraining", DOC)

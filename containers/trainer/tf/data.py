@@ -40,6 +40,7 @@ import tensorflow as tf
 
 from trainer import badfiles, image_files, layout
 from trainer.layout import SYNTHETIC, Split
+from trainer.options import check_batch_fits
 from trainer.recipe import MEAN, RATIO, STD, SYNTHETIC_STEPS, val_resize
 
 log = logging.getLogger("trainer")
@@ -67,23 +68,9 @@ def load(args, out: Path, rank: int, world: int, gather: badfiles.Gather | None 
     if args.data == SYNTHETIC:
         return synthetic_images(args)
     images, _, _ = indexed(args, out, rank, world, gather or (badfiles.one_rank if world == 1 else horovod_gather))
-    badfiles.check_batch_fits(args.batch_size, world, len(images.train.samples))
+    check_batch_fits(args.batch_size, world, len(images.train.samples))
     if images.val is None:
         log.warning("no val/ folder in %s: training without validation", args.data)
-    return images
-
-
-def check_data(args, out: Path, workers: int) -> Images:
-    """The preflight's check of --data, in one process before any worker starts (the PyTorch trainer's --check):
-    load's, every one of `workers` given a full batch, and where it decoded the images (--verify-images) the bad
-    ones handed to the workers (OUT/images-checked.json), which then leave them out without decoding again."""
-    if args.data == SYNTHETIC:
-        return synthetic_images(args)
-    images, record, source = indexed(args, out, 0, 1, badfiles.one_rank)
-    if source == badfiles.DECODED:
-        badfiles.hand_to_workers(out, record)
-    badfiles.check_batch_fits(args.batch_size, workers, len(images.train.samples))
-    log.info("data ok: %d training images in %d classes", len(images.train.samples), len(images.classes))
     return images
 
 

@@ -26,7 +26,7 @@ from infra.compute.azureml.specs import (
     yaml_text,
 )
 from infra.compute.base import Billing, RunConfig, RunPaths, SyncWhere
-from infra.engines.contract import SYNTHETIC
+from infra.engines.contract import SYNTHETIC, TrainingSettings
 
 
 class AzureMLBackend:
@@ -38,7 +38,7 @@ class AzureMLBackend:
 
     def check(self, cfg: RunConfig[AzureMLPoolConfig]) -> None:
         pool = cfg.pool
-        check_world(pool, cfg.training.workers)
+        self.check_world(pool, cfg.training)
         check_complete(pool, reads_nfs=pool.data_source == "nfs" and cfg.data != SYNTHETIC)
         check_registry(pool, cfg.image)
         if cfg.fileshare.backend != "azure":
@@ -46,6 +46,9 @@ class AzureMLBackend:
                 "the azureml pool reads the scripts from the Azure Files share; set fileshare.backend: "
                 "azure (and pool.datastore to the datastore registered for that share)"
             )
+
+    def check_world(self, pool: AzureMLPoolConfig, training: TrainingSettings) -> None:
+        check_world(pool, training.workers)
 
     def nodes(self, pool: AzureMLPoolConfig) -> int:
         return pool.nodes

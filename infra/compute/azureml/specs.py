@@ -3,7 +3,7 @@ connection), built by plain functions that need no network: `trainflow run --dry
 tests check them against the documented rules (tests/fakes/azureml.py).
 """
 
-from infra.compute.azureml.settings import AzureMLPoolConfig, check_world, nccl_environment
+from infra.compute.azureml.settings import AzureMLPoolConfig, nccl_environment
 from infra.compute.base import RunPaths
 from infra.engines.contract import SYNTHETIC, TrainingSettings, trainer_argv
 from infra.engines.launchers import torchrun_options
@@ -138,7 +138,6 @@ def job_spec(
     datastore, so a new attempt resumes from the newest checkpoint there."""
     from azure.ai.ml import MpiDistribution, Output, PyTorchDistribution, command
 
-    check_world(pool, training.workers)
     prefix, inputs, data = data_input(pool, run)
     distribution = (
         MpiDistribution(process_count_per_instance=pool.slots_per_node)

@@ -7,18 +7,20 @@ from pathlib import Path
 
 import pytest
 
-from infra.compute import BACKENDS, DockerPoolConfig, PoolError, ProcessPoolConfig, RunPaths, check_fits
+from flows.config import ConfigError, load_config
+from infra.compute import BACKENDS, DockerPoolConfig, PoolError, ProcessPoolConfig, RunPaths
 from infra.compute.base import merged_lines
 from infra.compute.process import ProcessPool, leftover_runs
-from infra.core.errors import BadInput
+from infra.engines import default_training
 from tests.fakes.paths import REPO
 
 
-def test_more_workers_than_slots_is_refused_with_the_fix():
-    check_fits(ProcessPoolConfig(slots_per_node=2), 2)
-    check_fits(DockerPoolConfig(nodes=3, slots_per_node=1), 3)
-    with pytest.raises(BadInput, match="training.workers is 3 but the process pool has 2 slots") as failure:
-        check_fits(ProcessPoolConfig(), 3)
+def test_more_workers_than_slots_is_refused_with_the_fix_when_the_config_is_read(tmp_path):
+    three = default_training().model_copy(update={"workers": 3})
+    BACKENDS["process"].check_world(ProcessPoolConfig(slots_per_node=3), three)
+    BACKENDS["docker"].check_world(DockerPoolConfig(nodes=3, slots_per_node=1), three)
+    with pytest.raises(ConfigError, match="training.workers is 3 but the process pool has 2 slots") as failure:
+        load_config(None, {"workdir": tmp_path, "training": {"workers": 3}}, environ={})
     assert failure.value.exit_code == 2 and "pool.slots_per_node" in str(failure.value)
 
 

@@ -189,14 +189,15 @@ def test_bad_images_are_refused_or_left_out_as_the_pytorch_trainer_does(tmp_path
         assert images.facts["bad_files"]["count"] == 2 and (args.out / "bad-files.tsv").exists()
 
 
-def test_the_preflight_hands_its_decode_to_the_workers(tmp_path):
+def test_the_workers_take_the_preflights_decode(tmp_path):
     root, out = two_classes(tmp_path / "data"), tmp_path / "out"
-    checked = data.check_data(options(root, out, verify_images=True, bad_files="skip"), out, workers=2)
-    assert (out / "images-checked.json").exists() and checked.facts["bad_files"]["count"] == 2
+    args = options(root, out, verify_images=True, bad_files="skip")
+    _, _, record, source = badfiles.usable_splits(args, out, layout.index_folder(root))  # as core.check_only
+    assert source == badfiles.DECODED
+    badfiles.hand_to_workers(out, record)
     worker = data.load(options(root, out, bad_files="skip"), out, 1, 2, gather=lambda mine: [mine, mine])
-    assert worker == checked  # nothing decoded again: the preflight's list, the same images left out
-    with pytest.raises(UsageError, match="--batch-size 4 x 2 workers is more than the 6 training images"):
-        data.check_data(options(root, out, batch_size=4, bad_files="skip"), out, workers=2)
+    assert (out / "images-checked.json").exists() and worker.facts["bad_files"]["count"] == 2
+    assert len(worker.train.samples) == 6  # nothing decoded again: the preflight's list, the same images left out
 
 
 def test_a_layout_error_is_the_pytorch_trainers(tmp_path):
