@@ -204,10 +204,14 @@ class PyTorch:
 
     def restore_schedule(self, state: dict) -> None:
         """The scheduler's place, and the rate of the next step in the optimizer (LambdaLR's constructor set step
-        0's)."""
+        0's). The base rate is this run's --lr, as the logged rate and the TensorFlow loop's: the checkpoint's
+        (its scheduler's base_lrs, its optimizer's initial_lr) would train a run resumed with another --lr at the
+        old one."""
         self.scheduler.load_state_dict(state["scheduler"])
-        for group, lr in zip(self.optimizer.param_groups, self.scheduler.get_last_lr()):
-            group["lr"] = lr
+        self.scheduler.base_lrs = [self.args.lr] * len(self.optimizer.param_groups)
+        factor = self.scheduler.lr_lambdas[0](self.scheduler.last_epoch)  # this run's schedule (not saved)
+        for group in self.optimizer.param_groups:
+            group["initial_lr"], group["lr"] = self.args.lr, self.args.lr * factor
 
     # Results
 

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ from infra.engines.launchers import LaunchError, local_command, route_output
 from infra.engines.pytorch import PyTorchTraining
 from tests.fakes.training import digests, train_locally
 from trainer import jpeg_crop
+from trainer.checkpoint import load_checkpoint
 from trainer.models import build_model
 from trainer.train import main as engine_main
 
@@ -273,33 +275,36 @@ def test_compile_auto_runs_eagerly_where_compiling_fails_and_on_fails(tmp_path, 
     assert ends in done.stdout + done.stderr and (done.returncode == 0) == (choice == "auto")
 
 
+RESUME_ARGS = [
+    "--data",
+    "synthetic",
+    "--model",
+    "resnet18",
+    "--image-size",
+    "16",
+    "--num-classes",
+    "4",
+    "--batch-size",
+    "4",
+    "--epochs",
+    "2",
+    "--steps-per-epoch",
+    "6",
+    "--warmup-epochs",
+    "0.5",
+    "--checkpoint-every",
+    "2",
+    "--keep-checkpoints",
+    "10",
+    "--threads",
+    "1",
+]
+
+
 def test_resume_mid_epoch_ends_where_an_uninterrupted_run_ends(tmp_path):
     """Same seed, one process: resuming from a mid-epoch checkpoint must give the very same parameters,
     so the step, the position in the epoch, the optimizer state and the learning rate all come back."""
-    args = [
-        "--data",
-        "synthetic",
-        "--model",
-        "resnet18",
-        "--image-size",
-        "16",
-        "--num-classes",
-        "4",
-        "--batch-size",
-        "4",
-        "--epochs",
-        "2",
-        "--steps-per-epoch",
-        "6",
-        "--warmup-epochs",
-        "0.5",
-        "--checkpoint-every",
-        "2",
-        "--keep-checkpoints",
-        "10",
-        "--threads",
-        "1",
-    ]
+    args = RESUME_ARGS
     assert engine_main([*args, "--out", str(tmp_path / "whole")]) == 0
     resumed = tmp_path / "resumed"
     (resumed / "checkpoints").mkdir(parents=True)
@@ -309,6 +314,21 @@ def test_resume_mid_epoch_ends_where_an_uninterrupted_run_ends(tmp_path):
     whole, again = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("whole", "resumed"))
     assert again["resumed_from_steps"] == [4] and again["global_step"] == whole["global_step"] == 12
     assert again["parameter_digest"] == whole["parameter_digest"]
+
+
+def test_a_run_resumed_with_another_lr_trains_at_that_rate(tmp_path):
+    """The base rate after a resume is the run's own --lr (as the logged rate is), not the checkpoint's."""
+    first, whole, resumed = tmp_path / "first", tmp_path / "whole", tmp_path / "resumed"
+    assert engine_main([*RESUME_ARGS, "--lr", "0.1", "--out", str(first)]) == 0
+    assert engine_main([*RESUME_ARGS, "--out", str(whole)]) == 0
+    (resumed / "checkpoints").mkdir(parents=True)
+    shutil.copy(first / "checkpoints" / "step-000000004.pt", resumed / "checkpoints")
+    assert engine_main([*RESUME_ARGS, "--out", str(resumed)]) == 0
+
+    def rate(out: Path) -> float:
+        return load_checkpoint(out / "checkpoints" / "step-000000008.pt")["optimizer"]["param_groups"][0]["lr"]
+
+    assert rate(resumed) == rate(whole) != rate(first)
 
 
 ENDS = """import os, signal, sys, time
