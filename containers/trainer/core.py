@@ -41,22 +41,18 @@ class Adapter(Protocol):
     @property
     def framework(self) -> str:
         """metrics.json's "framework": pytorch, tensorflow, keras."""
-        ...
 
     @property
     def backend(self) -> str:
         """The distributed backend: ddp or horovod."""
-        ...
 
     @property
     def device(self) -> str:
         """ "cpu" or "cuda:<n>"."""
-        ...
 
     @property
     def precision(self) -> str:
         """ "bf16" or "fp32"."""
-        ...
 
     @property
     def rank(self) -> int: ...
@@ -67,17 +63,14 @@ class Adapter(Protocol):
     @property
     def replicas(self) -> int:
         """Model replicas, each on its own shard of the data (the workers, or the pipelines)."""
-        ...
 
     @property
     def reports_loss(self) -> bool:
         """Whether this rank has the loss: rank 0, or a pipeline's last stage of replica 0."""
-        ...
 
     @property
     def model_file(self) -> str:
         """What rank 0 writes into OUT at the end: model.pt, model.keras."""
-        ...
 
     def sum(self, values: list[float]) -> list[float]: ...
 
@@ -90,42 +83,33 @@ class Adapter(Protocol):
     def train_step(self, batch: Any, step: int) -> tuple[Any, int]:
         """One optimizer step at global step `step`: (the batch's mean loss, a tensor left on the device, or None on
         a pipeline stage that has no loss; the images)."""
-        ...
 
     def add_loss(self, total: Any, loss: Any, images: int) -> Any:
         """`total` (None at an epoch's start) plus the batch's summed loss, left on the device."""
-        ...
 
     def average_statistics(self) -> None:
         """Average the batch-norm statistics over the replicas (each saw its own batches)."""
-        ...
 
     def evaluate(self) -> list[float] | None:
         """This rank's (summed loss, top-1 hits, top-5 hits, images) over its val shard; None without val data."""
-        ...
 
     def save_checkpoint(self, progress: dict, step: int) -> None:
         """Write the model, the optimizer and `progress` (every rank calls it; rank 0 commits the checkpoint)."""
-        ...
 
     def digest(self) -> str:
         """SHA-256 of the parameters this rank holds (not the batch-norm statistics)."""
-        ...
 
     def memory(self) -> tuple[int, int, float, float]:
         """(parameters held, their bytes with the buffers, peak memory MB, the part of it training added)."""
-        ...
 
     def save_model(self, out: Path, classes: list[str]) -> str:
         """Rank 0 (every rank calls it: a pipeline gathers the stages): write the trained model into `out`; the
         whole model's parameter digest."""
-        ...
 
     def versions(self) -> dict[str, str]: ...
 
     def results(self) -> dict:
         """What else metrics.json records of this framework's run (pipeline mode's split and schedule, say)."""
-        ...
 
     def close(self) -> None: ...
 
