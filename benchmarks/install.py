@@ -1,8 +1,8 @@
 """`trainflow bench install`: how long installing takes, by the Makefile's own targets. Each round installs the
 venv's base layer (all that `make demo` installs in Python: `make VENV=... INSTALLER=pip|uv .../.base`) from the lock
-into a new venv, once with pip and once with uv, every cache empty; with --demo it then times `make demo` in a fresh
-clone with an empty home (no pip, uv or npm cache, no Horovod wheel), and the same command again (the second run a
-user makes). Who ran it (root or not) is part of the figures: the goal is a non-root user's.
+into a new venv, once with pip and once with uv, every cache empty. With --demo each round instead times `make demo`
+in a fresh clone with an empty home (no pip, uv or npm cache, no Horovod wheel), then the same command again (the
+second run a user makes). Who ran it (root or not) is part of the figures: the goal is a non-root user's.
 """
 
 import os
@@ -20,23 +20,20 @@ TOOLS = ("pip", "uv")  # pip: the baseline, what a user does without the Makefil
 
 
 def bench_install(cfg: FlowConfig, json_out: Path | None, repeats: int, demo: bool = False) -> dict:
-    """`repeats` rounds of the base layer by each tool (and of `make demo` with `demo`); print and return."""
+    """`repeats` rounds of the base layer by each tool, or with `demo` of `make demo`; print and return."""
     root = cfg.workdir.resolve() / "bench" / "install"
     rounds = []
     with bench_progress() as progress:
-        bar = progress.add_task("install benchmark", total=repeats * (len(TOOLS) + 2 * demo))
+        bar = progress.add_task("install benchmark", total=repeats)
         for _ in range(repeats):
-            figures = {}
-            for tool in TOOLS:
-                figures[tool] = base_layer_seconds(tool, root / tool)
-                progress.advance(bar)
             if demo:
-                figures["demo"], figures["demo_again"] = demo_seconds(root / "demo")
-                progress.advance(bar, 2)
-            rounds.append(figures)
+                rounds.append(dict(zip(("demo", "demo_again"), demo_seconds(root / "demo"))))
+            else:
+                rounds.append({tool: base_layer_seconds(tool, root / tool) for tool in TOOLS})
+            progress.advance(bar)
     shutil.rmtree(root, ignore_errors=True)
     result = summarise(rounds)
-    progress.console.print("\n".join(lines(result)))
+    print("\n".join(lines(result)))
     write_json(result, json_out)
     return result
 
@@ -79,12 +76,9 @@ def timed(command: list[str], cwd: Path, env: dict[str, str]) -> float:
 
 def summarise(rounds: list[dict]) -> dict:
     """Every figure over the rounds, pip's time over uv's within each round, and who ran it."""
-    return {
-        "seconds": {name: spread([r[name] for r in rounds]) for name in rounds[0]},
-        "pip_over_uv": spread([r["pip"] / r["uv"] for r in rounds]),
-        "as_root": os.getuid() == 0,
-        "cores": len(os.sched_getaffinity(0)),
-    }
+    ratio = {"pip_over_uv": spread([r["pip"] / r["uv"] for r in rounds])} if "pip" in rounds[0] else {}
+    seconds = {name: spread([r[name] for r in rounds]) for name in rounds[0]}
+    return {"seconds": seconds, **ratio, "as_root": os.getuid() == 0, "cores": len(os.sched_getaffinity(0))}
 
 
 NAMES = {
@@ -97,8 +91,9 @@ NAMES = {
 
 def lines(result: dict) -> list[str]:
     """The figures as a person reads them."""
-    who = "root" if result["as_root"] else "a non-root user"
+    who = "run as " + ("root" if result["as_root"] else "a non-root user")
+    ratio = result.get("pip_over_uv")
     return [
         *(f"{NAMES[name]}: {shown(figure, '.0f')} s" for name, figure in result["seconds"].items()),
-        f"pip against uv, within each round: {shown(result['pip_over_uv'], '.2f')}x the time; run as {who}",
+        f"pip against uv, within each round: {shown(ratio, '.2f')}x the time; {who}" if ratio else who,
     ]

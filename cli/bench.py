@@ -213,9 +213,9 @@ def bench_install(
     workdir: WorkdirOpt = None,
     json_out: JsonOpt = None,
     repeats: RepeatsOpt = REPEATS,
-    demo: Annotated[bool, typer.Option(help="Also time `make demo` in a fresh clone, empty home, twice.")] = False,
+    demo: Annotated[bool, typer.Option(help="Time `make demo` in a fresh clone, empty home, twice instead.")] = False,
 ) -> None:
-    """The venv's base layer installed from the lock by pip and by uv, every cache empty (and `make demo`)."""
+    """The venv's base layer installed from the lock by pip and by uv, every cache empty; or `make demo`."""
 
 
 @bench("flow", digits_defaults=True)  # each `trainflow run` it times starts its own services in a workdir of its own
