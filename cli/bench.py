@@ -214,6 +214,7 @@ def bench_install(
     json_out: JsonOpt = None,
     repeats: RepeatsOpt = REPEATS,
     demo: Annotated[bool, typer.Option(help="Time `make demo` in a fresh clone, empty home, twice instead.")] = False,
+    user: Annotated[str | None, typer.Option(help="Run the timed commands as this user (needs root).")] = None,
 ) -> None:
     """The venv's base layer installed from the lock by pip and by uv, every cache empty; or `make demo`."""
 
