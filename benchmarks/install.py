@@ -18,7 +18,10 @@ from flows.config import FlowConfig
 from infra.core.errors import BadInput
 
 REPO = Path(__file__).resolve().parents[1]
-TOOLS = ("pip", "uv")  # pip: the baseline, what a user does without the Makefile's choice
+TOOLS = ("pip", "uv")
+# What this process's own environment has that a user's shell would not: the checkout and venv it runs from, an outer
+# make's
+NOT_A_USERS = {"PYTHONPATH", "VIRTUAL_ENV", "MAKEFLAGS", "MFLAGS", "MAKELEVEL"}  # pip: the baseline, what a user does without the Makefile's choice
 
 
 def bench_install(
@@ -99,7 +102,8 @@ def empty_home(where: Path, who: User) -> dict[str, str]:
     empty folder under `where`."""
     home = who.folder(where / "home")
     caches = {"PIP_CACHE_DIR": "pip", "UV_CACHE_DIR": "uv", "npm_config_cache": "npm", "XDG_CACHE_HOME": ""}
-    env = {**os.environ, "HOME": str(home), "USER": who.name, "LOGNAME": who.name}
+    env = {k: v for k, v in os.environ.items() if k not in NOT_A_USERS}
+    env |= {"HOME": str(home), "USER": who.name, "LOGNAME": who.name}
     return env | {k: str(home / ".cache" / v) for k, v in caches.items()}
 
 
@@ -132,9 +136,8 @@ NAMES = {
 
 def lines(result: dict) -> list[str]:
     """The figures as a person reads them."""
-    who = f"run as {result.get('user', 'root' if result['as_root'] else 'a non-root user')}" + (
-        " (root)" if result["as_root"] else " (not root)"
-    )
+    user = result.get("user", "root" if result["as_root"] else "a non-root user")
+    who = f"run as {user}" + ("" if user == "root" else " (root)" if result["as_root"] else " (not root)")
     ratio = result.get("pip_over_uv")
     return [
         *(f"{NAMES[name]}: {shown(figure, '.0f')} s" for name, figure in result["seconds"].items()),

@@ -12,7 +12,7 @@ from infra.core.errors import BadInput
 def test_pip_against_uv_is_a_ratio_within_each_round():
     result = summarise([{"pip": 100.0, "uv": 50.0}, {"pip": 120.0, "uv": 40.0}], "root")
     assert result["pip_over_uv"]["all"] == [2.0, 3.0] and result["seconds"]["uv"]["median"] == 45.0
-    assert lines(result)[-1] == "pip against uv, within each round: 2.50 (2.00–3.00)x the time; run as root (root)"
+    assert lines(result)[-1] == "pip against uv, within each round: 2.50 (2.00–3.00)x the time; run as root"
     assert [label for label, _ in install_chart(result).bars] == ["base layer by pip", "base layer by uv"]
 
 
@@ -27,8 +27,10 @@ def test_the_demo_rounds_say_who_ran_them():
     assert [label for label, _ in install_chart(result).bars] == ["make demo, fresh clone", "make demo, again"]
 
 
-def test_every_cache_of_the_timed_commands_lies_in_an_empty_home(tmp_path):
+def test_every_cache_of_the_timed_commands_lies_in_an_empty_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", "/somewhere/else")
     env = empty_home(tmp_path, User(None))
+    assert "PYTHONPATH" not in env  # the timed commands import the clone's code, not this checkout's
     home = Path(env["HOME"])
     assert home.is_dir() and not any(home.iterdir())
     for cache in ("PIP_CACHE_DIR", "UV_CACHE_DIR", "npm_config_cache", "XDG_CACHE_HOME"):
