@@ -18,10 +18,9 @@ from flows.config import FlowConfig
 from infra.core.errors import BadInput
 
 REPO = Path(__file__).resolve().parents[1]
-TOOLS = ("pip", "uv")
-# What this process's own environment has that a user's shell would not: the checkout and venv it runs from, an outer
-# make's
-NOT_A_USERS = {"PYTHONPATH", "VIRTUAL_ENV", "MAKEFLAGS", "MFLAGS", "MAKELEVEL"}  # pip: the baseline, what a user does without the Makefile's choice
+TOOLS = ("pip", "uv")  # pip: the baseline, what a user does without the Makefile's choice
+# What this process's environment has that a user's shell would not: the checkout and venv it runs from, an outer make
+NOT_A_USERS = {"PYTHONPATH", "VIRTUAL_ENV", "MAKEFLAGS", "MFLAGS", "MAKELEVEL"}
 
 
 def bench_install(
