@@ -19,4 +19,5 @@ BENCHES = {
     "gpu": "benchmarks.gpu:bench_gpu",
     "parallel": "benchmarks.parallel:bench_parallel",
     "flow": "benchmarks.overhead:bench_flow",
+    "install": "benchmarks.install:bench_install",
 }

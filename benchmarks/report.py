@@ -19,6 +19,7 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt
 
 from benchmarks.common import RESTARTS, shown
+from benchmarks.install import NAMES, lines
 from flows.config import ConfigError
 
 
@@ -196,6 +197,16 @@ def loader_chart(r: dict) -> Chart:
     )
 
 
+def install_chart(r: dict) -> Chart:
+    """Wall seconds of each install (and of `make demo`); pip's time over uv's, and who ran it."""
+    return Chart(
+        f"installing, every cache empty, {r['cores']} cores",
+        "wall seconds (lower is better)",
+        [(NAMES[name], figure) for name, figure in r["seconds"].items()],
+        lines(r)[-1:],
+    )
+
+
 CHARTS = {
     "loader": loader_chart,
     "staging": staging_chart,
@@ -206,8 +217,8 @@ CHARTS = {
     "scale": scale_chart,
 }
 """The charts of the benchmarks `trainflow bench all` runs."""
-ALL_CHARTS = {**CHARTS, "frameworks": frameworks_chart}
-"""And of those that run only alone (`trainflow bench frameworks`)."""
+ALL_CHARTS = {**CHARTS, "frameworks": frameworks_chart, "install": install_chart}
+"""And of those that run only alone (`trainflow bench frameworks`, `trainflow bench install`)."""
 
 
 def draw(chart: Chart, path: Path) -> None:

@@ -207,6 +207,18 @@ def bench_parallel(
     """Data-parallel (2 workers) against a 2-stage pipeline with 1, 2, 4, 8 micro-batches: images/s, memory, idle."""
 
 
+@bench("install", holds=False)
+def bench_install(
+    config: ConfigOpt = None,
+    workdir: WorkdirOpt = None,
+    json_out: JsonOpt = None,
+    repeats: RepeatsOpt = REPEATS,
+    demo: Annotated[bool, typer.Option(help="Time `make demo` in a fresh clone, empty home, twice instead.")] = False,
+    user: Annotated[str | None, typer.Option(help="Run the timed commands as this user (needs root).")] = None,
+) -> None:
+    """The venv's base layer installed from the lock by pip and by uv, every cache empty; or `make demo`."""
+
+
 @bench("flow", digits_defaults=True)  # each `trainflow run` it times starts its own services in a workdir of its own
 def bench_flow(
     config: ConfigOpt = None,

@@ -16,5 +16,5 @@ def test_make_setup_installs_the_site_s_tools_at_the_lock_s_versions():
     assert set(pins) == {"mkdocs", "mkdocs-material"}
     lock = (REPO / "containers" / "requirements" / "constraints.txt").read_text().splitlines()
     assert all(f"{name}=={version}" in lock for name, version in pins.items())
-    assert re.search(r"\$\(PIP\) -c \$\(LOCK\) -e '\.\[dev,docs\]'", (REPO / "Makefile").read_text())
+    assert re.search(r"\$\(INSTALL\) -c \$\(LOCK\) -e '\.\[dev,docs\]'", (REPO / "Makefile").read_text())
     assert all(metadata.version(name) == version for name, version in pins.items())
