@@ -1,6 +1,7 @@
 """The README's claims that the code can check: short (the docs hold the rest), few dates, every link resolving,
 every YAML example (the README's and the docs' pages) a config trainflow accepts."""
 
+import json
 import re
 from pathlib import Path
 
@@ -25,6 +26,15 @@ def test_every_link_of_the_readme_resolves():
     assert targets, "the README links into the docs"
     missing = [t for t in targets if not t.startswith("http") and not (REPO / t).exists()]
     assert not missing, missing
+
+
+def test_the_readme_s_install_times_are_the_measured_ones():
+    text = " ".join(README.read_text().split())
+    fresh, again = (int(m) for m in re.findall(r"about (\d+) minutes", text)[:2])
+    measured = json.loads((REPO / "docs" / "benchmarks" / "install-demo.json").read_text())
+    assert "as a non-root user" in text and not measured["as_root"]
+    medians = [measured["seconds"][name]["median"] / 60 for name in ("demo", "demo_again")]
+    assert [fresh, again] == [round(m) for m in medians]
 
 
 def yaml_examples() -> list[tuple[str, str]]:
