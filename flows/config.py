@@ -27,10 +27,12 @@ from infra.engines import TrainingConfig, default_training
 from infra.engines.contract import SYNTHETIC
 from infra.images.registry import ImageConfig
 from infra.runs.ledger import CostConfig
+from infra.runs.lineage import weights_file
 from infra.runs.tracking import TrackingConfig
 from infra.storage.config import StorageConfig
 from infra.storage.fileshare import FileShareConfig
 from trainer.errors import UsageError
+from trainer.model_files import IMAGENET
 
 ENV_PREFIX = "TRAINFLOW_"
 DEMO = Path(__file__).parent / "configs" / "demo.yaml"
@@ -111,6 +113,18 @@ class FlowConfig(BaseModel):
     @model_validator(mode="after")
     def _the_backend_can_run_it(self) -> "FlowConfig":
         backend_of(self.pool).check(self)
+        return self
+
+    @model_validator(mode="after")
+    def _init_from_is_a_model_file(self) -> "FlowConfig":
+        # a run id becomes its model file's path, which the trainer reads where the workers can
+        given = self.training.init_from = weights_file(self.training.init_from, self.workdir / "runs")
+        backend = backend_of(self.pool)
+        if given and given != IMAGENET and not backend.reads_local_files:
+            raise ValueError(
+                f"training.init_from {given}: the {backend.name} pool's workers cannot read this machine's files; "
+                "fine-tune on the process pool (pool.backend: process), or start from imagenet"
+            )
         return self
 
     @field_validator("max_side")

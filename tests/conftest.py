@@ -35,6 +35,7 @@ GROUPS = {
     "tests/integration/trainer/test_loaders.py": "loaders",
     "tests/integration/flows/test_bad_inputs.py": "bad-inputs",
     "tests/integration/trainer/test_tf_training.py": "tf-training",
+    "tests/integration/trainer/test_init_from.py": "init-from",
 }
 
 

@@ -169,6 +169,7 @@ class Checks:
     check_model_name: Callable[[str], None]
     newest_progress: Callable[[Path], dict | None]  # the progress of the newest checkpoint in a folder, if any
     try_one_step: Callable[[Namespace, int], None]  # one forward and backward pass with this many classes
+    start_from: Callable[[Namespace, list[str]], dict]  # --init-from's weights loaded into a model for these classes
 
 
 def check_only(args: Namespace, checks: Checks, replicas: int) -> int:
@@ -188,7 +189,18 @@ def check_only(args: Namespace, checks: Checks, replicas: int) -> int:
     if (progress := checks.newest_progress(checkpoints_folder(args))) is not None:
         check_resumable(progress, args.model, classes, args.out)
     checks.try_one_step(args, len(classes))
+    if args.init_from:  # once here, so that imagenet's download is made before the workers read it
+        started_from(checks.start_from(args, classes))
     return len(classes)
+
+
+def started_from(loaded: dict) -> dict:
+    """Log what --init-from loaded and what the model has anew; `loaded` as metrics.json records it."""
+    new = ", ".join(loaded["new"]) or "none"
+    log.info(
+        "starting from %s: %d of %d tensors loaded; new: %s", loaded["source"], loaded["loaded"], loaded["tensors"], new
+    )
+    return loaded
 
 
 def synthetic_classes(num_classes: int) -> list[str]:

@@ -1,8 +1,14 @@
 """Models by name from torchvision, kept apart from how they are parallelised."""
 
+import pickle
+import zipfile
+from pathlib import Path
+
 import torch
 import torchvision
 
+from trainer.errors import UsageError
+from trainer.model_files import IMAGENET, KERAS, TorchWeights, arch_named_by, check_model_file, framework_of
 from trainer.options import check_model_in
 
 
@@ -20,6 +26,110 @@ def build_model(name: str, num_classes: int) -> torch.nn.Module:
 def check_model_name(name: str) -> None:
     """Fail with known names when `name` is not a classifier of this torchvision."""
     check_model_in(name, model_names())
+
+
+def start_from(model: torch.nn.Module, source: str, arch: str, classes: list[str]) -> dict:
+    """Load the weights --init-from names into `model` (a fresh `arch` for `classes`): every tensor whose name and
+    shape fit; the classifier is new unless the weights were trained on these very classes. What was loaded, for
+    the log and metrics.json; weights of another framework or architecture: one line naming both."""
+    weights = imagenet_weights(arch) if source == IMAGENET else read_weights(Path(source))
+    own = model.state_dict()
+    fits = {n: t for n, t in weights.tensors.items() if n in own and own[n].shape == t.shape}
+    head = classifier_names(model, len(classes))
+    new = [n for n in own if n not in fits and not n.endswith("num_batches_tracked")]
+    if (weights.arch and weights.arch != arch) or set(new) - head:
+        raise UsageError(other_architecture(weights, arch, len(fits), len(own)))
+    if weights.classes != classes:  # a classifier trained on other classes (or in another order) names wrong ones
+        fits = {n: t for n, t in fits.items() if n not in head}
+        new = [n for n in own if n not in fits and not n.endswith("num_batches_tracked")]
+    model.load_state_dict(fits, strict=False)
+    return {"source": weights.source, "loaded": len(fits), "tensors": len(own), "new": new}
+
+
+def classifier_names(model: torch.nn.Module, num_classes: int) -> set[str]:
+    """The tensors of the model's classifiers: the last layer with parameters (fc, classifier.6, heads.head) and any
+    auxiliary one (GoogLeNet's, Inception's), the layers whose output is one value per class."""
+    params = list(model.named_parameters())
+    last = params[-1][0].rpartition(".")[0]
+    per_class = {n.rpartition(".")[0] for n, p in params if p.shape[:1] == (num_classes,)}
+    auxiliary = {m for m in per_class if "aux" in m.lower()}
+    names = [n for n, _ in params]
+    return {n for n in names if n.rpartition(".")[0] in {last} | auxiliary}
+
+
+def read_weights(path: Path) -> TorchWeights:
+    """A PyTorch weights file; a Keras model: one line saying which framework trains from it."""
+    if path.is_file() and framework_of(path) == KERAS:
+        raise UsageError(
+            f"--init-from {path} is a Keras model (model.keras): the PyTorch trainer starts from PyTorch weights; "
+            "pass a model.pt of a PyTorch run, or train with --framework keras"
+        )
+    return read_torch(path, "--init-from")
+
+
+def read_torch(path: Path, option: str) -> TorchWeights:
+    """The tensors of a PyTorch model file (a run's model.pt, or a torchvision weights file), on the CPU;
+    a file that is not one: one line naming it and what to pass instead."""
+    check_model_file(path, option)
+    try:
+        content = torch.load(path, map_location="cpu", weights_only=True)
+    except (*UNREADABLE, pickle.UnpicklingError, zipfile.BadZipFile) as exc:
+        lines = str(exc).strip().splitlines()
+        raise UsageError(
+            f"{option} {path} cannot be read as PyTorch weights ({lines[0] if lines else type(exc).__name__}); "
+            "pass a model.pt of an earlier run or a torchvision weights file"
+        ) from None
+    if isinstance(content, dict) and isinstance(content.get("state_dict"), dict):
+        return TorchWeights(
+            str(path),
+            content["state_dict"],
+            content.get("arch"),
+            content.get("classes") or [],
+            content.get("image_size"),
+        )
+    if isinstance(content, dict) and content and all(isinstance(v, torch.Tensor) for v in content.values()):
+        return TorchWeights(str(path), content)
+    raise UsageError(
+        f"{option} {path} holds no model weights (a PyTorch file of something else); pass a model.pt of an earlier "
+        "run or a torchvision weights file"
+    )
+
+
+# What torch.load raises on bytes that are not its format: the weights-only unpickler fails on a stranger's pickle
+# with whatever its opcodes meet (a missing memo entry is a KeyError)
+UNREADABLE = (RuntimeError, EOFError, ValueError, OSError, KeyError, IndexError, TypeError, AttributeError)
+
+
+def imagenet_weights(arch: str) -> TorchWeights:
+    """torchvision's ImageNet weights of `arch` (its DEFAULT set), from torch's cache, downloaded there once; where
+    the download cannot be reached, one line naming the file and where to put it."""
+    try:
+        weights = torchvision.models.get_model_weights(arch).DEFAULT
+    except (ValueError, KeyError):
+        raise UsageError(f"--init-from imagenet: torchvision has no ImageNet weights for {arch}") from None
+    try:
+        tensors = weights.get_state_dict(progress=False, check_hash=True)
+    except OSError as exc:  # URLError and the socket's errors are OSErrors
+        cached = Path(torch.hub.get_dir()) / "checkpoints" / Path(weights.url).name
+        raise UsageError(
+            f"--init-from imagenet: cannot download {weights.url} ({exc}); download it where you can and put it at "
+            f"{cached}, or pass the file: --init-from FILE"
+        ) from None
+    return TorchWeights(f"imagenet ({Path(weights.url).name})", tensors, arch, list(weights.meta["categories"]))
+
+
+def other_architecture(weights: TorchWeights, arch: str, fit: int, tensors: int) -> str:
+    """The one line for weights that are not `arch`'s, naming both architectures where the file says its own."""
+    theirs = weights.arch or arch_named_by(Path(weights.source), model_names())
+    if theirs and theirs != arch:
+        return (
+            f"--init-from {weights.source} holds a {theirs} model, and this run trains {arch}: pass --model "
+            f"{theirs}, or weights of a {arch}"
+        )
+    return (
+        f"--init-from {weights.source} holds weights of another architecture than {arch} (only {fit} of {arch}'s "
+        f"{tensors} tensors fit them); pass weights of a {arch}, or the --model they were trained as"
+    )
 
 
 def build_on_meta(name: str, num_classes: int) -> tuple[torch.nn.Module, dict[str, list]]:

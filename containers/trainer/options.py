@@ -74,6 +74,15 @@ class CommonOptions:
     steps_per_epoch: Annotated[int, Help("cap on steps per epoch; synthetic data needs it (default 100 there)")] = 0
     num_classes: Annotated[int, Help("classes of synthetic data (real data: the class folders)")] = 1000
     seed: Annotated[int, Help("seed of initialisation, shuffling and augmentation")] = 0
+    init_from: Annotated[
+        str,
+        Help(
+            "fine-tune: start from these weights, not from scratch: a model file of an earlier run of this framework "
+            "(model.pt, model.keras), a torchvision weights file, or imagenet (torchvision's weights of --model, "
+            "downloaded once); the classifier is made anew for the data's classes. Empty: from scratch. A run that "
+            "resumes a checkpoint ignores it"
+        ),
+    ] = ""
     epochs: Annotated[int, Help("passes over the training split")] = 90
     batch_size: Annotated[int, Help("images per worker per step")] = 32
     lr: Annotated[float, Help("one-worker learning rate; scaled by the number of workers")] = 0.0125
@@ -257,6 +266,8 @@ def check_args(args: argparse.Namespace) -> None:
     if args.parallel == "data" and args.stages > 1:
         raise UsageError("--stages needs --parallel pipeline")
     check_microbatches(args.batch_size, args.microbatches)
+    if args.parallel == "pipeline" and args.init_from:  # each stage holds a part: the whole model is never built
+        raise UsageError("--init-from trains data-parallel: leave out --parallel pipeline to fine-tune")
     if args.parallel == "pipeline" and args.backend == "horovod":
         raise UsageError("Horovod has no pipeline parallelism; run --parallel pipeline under torchrun")
     if args.compile_mode != "default" and (args.compile == "off" or args.parallel == "pipeline"):

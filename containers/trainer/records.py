@@ -160,6 +160,9 @@ class Metrics:
     """Images the run left out because they cannot be decoded (training.bad_files: skip): {"count": N, "list":
     path of the list file (TSV `path<TAB>reason`, in the results), "first": [[path, reason], ...] (up to 20)}."""
     jpeg_decoding: str | None = None
+    init_from: dict[str, Any] | None = None
+    """The weights the run started from (training.init_from): {"source", "loaded": tensors loaded, "tensors": the
+    model's, "new": the names of those made anew (the classifier)}; None: from scratch, or resumed."""
     epochs: list[EpochRow] = field(default_factory=list)
     parameters_in_sync: bool | None = None
     parameter_digest: str | None = None

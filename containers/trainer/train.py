@@ -46,7 +46,7 @@ from trainer.distributed import Backend, leave_process_group, make_backend, pick
 from trainer.errors import UsageError
 from trainer.layout import SYNTHETIC
 from trainer.memory import resident_mb
-from trainer.models import build_model, build_on_meta, check_model_name
+from trainer.models import build_model, build_on_meta, check_model_name, start_from
 from trainer.options import build_parser, check_args, check_layout, check_output_folder
 from trainer.pipeline import Pipeline, blocks_of, parameter_costs, partition
 from trainer.recipe import SYNTHETIC_STEPS
@@ -98,7 +98,12 @@ def try_one_step(args, num_classes: int) -> None:
         ) from None
 
 
-CHECKS = core.Checks(check_model_name, newest_progress, try_one_step)
+def load_start(args, classes: list[str]) -> dict:
+    """--init-from's weights loaded into a fresh model for `classes` (the preflight's check of them)."""
+    return start_from(build_model(args.model, len(classes)), args.init_from, args.model, classes)
+
+
+CHECKS = core.Checks(check_model_name, newest_progress, try_one_step, load_start)
 
 
 def train(args) -> None:
@@ -132,6 +137,9 @@ def set_up(args) -> core.Run:
     raw, pipeline = build_for_rank(args, backend, len(classes), device, channels_last)
     optimizer: torch.optim.Optimizer = make_optimizer(args, raw, device)
     state = load_latest_checkpoint(args, classes, raw, optimizer, pipeline)
+    if state is None and args.init_from:  # a resumed run goes on from its own weights
+        loaded = start_from(raw, args.init_from, args.model, classes)
+        facts["init_from"] = core.started_from(loaded) if backend.rank == 0 else loaded
     model, optimizer = wrap_for_backend(args, backend, device, raw, optimizer, pipeline, state)
     schedule = core.make_schedule(args, epoch_steps(train_batches, args), replicas)
     adapter = PyTorch(

@@ -166,6 +166,8 @@ class Backend(Protocol[S]):
     """pool.backend in the config."""
     needs_image: bool
     """Its nodes run the pushed training image."""
+    reads_local_files: bool
+    """Its workers read this machine's files at their paths (training.init_from's model file)."""
     settings: type[S]
     """Its pool section: the settings under `pool:` when pool.backend names it."""
 
@@ -202,6 +204,7 @@ class LocalBackend(Generic[S]):
 
     name: str
     needs_image = False
+    reads_local_files = True
 
     def check(self, cfg: RunConfig[S]) -> None:
         if cfg.fileshare.backend != "local":

@@ -186,6 +186,7 @@ class DockerBackend(LocalBackend[DockerPoolConfig]):
 
     name = "docker"
     needs_image = True
+    reads_local_files = False  # its nodes see the mounted data, scripts and results folders only
     settings = DockerPoolConfig
 
     def check_world(self, pool: DockerPoolConfig, training: TrainingSettings) -> None:

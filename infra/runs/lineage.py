@@ -22,6 +22,7 @@ from infra.core.jsonfiles import read_json, write_json
 from infra.runs.attempts import ATTEMPTS, brief, read_attempts
 from infra.runs.ledger import LEDGER, ledger_summary
 from infra.runs.record import RECORD, RunSettings, fingerprint
+from trainer.model_files import IMAGENET, MODEL_FILES
 from trainer.staged.names import MANIFEST  # a file server version's copy of its manifest
 
 RECEIPT, CONFIG, GUIDE = "receipt.json", "config.json", "README.md"
@@ -198,6 +199,25 @@ def find_run(runs: Path, given: str) -> Path:
     if matches:
         raise BadInput(f"run {given!r} is ambiguous: it begins {', '.join(matches)}; give more of the id")
     raise BadInput(f"no run {given!r} under {runs}; `trainflow runs --workdir {runs.parent}` lists the runs there")
+
+
+def weights_file(given: str, runs: Path) -> str:
+    """training.init_from as the trainer takes it: empty, imagenet, or a model file's absolute path (the file named,
+    else the model of the run whose id, or a prefix of it, is given)."""
+    path = Path(given).expanduser()
+    if not given or given == IMAGENET or path.exists() or path.suffix or len(path.parts) > 1:
+        return str(path.resolve()) if given and given != IMAGENET else given
+    try:
+        folder = find_run(runs, given)
+    except BadInput:
+        raise BadInput(
+            f"training.init_from {given!r} is neither a file nor a run under {runs}; pass a model file, a run id "
+            "(`trainflow runs` lists them) or imagenet"
+        ) from None
+    for name in MODEL_FILES.values():
+        if (folder / name).is_file():
+            return str((folder / name).resolve())
+    raise BadInput(f"run {folder.name} has no model file (it did not finish); pass a finished run's id or a file")
 
 
 def flat(values, prefix: str = "") -> dict:

@@ -17,12 +17,14 @@ momentum 0.9 is torch's 0.1: Keras weighs the old average, torch the new batch),
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import tf_keras as keras
 
 from trainer.errors import UsageError
+from trainer.model_files import IMAGENET, KERAS, PYTORCH, check_model_file, framework_of, read_about
 from trainer.tf.options import check_model_name
 
 layers = keras.layers
@@ -138,3 +140,52 @@ class Seeds:
     def next(self) -> int:
         self.drawn += 1
         return int(np.random.SeedSequence([self.seed, self.drawn]).generate_state(1)[0] >> 1)  # below 2**31
+
+
+def start_from(model: keras.Model, source: str, arch: str, classes: list[str]) -> dict:
+    """Load the model.keras --init-from names into `model` (a fresh `arch` for `classes`), layer by layer by name:
+    every layer whose weights fit; the classifier (fc) is new unless trained on these very classes. What was
+    loaded, for the log and metrics.json; another framework's file or architecture: one line naming both."""
+    theirs, about = read_keras_model(source)
+    their_arch = about.get("arch") or theirs.name
+    if their_arch != arch:
+        raise UsageError(
+            f"--init-from {source} holds a {their_arch} model, and this run trains {arch}: pass --model {their_arch}, "
+            f"or a model.keras of a {arch}"
+        )
+    by_name, loaded, new = {layer.name: layer for layer in theirs.layers}, 0, []
+    for layer in (layer for layer in model.layers if layer.weights):
+        other = by_name.get(layer.name)
+        fits = other is not None and [w.shape for w in other.weights] == [w.shape for w in layer.weights]
+        if other is not None and fits and (layer.name != "fc" or about.get("classes") == classes):
+            layer.set_weights(other.get_weights())
+            loaded += len(layer.weights)
+        else:
+            new += [w.name for w in layer.weights]
+    return {"source": source, "loaded": loaded, "tensors": loaded + len(new), "new": new}
+
+
+def read_keras_model(source: str) -> tuple[keras.Model, dict]:
+    """The Keras model in the file `source` (not compiled: its weights are what is wanted) and what its run
+    recorded of it; anything else: one line naming what it is and what to pass."""
+    if source == IMAGENET:
+        raise UsageError(
+            "--init-from imagenet names torchvision's weights, which the PyTorch trainer loads: the TensorFlow and "
+            "Keras trainers start from a model.keras of an earlier run (pass it, or its run id)"
+        )
+    path = Path(source)
+    check_model_file(path, "--init-from")
+    if (kind := framework_of(path)) != KERAS:
+        what = "a PyTorch model" if kind == PYTORCH else "not a Keras model"
+        raise UsageError(
+            f"--init-from {path} is {what}: the TensorFlow and Keras trainers start from a model.keras of an earlier "
+            "run; pass one, or train with --framework pytorch"
+        )
+    try:
+        return keras.models.load_model(path, compile=False), read_about(path)
+    except (ValueError, OSError, KeyError, TypeError) as exc:
+        lines = str(exc).strip().splitlines()
+        raise UsageError(
+            f"--init-from {path} cannot be read as a Keras model ({lines[0] if lines else type(exc).__name__}); "
+            "pass a model.keras of an earlier run"
+        ) from None

@@ -34,7 +34,7 @@ import numpy as np
 import tensorflow as tf
 import tf_keras as keras
 
-from trainer import checkpoint, console, core, tracking
+from trainer import checkpoint, console, core, model_files, tracking
 from trainer.errors import UsageError
 from trainer.memory import peak_resident_mb, resident_mb
 from trainer.options import check_output_folder
@@ -163,7 +163,7 @@ class TensorFlow:
 
     def save_model(self, out: Path, classes: list[str]) -> str:
         if self.rank == 0:
-            save_model(self.model, out / MODEL_FILE)
+            save_model(self.model, out / MODEL_FILE, {"arch": self.args.model, "classes": classes})
         return self.digest()
 
     def versions(self) -> dict[str, str]:
@@ -214,7 +214,14 @@ def try_one_step(args, num_classes: int) -> None:
         ) from None
 
 
-CHECKS = core.Checks(models.check_model_name, checkpoints.newest_progress, try_one_step)
+def load_start(args, classes: list[str]) -> dict:
+    """--init-from's weights loaded into a fresh model for `classes` (the preflight's check of them)."""
+    with tf.device("/CPU:0"):
+        model = models.build_model(args.model, len(classes), args.image_size, args.seed)
+        return models.start_from(model, args.init_from, args.model, classes)
+
+
+CHECKS = core.Checks(models.check_model_name, checkpoints.newest_progress, try_one_step, load_start)
 
 
 def start_worker(args, framework: str) -> tuple[int, int, int, str, str]:
@@ -308,6 +315,9 @@ def set_up(args, framework: str, wrap_optimizer: Callable = lambda optimizer: op
     run = core.Run(args, adapter, images.classes, images.facts, schedule)
     if (found := adapter.resume()) is not None:
         core.restore(run, *found)
+    elif args.init_from:  # rank 0's loaded weights reach every worker by the broadcast below
+        loaded = models.start_from(model, args.init_from, args.model, images.classes)
+        images.facts["init_from"] = core.started_from(loaded) if rank == 0 else loaded
     # Horovod: every worker starts from rank 0's model and optimizer state (a resumed one, or its initialisation)
     hvd.broadcast_variables(model.variables + optimizer.variables(), root_rank=0)
     run.tracker = open_tracker(args, rank == 0)
@@ -359,12 +369,14 @@ def make_evaluate_batch(model: keras.Model, num_classes: int) -> Callable:
     return score
 
 
-def save_model(model: keras.Model, path: Path) -> None:
-    """The model in Keras's format, atomically (Keras writes only to names that end in .keras)."""
+def save_model(model: keras.Model, path: Path, about: dict) -> None:
+    """The model in Keras's format, atomically (Keras writes only to names that end in .keras), with `about` (its
+    architecture and class names, which Keras's format does not hold) beside Keras's files in the zip."""
 
     def write(tmp: Path) -> None:
         staged = tmp.with_name(tmp.name + ".keras")
         model.save(staged)
+        model_files.add_about(staged, about)
         os.replace(staged, tmp)
 
     checkpoint.write_atomic(path, write)

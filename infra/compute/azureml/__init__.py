@@ -34,6 +34,7 @@ class AzureMLBackend:
 
     name = "azureml"
     needs_image = True
+    reads_local_files = False
     settings = AzureMLPoolConfig
 
     def check(self, cfg: RunConfig[AzureMLPoolConfig]) -> None:
