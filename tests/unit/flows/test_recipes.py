@@ -89,6 +89,18 @@ def test_each_recipe_file_is_a_config_and_its_recipes_one_home():
     assert DIGITS.settings == {"training": DIGITS_TRAINING}
 
 
+def test_the_gpu_workstation_config_runs_one_worker_a_gpu_under_torchrun_in_bf16():
+    cfg = load_config(REPO / "flows" / "configs" / "gpu-workstation.yaml", {}, environ={})
+    assert cfg.pool.backend == "process" and cfg.pool.slots_per_node == cfg.training.workers == 4
+    training = cfg.training
+    assert (training.launcher, training.device, training.precision, training.loader) == (
+        "torchrun",
+        "cuda",
+        "bf16",
+        "fast",
+    )
+
+
 @pytest.fixture
 def photos(tmp_path) -> Path:
     """Two classes of PNG headers that claim 500x375 px (sizing reads nothing more)."""
