@@ -59,9 +59,11 @@ class FlowConfig(BaseModel):
     workdir: Path = Path(".trainflow")
     """Root of all local state: data, file share, file server, storage emulator data, results."""
     data: str | None = None
-    """ImageNet-layout folder; "synthetic"; "staged": the data set already in Blob under `dataset`, nothing
-    uploaded (scheduled runs on a machine without the local copy); unset: the small digits set, written under
-    workdir on first use, with training defaults that fit it (a run of minutes: flows/configs/demo.yaml's recipe)."""
+    """ImageNet-layout folder (named without a config file: trained with the recipe its images fit, photographs
+    flows/configs/photos.yaml's, small images the digits'; flows/recipes.py); "synthetic"; "staged": the data set
+    already in Blob under `dataset`, nothing uploaded (scheduled runs on a machine without the local copy); unset:
+    the small digits set, written under workdir on first use, with training defaults that fit it (a run of minutes:
+    flows/configs/demo.yaml's recipe)."""
     dataset: str | None = None
     """Name of the data set in Blob and on the file server; unset: the data folder's name."""
     max_side: int | None = None
