@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from infra.data.sample_data import write_photo_sized
+from tests.fakes.image_files import write_image
 from tests.fakes.paths import BIN
 
 pytestmark = pytest.mark.integration  # the command as a user runs it
@@ -17,6 +18,15 @@ pytestmark = pytest.mark.integration  # the command as a user runs it
 def photos(tmp_path_factory) -> Path:
     """16 photo-like JPEGs in 2 classes, sized as ImageNet's photographs (a run on them needs a batch of 8 or less)."""
     return write_photo_sized(tmp_path_factory.mktemp("data") / "my-photos", files=16, classes=2, workers=1)
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory) -> Path:
+    """64 PNGs of 32x32 px in 2 classes, sized as the digits set's: one global batch of the digits recipe."""
+    root = tmp_path_factory.mktemp("data") / "my-digits"
+    for i in range(64):
+        write_image(root / "train" / "ab"[i % 2] / f"{i}.png", size=32)
+    return root
 
 
 def dry_run(tmp_path: Path, data: Path, *more: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -44,11 +54,11 @@ def test_a_folder_of_photos_gets_the_photo_recipe_and_the_dry_run_says_why(tmp_p
     assert f"bring the shrunk copy {tmp_path / 'w' / 'shrunk' / 'my-photos-500'} up to date" in plan  # max_side
 
 
-def test_a_folder_of_digits_gets_the_digits_recipe(tmp_path, digits):
-    done = dry_run(tmp_path, digits)
+def test_a_folder_of_small_images_gets_the_digits_recipe(tmp_path, small):
+    done = dry_run(tmp_path, small)
     assert (done.returncode, done.stderr) == (0, "")
     assert done.stdout.splitlines()[0] == (
-        f"recipe: digits (flows/configs/demo.yaml): the images of {digits} are small (median 32x32 px of 32 sampled, "
+        f"recipe: digits (flows/configs/demo.yaml): the images of {small} are small (median 32x32 px of 32 sampled, "
         "under 64 px on their shorter side); a config file (--config) or a model named (training.model) overrides it"
     )
     assert "--model resnet18 --image-size 32" in " ".join(done.stdout.split())
