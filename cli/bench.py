@@ -24,10 +24,10 @@ Declared = Callable[..., None]
 READ_HERE = ("config", "data", "workdir", "json_out")  # the options the command reads; the rest go to the benchmark
 
 
-def bench(name: str, holds: bool = True, digits_defaults: bool = False) -> Callable[[Declared], Declared]:
+def bench(name: str, holds: bool = True, recipe: bool = False) -> Callable[[Declared], Declared]:
     """Make the declared function the command `trainflow bench NAME`. Its body runs first: checks of the options
-    alone, before anything is read or written. Then the command reads the config (with the digits set's training
-    defaults only when `digits_defaults`), holds the workdir when `holds` (`holding`, without Prefect) and runs the
+    alone, before anything is read or written. Then the command reads the config (with the recipe that fits its data,
+    flows/recipes.py, only when `recipe`), holds the workdir when `holds` (`holding`, without Prefect) and runs the
     benchmark's function with the config, --json and the other options by name."""
 
     def register(declared: Declared) -> Declared:
@@ -36,7 +36,7 @@ def bench(name: str, holds: bool = True, digits_defaults: bool = False) -> Calla
         @functools.wraps(declared)
         def command(**given: Any) -> None:
             declared(**given)
-            cfg = configure(given["config"], given.get("data"), given["workdir"], digits_defaults=digits_defaults)
+            cfg = configure(given["config"], given.get("data"), given["workdir"], recipe=recipe)
             with holding(cfg, prefect=False) if holds else nullcontext():
                 options = {key: value for key, value in given.items() if key not in READ_HERE}
                 resolve_name(BENCHES[name])(cfg, given["json_out"], **options)
@@ -219,7 +219,7 @@ def bench_install(
     """The venv's base layer installed from the lock by pip and by uv, every cache empty; or `make demo`."""
 
 
-@bench("flow", digits_defaults=True)  # each `trainflow run` it times starts its own services in a workdir of its own
+@bench("flow", recipe=True)  # each `trainflow run` it times starts its own services in a workdir of its own
 def bench_flow(
     config: ConfigOpt = None,
     data: DataOpt = None,

@@ -12,6 +12,7 @@ from rich.console import Console
 from flows.config import FlowConfig, load_config
 from flows.dataset import shrunk_folder
 from flows.interrupts import EXIT_INTERRUPTED, interrupted_line, stop_on_interrupt
+from flows.recipes import load_with_recipe
 from infra.compute import backend_of
 from infra.core.diskspace import DiskFull, Need, check_needs, existing, is_disk_full, prefect_need, unnamed_full_disk
 from infra.core.errors import exit_code
@@ -87,18 +88,24 @@ def configure(
     data: str | None,
     workdir: Path | None,
     training: dict | None = None,
-    digits_defaults: bool = True,
+    recipe: bool = True,
     max_side: int | None = None,
+    tell_recipe: bool = False,
     **sections: dict,
 ) -> FlowConfig:
     """The validated config (file, environment, then these command-line overrides) with its workdir absolute and
-    usable and, when no data is named, the training defaults that fit the digits set (`digits_defaults`). Every
-    command reads its config here."""
-    cfg = load_config(
-        config,
-        {"data": data, "workdir": workdir, "max_side": max_side, "training": training or {}, **sections},
-        digits_defaults=digits_defaults,
-    )
+    usable and, with `recipe`, what it leaves out filled in by the recipe that fits its data (flows/recipes.py: the
+    digits set's when no data is named); `tell_recipe` prints which and why first. Every command reads its config
+    here."""
+    overrides = {"data": data, "workdir": workdir, "max_side": max_side, "training": training or {}, **sections}
+    if recipe:
+        cfg, picked = load_with_recipe(config, overrides)
+        if tell_recipe:
+            print(picked.line(), flush=True)  # on stdout, the first line of the run and of its plan
+        if warning := picked.warning(cfg.training.image_size):
+            say(warning)
+    else:
+        cfg = load_config(config, overrides)
     return cfg.model_copy(update={"workdir": check_workdir(cfg.workdir).resolve()})
 
 

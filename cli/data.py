@@ -37,7 +37,7 @@ def imagenet_shaped(
 
     shape = ImagenetShape(classes, per_class, val_per_class)
     shape.check()  # before anything is created
-    cfg = configure(config, data, workdir, digits_defaults=False)
+    cfg = configure(config, data, workdir, recipe=False)
     dest = (Path(cfg.data) if cfg.data else cfg.workdir / "data" / f"imagenet-shaped-{shape.label}").resolve()
     try:
         done = write_imagenet_shaped(dest, *shape)
@@ -65,7 +65,7 @@ def add_restart_markers(
     a second run rewrites only what the first did not reach."""
     from infra.data.restart_markers import add_restart_markers as rewrite
 
-    cfg = configure(config, data, workdir, digits_defaults=False)
+    cfg = configure(config, data, workdir, recipe=False)
     if not cfg.data or cfg.data in LOCAL_DATA_FREE:
         raise ConfigError(
             "add-restart-markers needs --data DIR: the ImageNet-layout folder whose train/ JPEGs to rewrite"

@@ -76,7 +76,7 @@ def train(
     }
     # it trains on processes here, one a worker: the pool's slots follow --workers
     pool = {"slots_per_node": workers} if workers else {}
-    cfg = with_data(configure(config, data, workdir, overrides, pool=pool))
+    cfg = with_data(configure(config, data, workdir, overrides, tell_recipe=True, pool=pool))
     warn_if_oversubscribed(cfg.training.workers)
     given = out
     out = (out or cfg.workdir / "results" / datetime.now().strftime("train-%Y%m%d-%H%M%S")).resolve()
@@ -152,7 +152,7 @@ def run(
 ) -> None:
     """The whole flow: build, stage, pool, train, collect; prints the summary."""
     overrides = {"framework": framework, "launcher": launcher}
-    run_flow(configure(config, data, workdir, overrides, max_side=max_side), dry_run)
+    run_flow(configure(config, data, workdir, overrides, max_side=max_side, tell_recipe=True), dry_run)
 
 
 @friendly_errors
@@ -255,7 +255,7 @@ def build(
     """Build the training image of a framework as a Prefect flow, tagged by content, push it, and print its
     reference."""
     image = {"flavour": flavour, "registry": registry}
-    cfg = configure(config, None, workdir, {"framework": framework}, digits_defaults=False, image=image)
+    cfg = configure(config, None, workdir, {"framework": framework}, recipe=False, image=image)
     with holding(cfg):
         from flows.build import build_image
 

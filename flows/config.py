@@ -37,7 +37,8 @@ from trainer.model_files import IMAGENET
 ENV_PREFIX = "TRAINFLOW_"
 DEMO = Path(__file__).parent / "configs" / "demo.yaml"
 # The digits recipe (its one home is the demo config): the training settings that fit the digits set, which a
-# config that names neither data nor a model trains with; the demo's launcher and workers are not part of it.
+# config that names neither data nor a model trains with (flows/recipes.py); the demo's launcher and workers are not
+# part of it.
 DIGITS_TRAINING = {
     k: v for k, v in yaml.safe_load(DEMO.read_text())["training"].items() if k not in ("launcher", "workers")
 }
@@ -60,9 +61,11 @@ class FlowConfig(BaseModel):
     workdir: Path = Path(".trainflow")
     """Root of all local state: data, file share, file server, storage emulator data, results."""
     data: str | None = None
-    """ImageNet-layout folder; "synthetic"; "staged": the data set already in Blob under `dataset`, nothing
-    uploaded (scheduled runs on a machine without the local copy); unset: the small digits set, written under
-    workdir on first use, with training defaults that fit it (a run of minutes: flows/configs/demo.yaml's recipe)."""
+    """ImageNet-layout folder (named without a config file: trained with the recipe its images fit, photographs
+    flows/configs/photos.yaml's, small images the digits'; flows/recipes.py); "synthetic"; "staged": the data set
+    already in Blob under `dataset`, nothing uploaded (scheduled runs on a machine without the local copy); unset:
+    the small digits set, written under workdir on first use, with training defaults that fit it (a run of minutes:
+    flows/configs/demo.yaml's recipe)."""
     dataset: str | None = None
     """Name of the data set in Blob and on the file server; unset: the data folder's name."""
     max_side: int | None = None
@@ -173,21 +176,24 @@ def smoke_config(cfg: FlowConfig) -> FlowConfig:
     return FlowConfig.model_validate(values)
 
 
-def load_config(
-    path: Path | None, overrides: dict, environ: Mapping[str, str] | None = None, digits_defaults: bool = False
-) -> FlowConfig:
-    """Merge defaults, the YAML file, TRAINFLOW_* variables and `overrides` (nested dicts) and validate.
+def load_config(path: Path | None, overrides: dict, environ: Mapping[str, str] | None = None) -> FlowConfig:
+    """Merge defaults, the YAML file, TRAINFLOW_* variables and `overrides` (nested dicts) and validate. A run's
+    command reads its config through flows/recipes.py's `load_with_recipe`, which fills what it leaves out with the
+    recipe that fits its data."""
+    return validated(merged_values(path, overrides, environ), path)
 
-    With `digits_defaults`, a config that names neither data (so trains on the built-in digits set) nor a model
-    gets the training defaults that fit that set (a run of minutes, not ResNet-50's 90 epochs at 224 px), under
-    its own settings; a config that names its model keeps the reference defaults for everything it leaves out."""
+
+def merged_values(path: Path | None, overrides: dict, environ: Mapping[str, str] | None = None) -> dict:
+    """The settings of the YAML file, TRAINFLOW_* variables and `overrides` (nested dicts), each over the one
+    before, not yet validated."""
     values = checked_sections(read_yaml(path), f"config file {path}") if path else {}
     env = env_values(os.environ if environ is None else environ)
     values = deep_merge(values, checked_sections(env, FROM_ENV))
-    values = deep_merge(values, checked_sections(overrides, "the command-line options"))
-    training = values.get("training", {})
-    if digits_defaults and values.get("data") is None and "model" not in training:
-        values["training"] = deep_merge(DIGITS_TRAINING, training)
+    return deep_merge(values, checked_sections(overrides, "the command-line options"))
+
+
+def validated(values: dict, path: Path | None) -> FlowConfig:
+    """The FlowConfig of merged settings, or a ConfigError naming each invalid one (and the file they may be from)."""
     try:
         return FlowConfig.model_validate(values)
     except ValidationError as exc:

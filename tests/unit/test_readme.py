@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from flows.config import load_config
+from flows.recipes import PHOTO, Sample, choose_recipe
 from tests.fakes.paths import REPO
 
 README = REPO / "README.md"
@@ -35,6 +36,13 @@ def test_the_readme_s_install_times_are_the_measured_ones():
     assert "as a non-root user" in text and not measured["as_root"]
     medians = [measured["seconds"][name]["median"] / 60 for name in ("demo", "demo_again")]
     assert [fresh, again] == [round(m) for m in medians]
+
+
+def test_the_readme_s_own_photos_line_names_the_recipe_they_get():
+    [line] = [text for text in README.read_text().splitlines() if "trainflow run --data ./my-photos" in text]
+    assert line.endswith(": the photo recipe") and PHOTO.path.name == "photos.yaml"
+    imagenet_like = Sample("./my-photos", ((500, 375),) * 24 + ((375, 500),) * 8)  # ImageNet's usual photographs
+    assert choose_recipe(None, "./my-photos", False, imagenet_like).recipe is PHOTO  # no --config, no model named
 
 
 def yaml_examples() -> list[tuple[str, str]]:

@@ -4,6 +4,7 @@ configs and prefect.yaml's deployment."""
 import pytest
 
 from flows.config import DIGITS_TRAINING, ConfigError, FlowConfig, load_config, section_type
+from flows.recipes import load_with_recipe
 from tests.fakes.paths import REPO
 
 
@@ -24,11 +25,11 @@ def test_the_trainers_own_checks_refuse_a_config_naming_the_setting(settings, me
 
 
 def test_no_data_means_the_digits_set_with_settings_that_fit_it():
-    fitted = load_config(None, {"training": {"epochs": 2}}, environ={}, digits_defaults=True).training
+    fitted = load_with_recipe(None, {"training": {"epochs": 2}}, environ={})[0].training
     assert (fitted.model, fitted.image_size, fitted.epochs) == (DIGITS_TRAINING["model"], 32, 2)  # the user's own wins
-    named = load_config(None, {"data": "/data/imagenet"}, environ={}, digits_defaults=True).training
+    named = load_with_recipe(None, {"data": "/data/imagenet"}, environ={})[0].training  # no images there to size
     assert (named.model, named.epochs, named.image_size) == ("resnet50", 90, 224)  # the reference recipe
-    chosen = load_config(None, {"training": {"model": "resnet50"}}, environ={}, digits_defaults=True).training
+    chosen = load_with_recipe(None, {"training": {"model": "resnet50"}}, environ={})[0].training
     assert (chosen.epochs, chosen.image_size) == (90, 224)  # a config that picks its model keeps the reference
 
 

@@ -8,6 +8,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from flows.config import DEMO, DIGITS_TRAINING, ConfigError, load_config
+from flows.recipes import load_with_recipe
 from infra.engines import DEFAULT, ENGINES, one_of
 from infra.engines.contract import PACKAGE, TrainingSettings, trainer_argv
 from infra.engines.pytorch import PyTorchTraining
@@ -117,7 +118,7 @@ def test_the_digits_recipe_has_one_home_that_the_nightly_deployment_repeats():
     assert {k: v for k, v in demo.items() if k not in ("launcher", "workers")} == DIGITS_TRAINING
     for deployment in yaml.safe_load((REPO / "prefect.yaml").read_text())["deployments"]:
         assert deployment["parameters"]["cfg"]["training"] == demo
-    fitted = load_config(None, {}, digits_defaults=True).training
+    fitted = load_with_recipe(None, {})[0].training
     assert {k: getattr(fitted, k) for k in DIGITS_TRAINING} == DIGITS_TRAINING
 
 
