@@ -40,6 +40,14 @@ FrameworkOpt = Annotated[
 
 LauncherOpt = Annotated[str | None, typer.Option(help="torchrun or horovodrun (training.launcher).")]
 
+InitFromOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="Fine-tune from these weights (training.init_from): a run id, a model file, or imagenet.",
+        show_default=False,
+    ),
+]
+
 
 @friendly_errors
 def train(
@@ -49,6 +57,7 @@ def train(
     workers: Annotated[int | None, typer.Option(help=setting_help("workers"))] = None,
     framework: FrameworkOpt = None,
     launcher: LauncherOpt = None,
+    init_from: InitFromOpt = None,
     out: Annotated[Path | None, typer.Option(help="Results folder; a folder with checkpoints is resumed.")] = None,
     model: Annotated[str | None, typer.Option(help=setting_help("model"))] = None,
     epochs: Annotated[int | None, typer.Option(help=setting_help("epochs"))] = None,
@@ -65,6 +74,7 @@ def train(
         "workers": workers,
         "framework": framework,
         "launcher": launcher,
+        "init_from": init_from,
         "model": model,
         "epochs": epochs,
         "batch_size": batch_size,
@@ -145,13 +155,14 @@ def run(
     workdir: WorkdirOpt = None,
     framework: FrameworkOpt = None,
     launcher: LauncherOpt = None,
+    init_from: InitFromOpt = None,
     max_side: MaxSideOpt = None,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print what each step would do or skip; change nothing.")
     ] = False,
 ) -> None:
     """The whole flow: build, stage, pool, train, collect; prints the summary."""
-    overrides = {"framework": framework, "launcher": launcher}
+    overrides = {"framework": framework, "launcher": launcher, "init_from": init_from}
     run_flow(configure(config, data, workdir, overrides, max_side=max_side, tell_recipe=True), dry_run)
 
 

@@ -266,3 +266,64 @@ def test_the_tensorflow_trainers_run_without_torch(tmp_path):
     result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert not re.search(r"ERROR", result.stdout)
+
+
+# (e) Fine-tuning: --init-from a model.keras -----------------------------------------------------------------------
+
+
+def test_keras_fine_tuned_from_an_earlier_run_beats_training_from_scratch(digits, tmp_path):
+    """Trained on digits 0-4, then 4 steps on digits 5-9: from those weights (every layer loaded but the classifier,
+    made anew for the new classes) the val top-1 is higher than 4 steps from scratch reach."""
+    halves = {name: tmp_path / name for name in ("first", "second")}
+    for name, classes in (("first", "01234"), ("second", "56789")):
+        for part, c in ((part, c) for part in ("train", "val") for c in classes):
+            shutil.copytree(digits / part / c, halves[name] / part / c)
+    common = [*ONE_PROCESS, "--warmup-epochs", "0", "--lr", "0.02", "--epochs", "1"]
+    runs = {
+        "pre": [*common, "--steps-per-epoch", "30", "--data", str(halves["first"])],
+        "scratch": [*common, "--steps-per-epoch", "4", "--data", str(halves["second"])],
+        "tuned": [*common, "--steps-per-epoch", "4", "--data", str(halves["second"])],
+    }
+    runs["tuned"] += ["--init-from", str(tmp_path / "pre" / "model.keras")]
+    for name, argv in runs.items():
+        result = run_trainer("keras", [*argv, "--out", str(tmp_path / name)])
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    scratch, tuned = metrics_of(tmp_path / "scratch"), metrics_of(tmp_path / "tuned")
+    top1 = tuned["final_val_top1"], scratch["final_val_top1"]
+    assert top1[0] > top1[1] + 0.1, top1
+    assert tuned["init_from"]["new"] == ["fc/kernel:0", "fc/bias:0"]
+    assert tuned["init_from"]["loaded"] == tuned["init_from"]["tensors"] - 2
+
+
+def test_weights_the_tensorflow_trainers_cannot_start_from_are_one_line_each(uninterrupted, tmp_path):
+    """Another framework's file, imagenet (torchvision's) and another architecture's model.keras: the one-line
+    errors the preflight and the workers print, checked in one TensorFlow process."""
+    pt = tmp_path / "model.pt"
+    pt.write_bytes(zip_of({"archive/data.pkl": b""}))
+    keras_file = uninterrupted["keras"] / "model.keras"
+    cases = [(str(pt), "resnet18"), ("imagenet", "resnet18"), (str(keras_file), "resnet34")]
+    check = (
+        f"import sys; sys.path.insert(0, {str(PACKAGE.parent)!r}); from trainer.errors import UsageError; "
+        "from trainer.tf.models import build_model, start_from\n"
+        f"for source, arch in {cases!r}:\n"
+        "    try: start_from(build_model(arch, 2, 16, 0), source, arch, ['a', 'b'])\n"
+        "    except UsageError as exc: print('error:', exc)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=300)
+    errors = [line for line in result.stdout.splitlines() if line.startswith("error:")]
+    assert len(errors) == 3, result.stdout[-3000:] + result.stderr[-3000:]
+    assert f"{pt} is a PyTorch model: the TensorFlow and Keras trainers start from a model.keras" in errors[0]
+    assert "--init-from imagenet names torchvision's weights" in errors[1]
+    assert "holds a resnet18 model, and this run trains resnet34: pass --model resnet18" in errors[2]
+
+
+def zip_of(members: dict[str, bytes]) -> bytes:
+    """A zip archive of `members` (what a model file's framework is told by)."""
+    import io
+    import zipfile
+
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for name, content in members.items():
+            archive.writestr(name, content)
+    return buffer.getvalue()
