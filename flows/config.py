@@ -27,7 +27,7 @@ from infra.engines import TrainingConfig, default_training
 from infra.engines.contract import SYNTHETIC
 from infra.images.registry import ImageConfig
 from infra.runs.ledger import CostConfig
-from infra.runs.lineage import weights_file
+from infra.runs.lineage import check_weights, weights_file
 from infra.runs.tracking import TrackingConfig
 from infra.storage.config import StorageConfig
 from infra.storage.fileshare import FileShareConfig
@@ -122,6 +122,7 @@ class FlowConfig(BaseModel):
     def _init_from_is_a_model_file(self) -> "FlowConfig":
         # a run id becomes its model file's path, which the trainer reads where the workers can
         given = self.training.init_from = weights_file(self.training.init_from, self.workdir / "runs")
+        check_weights(given, self.training.framework)
         backend = backend_of(self.pool)
         if given and given != IMAGENET and not backend.reads_local_files:
             raise ValueError(

@@ -22,7 +22,7 @@ from infra.core.jsonfiles import read_json, write_json
 from infra.runs.attempts import ATTEMPTS, brief, read_attempts
 from infra.runs.ledger import LEDGER, ledger_summary
 from infra.runs.record import RECORD, RunSettings, fingerprint
-from trainer.model_files import IMAGENET, MODEL_FILES
+from trainer.model_files import IMAGENET, KERAS, MODEL_FILES, PYTORCH, framework_of
 from trainer.staged.names import MANIFEST  # a file server version's copy of its manifest
 
 RECEIPT, CONFIG, GUIDE = "receipt.json", "config.json", "README.md"
@@ -218,6 +218,29 @@ def weights_file(given: str, runs: Path) -> str:
         if (folder / name).is_file():
             return str((folder / name).resolve())
     raise BadInput(f"run {folder.name} has no model file (it did not finish); pass a finished run's id or a file")
+
+
+def check_weights(given: str, framework: str) -> None:
+    """Refuse, before anything starts, weights that a `framework` run cannot start from: a missing file, another
+    framework's model file (told from its zip's members), imagenet outside PyTorch. The trainer's preflight checks
+    the rest (a corrupt file, another architecture)."""
+    wanted = PYTORCH if framework == PYTORCH else KERAS
+    if given == IMAGENET:
+        if wanted != PYTORCH:
+            raise BadInput(
+                f"training.init_from imagenet names torchvision's weights, for training.framework pytorch; a "
+                f"{framework} run starts from a model.keras of an earlier run (its path or run id)"
+            )
+        return
+    path = Path(given)
+    if given and not path.is_file():
+        raise BadInput(f"training.init_from {given}: no such file; pass a model file, a run id or imagenet")
+    kind = framework_of(path) if given else None
+    if kind and kind != wanted:
+        raise BadInput(
+            f"training.init_from {given} is a {kind} model file ({MODEL_FILES[kind]}); a {framework} run starts "
+            f"from a {MODEL_FILES[wanted]}: pass one, or train with --framework {kind}"
+        )
 
 
 def flat(values, prefix: str = "") -> dict:

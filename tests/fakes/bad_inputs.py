@@ -100,6 +100,16 @@ def another_runs_checkpoint(root: Path) -> None:
     torch.save(state, root / "out" / "checkpoints" / "step-000000010.pt")
 
 
+def keras_file(root: Path) -> None:
+    """Setup: good data in DIR/data and DIR/model.keras, a zip of a Keras model file's members."""
+    import zipfile
+
+    images(root / "data")
+    with zipfile.ZipFile(root / "model.keras", "w") as archive:
+        for name in ("metadata.json", "config.json", "model.weights.h5"):
+            archive.writestr(name, "{}")
+
+
 LISTENERS: list[socket.socket] = []  # ports the cases hold busy, open until the process ends
 
 
@@ -290,6 +300,22 @@ CASES = [
         another_runs_checkpoint,
     ),
     Case("batch larger than the data set", [*TRAIN, "--data", "{dir}/data", "--batch-size", "5"], files()),
+    Case("fine-tuning from a missing file", [*TRAIN, "--data", "{dir}/data", "--init-from", "{dir}/model.pt"], files()),
+    Case(
+        "fine-tuning from a run id that names no run",
+        [*TRAIN, "--data", "{dir}/data", "--init-from", "3f2a9c"],
+        files(),
+    ),
+    Case(
+        "fine-tuning from a file that is not a model",
+        [*TRAIN, "--data", "{dir}/data", "--init-from", "{dir}/notes.pt"],
+        files(notes_pt="not weights\n"),
+    ),
+    Case(
+        "fine-tuning PyTorch from a Keras model",
+        [*TRAIN, "--data", "{dir}/data", "--init-from", "{dir}/model.keras"],
+        keras_file,
+    ),
     Case(
         "a model that cannot take the image size",
         [*TRAIN, "--data", "{dir}/data", "--model", "vit_b_16", "--config", "{dir}/c.yaml"],

@@ -1,6 +1,8 @@
 """training.init_from on the orchestrator's side: a run id becomes its model file, a file an absolute path; what
 the pool's workers cannot read is refused before anything starts."""
 
+import re
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -64,3 +66,19 @@ def test_the_config_resolves_a_run_id_and_refuses_a_file_the_docker_nodes_cannot
     with pytest.raises(ConfigError, match="the docker pool's workers cannot read this machine's files"):
         load_config(None, {"workdir": tmp_path, "pool": docker, "training": {"init_from": "abc123"}})
     assert load_config(None, {"workdir": tmp_path, "pool": docker, "training": {"init_from": "imagenet"}})
+
+
+def test_weights_of_another_framework_or_a_missing_file_are_refused_before_anything_starts(tmp_path):
+    keras = tmp_path / "model.keras"
+    with zipfile.ZipFile(keras, "w") as archive:
+        for name in ("metadata.json", "config.json", "model.weights.h5"):
+            archive.writestr(name, "{}")
+    cases = [
+        ({"init_from": str(keras)}, "is a keras model file (model.keras); a pytorch run starts from a model.pt"),
+        ({"init_from": str(tmp_path / "gone.pt")}, "gone.pt: no such file"),
+        ({"init_from": "imagenet", "framework": "keras"}, "imagenet names torchvision's weights"),
+    ]
+    for training, words in cases:
+        with pytest.raises(BadInput, match=re.escape(words)):
+            load_config(None, {"workdir": tmp_path, "training": training})
+    assert load_config(None, {"workdir": tmp_path, "training": {"init_from": str(keras), "framework": "keras"}})
