@@ -50,10 +50,12 @@ def one_short_epoch(data: Path, out: Path, *extra: str) -> dict:
     return json.loads((out / "metrics.json").read_text())
 
 
-def test_fine_tuning_an_earlier_run_beats_training_from_scratch(halves, tmp_path):
+def test_fine_tuning_an_earlier_run_beats_training_from_scratch(halves, tmp_path, capfd):
     _, second, model = halves
     scratch = one_short_epoch(second, tmp_path / "scratch")
+    capfd.readouterr()
     tuned = one_short_epoch(second, tmp_path / "tuned", "--init-from", str(model))
+    assert f"starting from {model}: 120 of 122 tensors loaded; new: fc.weight, fc.bias" in capfd.readouterr().out
 
     assert tuned["final_val_top1"] > scratch["final_val_top1"] + 0.1, (
         tuned["final_val_top1"],
