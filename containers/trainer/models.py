@@ -69,15 +69,17 @@ def read_weights(path: Path) -> TorchWeights:
 
 def read_torch(path: Path, option: str) -> TorchWeights:
     """The tensors of a PyTorch model file (a run's model.pt, or a torchvision weights file), on the CPU;
-    a file that is not one: one line naming it and what to pass instead."""
+    a file that is not one: one line naming it and what to pass instead (`option`, the option that named it, says
+    what: --init-from starts from torchvision's weights too, --model of `trainflow predict` from a run's model)."""
     check_model_file(path, option)
+    instead = what_to_pass(option)
     try:
         content = torch.load(path, map_location="cpu", weights_only=True)
     except (*UNREADABLE, pickle.UnpicklingError, zipfile.BadZipFile) as exc:
         lines = str(exc).strip().splitlines()
         raise UsageError(
             f"{option} {path} cannot be read as PyTorch weights ({lines[0] if lines else type(exc).__name__}); "
-            "pass a model.pt of an earlier run or a torchvision weights file"
+            f"{instead}"
         ) from None
     if isinstance(content, dict) and isinstance(content.get("state_dict"), dict):
         return TorchWeights(
@@ -89,10 +91,14 @@ def read_torch(path: Path, option: str) -> TorchWeights:
         )
     if isinstance(content, dict) and content and all(isinstance(v, torch.Tensor) for v in content.values()):
         return TorchWeights(str(path), content)
-    raise UsageError(
-        f"{option} {path} holds no model weights (a PyTorch file of something else); pass a model.pt of an earlier "
-        "run or a torchvision weights file"
-    )
+    raise UsageError(f"{option} {path} holds no model weights (a PyTorch file of something else); {instead}")
+
+
+def what_to_pass(option: str) -> str:
+    """The fix that ends read_torch's refusals: what the option named by `option` takes."""
+    if option == "--init-from":
+        return "pass a model.pt of an earlier run or a torchvision weights file"
+    return "pass a model.pt or model.keras of an earlier run, or its run id"
 
 
 # What torch.load raises on bytes that are not its format: the weights-only unpickler fails on a stranger's pickle
