@@ -123,6 +123,22 @@ def test_a_run_id_prefix_names_its_model_and_csv_and_the_table_show_the_top_k(wo
     assert files[0] in table.stdout and f"{top1} {p1:.2%}" in table.stdout and "top 3" in table.stdout
 
 
+def test_every_image_mode_is_classified_as_training_reads_it(torch_run, image_tree):
+    result = invoke("predict", "--model", str(torch_run / "model.pt"), str(image_tree), "--json", "--top-k", "1")
+    assert result.exit_code == 0 and result.stderr == "", result.output
+    files = {Path(p["file"]).name for p in json.loads(result.stdout)}
+    assert files == {
+        "gray.png",
+        "cmyk.jpg",
+        "rgba.png",
+        "palette transparent.png",
+        "日本語 名前.png",
+        "plain.JPEG",
+        "v1.png",
+        "v2.png",
+    }  # and not .DS_Store
+
+
 def keras_like(path: Path) -> Path:
     """A file with a Keras model's members (config.json, model.weights.h5), without TensorFlow."""
     import zipfile
