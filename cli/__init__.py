@@ -2,7 +2,8 @@
 
 One module per group of commands: training.py (train, stage, run, smoke, deploy, build), services.py (ui,
 mlflow-ui, and what a command holds while it runs), data.py (`trainflow data`), bench.py (`trainflow bench`) and
-runs.py (`trainflow runs`), doctor.py (`trainflow doctor`); common.py holds what they share."""
+runs.py (`trainflow runs`), doctor.py (`trainflow doctor`), predict.py (`trainflow predict`); common.py holds what they
+share."""
 
 import sys
 
@@ -11,6 +12,7 @@ import typer
 from cli.bench import bench_app
 from cli.data import data_app
 from cli.doctor import doctor
+from cli.predict import predict
 from cli.runs import runs_app
 from cli.services import mlflow_ui, ui
 from cli.training import build, deploy, run, smoke, stage, train
@@ -24,7 +26,7 @@ app = typer.Typer(
 app.add_typer(data_app, name="data")
 app.add_typer(bench_app, name="bench")
 app.add_typer(runs_app, name="runs")
-for command in (train, stage, run, smoke, deploy, ui, mlflow_ui, build, doctor):
+for command in (train, stage, run, smoke, deploy, ui, mlflow_ui, build, doctor, predict):
     app.command()(command)
 
 

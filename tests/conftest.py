@@ -36,6 +36,7 @@ GROUPS = {
     "tests/integration/flows/test_bad_inputs.py": "bad-inputs",
     "tests/integration/trainer/test_tf_training.py": "tf-training",
     "tests/integration/trainer/test_init_from.py": "init-from",
+    "tests/integration/cli/test_predict.py": "predict",
 }
 
 

@@ -69,15 +69,17 @@ def read_weights(path: Path) -> TorchWeights:
 
 def read_torch(path: Path, option: str) -> TorchWeights:
     """The tensors of a PyTorch model file (a run's model.pt, or a torchvision weights file), on the CPU;
-    a file that is not one: one line naming it and what to pass instead."""
+    a file that is not one: one line naming it and what to pass instead (`option`, the option that named it, says
+    what: --init-from starts from torchvision's weights too, --model of `trainflow predict` from a run's model)."""
     check_model_file(path, option)
+    instead = what_to_pass(option)
+    if not zipfile.is_zipfile(path) and not starts_as_pickle(path):  # torch.load's error would be about pickles
+        raise UsageError(f"{option} {path} cannot be read as PyTorch weights ({NOT_TORCH}); {instead}")
     try:
         content = torch.load(path, map_location="cpu", weights_only=True)
     except (*UNREADABLE, pickle.UnpicklingError, zipfile.BadZipFile) as exc:
-        lines = str(exc).strip().splitlines()
         raise UsageError(
-            f"{option} {path} cannot be read as PyTorch weights ({lines[0] if lines else type(exc).__name__}); "
-            "pass a model.pt of an earlier run or a torchvision weights file"
+            f"{option} {path} cannot be read as PyTorch weights ({unreadable_why(exc)}); {instead}"
         ) from None
     if isinstance(content, dict) and isinstance(content.get("state_dict"), dict):
         return TorchWeights(
@@ -89,15 +91,42 @@ def read_torch(path: Path, option: str) -> TorchWeights:
         )
     if isinstance(content, dict) and content and all(isinstance(v, torch.Tensor) for v in content.values()):
         return TorchWeights(str(path), content)
-    raise UsageError(
-        f"{option} {path} holds no model weights (a PyTorch file of something else); pass a model.pt of an earlier "
-        "run or a torchvision weights file"
-    )
+    raise UsageError(f"{option} {path} holds no model weights (a PyTorch file of something else); {instead}")
+
+
+def what_to_pass(option: str) -> str:
+    """The fix that ends read_torch's refusals: what the option named by `option` takes."""
+    if option == "--init-from":
+        return "pass a model.pt of an earlier run or a torchvision weights file"
+    return "pass a model.pt or model.keras of an earlier run, or its run id"
 
 
 # What torch.load raises on bytes that are not its format: the weights-only unpickler fails on a stranger's pickle
 # with whatever its opcodes meet (a missing memo entry is a KeyError)
 UNREADABLE = (RuntimeError, EOFError, ValueError, OSError, KeyError, IndexError, TypeError, AttributeError)
+
+
+def starts_as_pickle(path: Path) -> bool:
+    """Whether the file starts as a pickle of protocol 2 or later does: torch.save's format before its zip files."""
+    with open(path, "rb") as f:
+        return f.read(1) == b"\x80"
+
+
+def unreadable_why(exc: Exception) -> str:
+    """Why torch.load refused a file, in a few words: the weights-only unpickler's own reason (after a paragraph
+    on loading it unsafely, which is not the fix here), or the first line of the error; a lookup that failed inside
+    the unpickler (a KeyError of 101: bytes read as a memo entry) says only that torch.save did not write it."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    unpickler = [line.removeprefix(UNPICKLER) for line in lines if line.startswith(UNPICKLER)]
+    if unpickler:
+        return unpickler[0].split(". ")[0]
+    if isinstance(exc, (KeyError, IndexError)) or not lines:
+        return NOT_TORCH
+    return lines[0]
+
+
+NOT_TORCH = "not a file that torch.save wrote"
+UNPICKLER = "WeightsUnpickler error: "  # where torch.load's error for a pickle it will not load gives the reason
 
 
 def imagenet_weights(arch: str) -> TorchWeights:

@@ -53,16 +53,22 @@ def needed(training: TrainingSettings) -> list[str]:
 
 def missing_part(training: TrainingSettings) -> str | None:
     """The one line for the first layer the run needs that this venv lacks, or None."""
+    who = f"training.framework {training.framework} with {training.launcher} on this machine"
     for name in needed(training):
-        layer = LAYERS[name]
-        if not all(has_module(m) for m in layer.modules):
-            return (
-                f"training.framework {training.framework} with {training.launcher} on this machine needs "
-                f"{layer.what}, which this venv lacks; install it with `{layer.command}` ({layer.cost})"
-            )
+        if problem := lacking(name, who):
+            return problem
     if set(needed(training)) == {"tensorflow", "horovod"} and not horovod_has("tensorflow"):
         return (
             "Horovod here was built before TensorFlow was installed and lacks its ops; rebuild it with "
             f"`{LAYERS['horovod'].command}`"
         )
     return None
+
+
+def lacking(name: str, who: str) -> str | None:
+    """The one line for the layer `name` when this venv lacks it: `who` (what the user asked for) needs it, and the
+    command that installs it; None when it is there."""
+    layer = LAYERS[name]
+    if all(has_module(m) for m in layer.modules):
+        return None
+    return f"{who} needs {layer.what}, which this venv lacks; install it with `{layer.command}` ({layer.cost})"

@@ -202,18 +202,23 @@ def find_run(runs: Path, given: str) -> Path:
 
 
 def weights_file(given: str, runs: Path) -> str:
-    """training.init_from as the trainer takes it: empty, imagenet, or a model file's absolute path (the file named,
-    else the model of the run whose id, or a prefix of it, is given)."""
+    """training.init_from as the trainer takes it: empty, imagenet, or a model file's absolute path (model_file)."""
+    if not given or given == IMAGENET:
+        return given
+    fix = "pass a model file, a run id (`trainflow runs` lists them) or imagenet"
+    return model_file(given, runs, "training.init_from", fix)
+
+
+def model_file(given: str, runs: Path, option: str, fix: str) -> str:
+    """The absolute path of the model file `given` names, else of the model of the run whose id, or a prefix of it,
+    is given (`option` gave it: the error names it, and ends in `fix`)."""
     path = Path(given).expanduser()
-    if not given or given == IMAGENET or path.exists() or path.suffix or len(path.parts) > 1:
-        return str(path.resolve()) if given and given != IMAGENET else given
+    if path.exists() or path.suffix or len(path.parts) > 1:
+        return str(path.resolve())
     try:
         folder = find_run(runs, given)
     except BadInput:
-        raise BadInput(
-            f"training.init_from {given!r} is neither a file nor a run under {runs}; pass a model file, a run id "
-            "(`trainflow runs` lists them) or imagenet"
-        ) from None
+        raise BadInput(f"{option} {given!r} is neither a file nor a run under {runs}; {fix}") from None
     for name in MODEL_FILES.values():
         if (folder / name).is_file():
             return str((folder / name).resolve())

@@ -126,6 +126,18 @@ def small_disk(folder: Path, size: str) -> None:
     subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], check=True)
 
 
+def photos_and_model(model: bytes, images: int = 0) -> Callable[[Path], None]:
+    """Setup: DIR/photos holding `images` small PNGs, and DIR/model.pt holding `model`."""
+
+    def setup(root: Path) -> None:
+        (root / "photos").mkdir()
+        for i in range(images):
+            write_image(root / "photos" / f"{i}.png")
+        (root / "model.pt").write_bytes(model)
+
+    return setup
+
+
 TRAIN = ["train", *QUICK, "--workdir", "{dir}/w"]
 SMALL_BATCH = {"TRAINFLOW_TRAINING__BATCH_SIZE": "1"}  # a run on the 8 images of `images` that fits them
 CASES = [
@@ -392,6 +404,20 @@ CASES = [
         ["run", "--data", "synthetic", "--workdir", "{dir}/w"],
         lambda root: small_disk(root / "w", "2m"),
         code=1,
+    ),
+    # trainflow predict (issue 45): its refusals before any model loads, and a file that is no model
+    Case("predict: an empty folder", ["predict", "--model", "{dir}/model.pt", "{dir}/photos"], photos_and_model(b"")),
+    Case(
+        "predict: a model file that is not a model",
+        ["predict", "--model", "{dir}/model.pt", "{dir}/photos"],
+        photos_and_model(b"hello", images=1),
+    ),
+    Case("predict: a model file that is not there", ["predict", "--model", "{dir}/nowhere.pt", "{dir}/photos"]),
+    Case("predict: a run id that names no run", ["predict", "--model", "0123abcd", "--workdir", "{dir}/w", "{dir}"]),
+    Case(
+        "predict: --top-k 0",
+        ["predict", "--model", "{dir}/model.pt", "{dir}/photos", "--top-k", "0"],
+        photos_and_model(b"", images=1),
     ),
 ]
 

@@ -148,9 +148,15 @@ def val_dataset(images: Images, args, rank: int, world: int) -> tf.data.Dataset 
     samples, size = val_order(images, rank, world), args.image_size
 
     def centred(path: tf.Tensor, place: tf.Tensor) -> tf.Tensor:
-        return normalised(centre_crop(shorter_side(decode_whole(path), val_resize(size)), size))
+        return val_image(path, size)
 
     return decoded_batches(images.val, samples, samples, centred, args, drop_remainder=False)
+
+
+def val_image(path: tf.Tensor, size: int) -> tf.Tensor:
+    """The image at `path` as validation sees it (and `trainflow predict`): the shorter side resized to
+    size/0.875, the centre `size` x `size` crop, normalised."""
+    return normalised(centre_crop(shorter_side(decode_whole(path), val_resize(size)), size))
 
 
 def val_order(images: Images, rank: int, world: int) -> np.ndarray:
@@ -394,7 +400,12 @@ def unreadable_image(exc: Exception) -> image_files.BadImage | None:
     if found is None:
         return None
     encoded = found.group(1)
-    path = base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)).decode("utf-8")
+    return bad_image(base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)).decode("utf-8"))
+
+
+def bad_image(path: str) -> image_files.BadImage:
+    """The UsageError for the image at `path` that TensorFlow failed to decode, as the PyTorch trainer's: PIL's
+    reason when PIL fails too, else TensorFlow's."""
     try:
         image_files.load_rgb(path)
     except image_files.BadImage as bad:

@@ -165,20 +165,21 @@ def start_from(model: keras.Model, source: str, arch: str, classes: list[str]) -
     return {"source": source, "loaded": loaded, "tensors": loaded + len(new), "new": new}
 
 
-def read_keras_model(source: str) -> tuple[keras.Model, dict]:
+def read_keras_model(source: str, option: str = "--init-from") -> tuple[keras.Model, dict]:
     """The Keras model in the file `source` (not compiled: its weights are what is wanted) and what its run
-    recorded of it; anything else: one line naming what it is and what to pass."""
-    if source == IMAGENET:
+    recorded of it; anything else: one line naming what it is and what to pass (`option`: the option that named it,
+    --init-from or `trainflow predict`'s --model)."""
+    if source == IMAGENET and option == "--init-from":
         raise UsageError(
             "--init-from imagenet names torchvision's weights, which the PyTorch trainer loads: the TensorFlow and "
             "Keras trainers start from a model.keras of an earlier run (pass it, or its run id)"
         )
     path = Path(source)
-    check_model_file(path, "--init-from")
+    check_model_file(path, option)
     if (kind := framework_of(path)) != KERAS:
         what = "a PyTorch model" if kind == PYTORCH else "not a Keras model"
         raise UsageError(
-            f"--init-from {path} is {what}: the TensorFlow and Keras trainers start from a model.keras of an earlier "
+            f"{option} {path} is {what}: the TensorFlow and Keras trainers start from a model.keras of an earlier "
             "run; pass one, or train with --framework pytorch"
         )
     try:
@@ -186,6 +187,6 @@ def read_keras_model(source: str) -> tuple[keras.Model, dict]:
     except (ValueError, OSError, KeyError, TypeError) as exc:
         lines = str(exc).strip().splitlines()
         raise UsageError(
-            f"--init-from {path} cannot be read as a Keras model ({lines[0] if lines else type(exc).__name__}); "
+            f"{option} {path} cannot be read as a Keras model ({lines[0] if lines else type(exc).__name__}); "
             "pass a model.keras of an earlier run"
         ) from None
