@@ -112,3 +112,12 @@ def epoch_done(row: EpochRow, epochs: int) -> None:
         row.images_per_sec,
         row.images_per_sec_per_worker,
     )
+
+
+def started_from(loaded: dict) -> dict:
+    """Log what --init-from loaded and what the model has anew; `loaded` as metrics.json records it."""
+    new = ", ".join(loaded["new"]) or "none"
+    log.info(
+        "starting from %s: %d of %d tensors loaded; new: %s", loaded["source"], loaded["loaded"], loaded["tensors"], new
+    )
+    return loaded

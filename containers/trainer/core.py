@@ -190,17 +190,8 @@ def check_only(args: Namespace, checks: Checks, replicas: int) -> int:
         check_resumable(progress, args.model, classes, args.out)
     checks.try_one_step(args, len(classes))
     if args.init_from:  # once here, so that imagenet's download is made before the workers read it
-        started_from(checks.start_from(args, classes))
+        console.started_from(checks.start_from(args, classes))
     return len(classes)
-
-
-def started_from(loaded: dict) -> dict:
-    """Log what --init-from loaded and what the model has anew; `loaded` as metrics.json records it."""
-    new = ", ".join(loaded["new"]) or "none"
-    log.info(
-        "starting from %s: %d of %d tensors loaded; new: %s", loaded["source"], loaded["loaded"], loaded["tensors"], new
-    )
-    return loaded
 
 
 def synthetic_classes(num_classes: int) -> list[str]:

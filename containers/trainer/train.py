@@ -139,7 +139,7 @@ def set_up(args) -> core.Run:
     state = load_latest_checkpoint(args, classes, raw, optimizer, pipeline)
     if state is None and args.init_from:  # a resumed run goes on from its own weights
         loaded = start_from(raw, args.init_from, args.model, classes)
-        facts["init_from"] = core.started_from(loaded) if backend.rank == 0 else loaded
+        facts["init_from"] = console.started_from(loaded) if backend.rank == 0 else loaded
     model, optimizer = wrap_for_backend(args, backend, device, raw, optimizer, pipeline, state)
     schedule = core.make_schedule(args, epoch_steps(train_batches, args), replicas)
     adapter = PyTorch(

@@ -317,7 +317,7 @@ def set_up(args, framework: str, wrap_optimizer: Callable = lambda optimizer: op
         core.restore(run, *found)
     elif args.init_from:  # rank 0's loaded weights reach every worker by the broadcast below
         loaded = models.start_from(model, args.init_from, args.model, images.classes)
-        images.facts["init_from"] = core.started_from(loaded) if rank == 0 else loaded
+        images.facts["init_from"] = console.started_from(loaded) if rank == 0 else loaded
     # Horovod: every worker starts from rank 0's model and optimizer state (a resumed one, or its initialisation)
     hvd.broadcast_variables(model.variables + optimizer.variables(), root_rank=0)
     run.tracker = open_tracker(args, rank == 0)
