@@ -121,7 +121,9 @@ class FlowConfig(BaseModel):
     @model_validator(mode="after")
     def _init_from_is_a_model_file(self) -> "FlowConfig":
         # a run id becomes its model file's path, which the trainer reads where the workers can
-        given = self.training.init_from = weights_file(self.training.init_from, self.workdir / "runs")
+        given = weights_file(self.training.init_from, self.workdir / "runs")
+        if given != self.training.init_from:  # only then: a setting assigned counts as one the user set
+            self.training.init_from = given
         check_weights(given, self.training.framework)
         backend = backend_of(self.pool)
         if given and given != IMAGENET and not backend.reads_local_files:
