@@ -3,10 +3,14 @@ every YAML example (the README's and the docs' pages) a config trainflow accepts
 
 import json
 import re
+import shlex
 from pathlib import Path
 
+import click
 import pytest
+import typer
 
+from cli import app
 from flows.config import load_config
 from flows.recipes import PHOTO, Sample, choose_recipe
 from tests.fakes.paths import REPO
@@ -39,10 +43,29 @@ def test_the_readme_s_install_times_are_the_measured_ones():
 
 
 def test_the_readme_s_own_photos_line_names_the_recipe_they_get():
-    [line] = [text for text in README.read_text().splitlines() if "trainflow run --data ./my-photos" in text]
+    [line] = [text for text in README.read_text().splitlines() if "trainflow run --data ./my-photos  " in text]
     assert line.endswith(": the photo recipe") and PHOTO.path.name == "photos.yaml"
     imagenet_like = Sample("./my-photos", ((500, 375),) * 24 + ((375, 500),) * 8)  # ImageNet's usual photographs
     assert choose_recipe(None, "./my-photos", False, imagenet_like).recipe is PHOTO  # no --config, no model named
+
+
+def command_lines(page: Path) -> list[list[str]]:
+    """The page's trainflow command lines in its sh blocks, as words, the comment cut off."""
+    blocks = re.findall(r"```sh\n(.*?)```", page.read_text(), re.S)
+    lines = [line.split("#")[0] for block in blocks for line in block.splitlines()]
+    return [shlex.split(line)[1:] for line in lines if line.startswith(".venv/bin/trainflow ")]
+
+
+@pytest.mark.parametrize("page", [README, REPO / "docs" / "guides" / "own-photos.md"], ids=lambda p: p.name)
+def test_every_trainflow_command_line_of_the_page_uses_options_its_command_takes(page):
+    """The first screen's and the own-photos guide's commands (run --init-from, predict --model ...) parse."""
+    root = typer.main.get_command(app)
+    for words in command_lines(page):
+        command, rest = root, list(words)
+        while isinstance(command, click.Group) and rest and rest[0] in command.commands:
+            command = command.commands[rest.pop(0)]
+        assert not isinstance(command, click.Group), words
+        command.make_context(command.name, rest, resilient_parsing=False)  # raises on an unknown option or value
 
 
 def yaml_examples() -> list[tuple[str, str]]:
