@@ -81,3 +81,63 @@ def read_about(keras_file: Path) -> dict:
             return {}
         about = json.loads(archive.read(ABOUT))
     return about if isinstance(about, dict) else {}
+
+
+# torchvision's ImageNet weights of the ResNets the TensorFlow and Keras trainers build (each model's DEFAULT weights,
+# torchvision/models/resnet.py; tests/unit/trainer/test_torch_files.py keeps them equal to torchvision's): those
+# trainers have no torchvision to ask, and load them converted (tf/models.py)
+IMAGENET_URLS = {
+    name: f"https://download.pytorch.org/models/{name}-{digest}.pth"
+    for name, digest in {
+        "resnet18": "f37072fd",
+        "resnet34": "b627a593",
+        "resnet50": "11ad3fa6",
+        "resnet101": "cd907fc2",
+        "resnet152": "f82ba261",
+        "wide_resnet50_2": "9ba9bcbe",
+        "wide_resnet101_2": "d733dc28",
+    }.items()
+}
+
+
+def torch_cache() -> Path:
+    """Where torch.hub keeps downloaded weights (torch.hub.get_dir()'s default, and its checkpoints/ folder)."""
+    import os
+
+    home = os.environ.get("TORCH_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME") or "~/.cache", "torch")
+    return Path(os.path.expanduser(home)) / "hub" / "checkpoints"
+
+
+def cannot_download(url: str, exc: BaseException) -> UsageError:
+    """The one line for weights that cannot be downloaded here: the file, and where to put it instead."""
+    return UsageError(
+        f"--init-from imagenet: cannot download {url} ({exc}); download it where you can and put it at "
+        f"{torch_cache() / Path(url).name}, or pass the file: --init-from FILE"
+    )
+
+
+def imagenet_file(arch: str) -> Path:
+    """torchvision's ImageNet weights file of `arch` in torch's cache, downloaded there once (as torch.hub does:
+    checked against the SHA-256 prefix its name carries) where it is not there yet."""
+    import hashlib
+    import os
+    import urllib.request
+
+    if arch not in IMAGENET_URLS:
+        raise UsageError(f"--init-from imagenet: torchvision has no ImageNet weights for {arch}")
+    url = IMAGENET_URLS[arch]
+    cached = torch_cache() / Path(url).name
+    if cached.is_file():
+        return cached
+    partial = cached.with_name(f".{cached.name}.{os.getpid()}.partial")
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        with urllib.request.urlopen(url, timeout=60) as response, open(partial, "wb") as f:
+            f.write(response.read())
+        if not hashlib.sha256(partial.read_bytes()).hexdigest().startswith(cached.stem.rpartition("-")[2]):
+            raise OSError("its SHA-256 is not the one its name gives")
+        os.replace(partial, cached)
+    except OSError as exc:  # URLError and the socket's errors are OSErrors
+        partial.unlink(missing_ok=True)
+        raise cannot_download(url, exc) from None
+    return cached

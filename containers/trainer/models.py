@@ -8,7 +8,15 @@ import torch
 import torchvision
 
 from trainer.errors import UsageError
-from trainer.model_files import IMAGENET, KERAS, TorchWeights, arch_named_by, check_model_file, framework_of
+from trainer.model_files import (
+    IMAGENET,
+    KERAS,
+    TorchWeights,
+    arch_named_by,
+    cannot_download,
+    check_model_file,
+    framework_of,
+)
 from trainer.options import check_model_in
 
 
@@ -139,11 +147,7 @@ def imagenet_weights(arch: str) -> TorchWeights:
     try:
         tensors = weights.get_state_dict(progress=False, check_hash=True)
     except OSError as exc:  # URLError and the socket's errors are OSErrors
-        cached = Path(torch.hub.get_dir()) / "checkpoints" / Path(weights.url).name
-        raise UsageError(
-            f"--init-from imagenet: cannot download {weights.url} ({exc}); download it where you can and put it at "
-            f"{cached}, or pass the file: --init-from FILE"
-        ) from None
+        raise cannot_download(weights.url, exc) from None
     return TorchWeights(f"imagenet ({Path(weights.url).name})", tensors, arch, list(weights.meta["categories"]))
 
 

@@ -226,22 +226,16 @@ def model_file(given: str, runs: Path, option: str, fix: str) -> str:
 
 
 def check_weights(given: str, framework: str) -> None:
-    """Refuse, before anything starts, weights that a `framework` run cannot start from: a missing file, another
-    framework's model file (told from its zip's members), imagenet outside PyTorch. The trainer's preflight checks
-    the rest (a corrupt file, another architecture)."""
-    wanted = PYTORCH if framework == PYTORCH else KERAS
-    if given == IMAGENET:
-        if wanted != PYTORCH:
-            raise BadInput(
-                f"training.init_from imagenet names torchvision's weights, for training.framework pytorch; a "
-                f"{framework} run starts from a model.keras of an earlier run (its path or run id)"
-            )
+    """Refuse, before anything starts, weights that a `framework` run cannot start from: a missing file, a Keras
+    model for PyTorch (told from its zip's members; the TensorFlow and Keras trainers convert PyTorch's). The
+    trainer's preflight checks the rest (a corrupt file, another architecture)."""
+    if not given or given == IMAGENET:
         return
     path = Path(given)
-    if given and not path.is_file():
+    if not path.is_file():
         raise BadInput(f"training.init_from {given}: no such file; pass a model file, a run id or imagenet")
-    kind = framework_of(path) if given else None
-    if kind and kind != wanted:
+    kind, wanted = framework_of(path), PYTORCH if framework == PYTORCH else KERAS
+    if kind == KERAS and wanted == PYTORCH:
         raise BadInput(
             f"training.init_from {given} is a {kind} model file ({MODEL_FILES[kind]}); a {framework} run starts "
             f"from a {MODEL_FILES[wanted]}: pass one, or train with --framework {kind}"

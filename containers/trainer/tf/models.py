@@ -16,6 +16,7 @@ momentum 0.9 is torch's 0.1: Keras weighs the old average, torch the new batch),
 """
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,8 +25,18 @@ import numpy as np
 import tf_keras as keras
 
 from trainer.errors import UsageError
-from trainer.model_files import IMAGENET, KERAS, PYTORCH, check_model_file, framework_of, read_about
-from trainer.tf.options import check_model_name
+from trainer.model_files import (
+    IMAGENET,
+    KERAS,
+    PYTORCH,
+    arch_named_by,
+    check_model_file,
+    framework_of,
+    imagenet_file,
+    read_about,
+)
+from trainer.tf.options import MODEL_NAMES, check_model_name
+from trainer.torch_files import read_torch_file
 
 layers = keras.layers
 
@@ -143,37 +154,84 @@ class Seeds:
 
 
 def start_from(model: keras.Model, source: str, arch: str, classes: list[str]) -> dict:
-    """Load the model.keras --init-from names into `model` (a fresh `arch` for `classes`), layer by layer by name:
-    every layer whose weights fit; the classifier (fc) is new unless trained on these very classes. What was
-    loaded, for the log and metrics.json; another framework's file or architecture: one line naming both."""
-    theirs, about = read_keras_model(source)
-    their_arch = about.get("arch") or theirs.name
-    if their_arch != arch:
+    """Load the weights --init-from names into `model` (a fresh `arch` for `classes`), layer by layer by name: a
+    model.keras's layers, or PyTorch's tensors converted (a PyTorch run's model.pt, torchvision's weights file or
+    imagenet: the layers are named as torchvision's modules). Every layer whose weights fit is loaded; the classifier
+    (fc) is new unless trained on these very classes. What was loaded, for the log and metrics.json; another
+    architecture: one line naming both."""
+    path = imagenet_file(arch) if source == IMAGENET else Path(source)
+    check_model_file(path, "--init-from")
+    if framework_of(path) == PYTORCH:
+        their_arch, their_classes, weights_of = torch_layers(path)
+    else:
+        theirs, about = read_keras_model(source)
+        their_arch, their_classes = about.get("arch") or theirs.name, about.get("classes")
+        by_name = {layer.name: layer for layer in theirs.layers}
+        weights_of = lambda layer: by_name[layer.name].get_weights() if layer.name in by_name else None  # noqa: E731
+    shown = f"imagenet ({path.name})" if source == IMAGENET else source
+    if their_arch and their_arch != arch:
         raise UsageError(
-            f"--init-from {source} holds a {their_arch} model, and this run trains {arch}: pass --model {their_arch}, "
-            f"or a model.keras of a {arch}"
+            f"--init-from {shown} holds a {their_arch} model, and this run trains {arch}: pass --model {their_arch}, "
+            f"or weights of a {arch}"
         )
-    by_name, loaded, new = {layer.name: layer for layer in theirs.layers}, 0, []
+    loaded, new = load_layers(model, weights_of, their_classes == classes)
+    if set(new) - {"fc/kernel:0", "fc/bias:0"}:
+        raise UsageError(
+            f"--init-from {shown} holds weights of another architecture than {arch} (its {new[0]} does not fit); "
+            f"pass weights of a {arch}, or the --model they were trained as"
+        )
+    return {"source": shown, "loaded": loaded, "tensors": loaded + len(new), "new": new}
+
+
+def load_layers(model: keras.Model, weights_of: Callable, same_classes: bool) -> tuple[int, list[str]]:
+    """Set each layer's weights to `weights_of(layer)` where they fit (the classifier only for the same classes):
+    (how many weights were loaded, the names of those left new)."""
+    loaded, new = 0, []
     for layer in (layer for layer in model.layers if layer.weights):
-        other = by_name.get(layer.name)
-        fits = other is not None and [w.shape for w in other.weights] == [w.shape for w in layer.weights]
-        if other is not None and fits and (layer.name != "fc" or about.get("classes") == classes):
-            layer.set_weights(other.get_weights())
+        values = weights_of(layer)
+        fits = values is not None and [np.shape(v) for v in values] == [tuple(w.shape) for w in layer.weights]
+        if fits and (layer.name != "fc" or same_classes):
+            layer.set_weights(values)
             loaded += len(layer.weights)
         else:
             new += [w.name for w in layer.weights]
-    return {"source": source, "loaded": loaded, "tensors": loaded + len(new), "new": new}
+    return loaded, new
+
+
+def torch_layers(path: Path) -> tuple[str | None, list[str] | None, Callable]:
+    """A PyTorch weights file's architecture (what a run's model.pt says, or a torchvision file's name), its classes
+    and the function that gives a layer its weights, converted from torchvision's tensors of the same name."""
+    content = read_torch_file(path, "--init-from")
+    if isinstance(content, dict) and isinstance(content.get("state_dict"), dict):
+        tensors, arch, classes = content["state_dict"], content.get("arch"), content.get("classes")
+    elif isinstance(content, dict) and content and all(isinstance(v, np.ndarray) for v in content.values()):
+        tensors, arch, classes = content, arch_named_by(path, MODEL_NAMES), None
+    else:
+        raise UsageError(f"--init-from {path} holds no model weights; pass a model.pt of an earlier run")
+    return arch, classes, lambda layer: torch_weights_of(layer, tensors)
+
+
+def torch_weights_of(layer, tensors: dict) -> list | None:
+    """`layer`'s weights in Keras's layout from torchvision's tensors of its name: a convolution's (out, in, h, w)
+    as (h, w, in, out); batch norm's weight, bias, running mean and variance as gamma, beta and the moving ones; the
+    dense layer's (out, in) transposed. None where a tensor is missing."""
+    names = {
+        layers.Conv2D: ["weight"],
+        layers.BatchNormalization: ["weight", "bias", "running_mean", "running_var"],
+        layers.Dense: ["weight", "bias"],
+    }.get(type(layer), [])
+    values = [v for v in (tensors.get(f"{layer.name}.{n}") for n in names) if v is not None]
+    if not names or len(values) < len(names):
+        return None
+    if isinstance(layer, layers.Conv2D):
+        return [values[0].transpose(2, 3, 1, 0)]
+    return [values[0].T, values[1]] if isinstance(layer, layers.Dense) else values
 
 
 def read_keras_model(source: str, option: str = "--init-from") -> tuple[keras.Model, dict]:
     """The Keras model in the file `source` (not compiled: its weights are what is wanted) and what its run
     recorded of it; anything else: one line naming what it is and what to pass (`option`: the option that named it,
     --init-from or `trainflow predict`'s --model)."""
-    if source == IMAGENET and option == "--init-from":
-        raise UsageError(
-            "--init-from imagenet names torchvision's weights, which the PyTorch trainer loads: the TensorFlow and "
-            "Keras trainers start from a model.keras of an earlier run (pass it, or its run id)"
-        )
     path = Path(source)
     check_model_file(path, option)
     if (kind := framework_of(path)) != KERAS:

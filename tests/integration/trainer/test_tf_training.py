@@ -299,8 +299,9 @@ def test_keras_fine_tuned_from_an_earlier_run_beats_training_from_scratch(digits
 
 
 def test_weights_the_tensorflow_trainers_cannot_start_from_are_one_line_each(uninterrupted, tmp_path):
-    """Another framework's file, imagenet (torchvision's) and another architecture's model.keras: the one-line
-    errors the preflight and the workers print, checked in one TensorFlow process."""
+    """A PyTorch file cut short, imagenet where torchvision's file cannot be downloaded (nothing answers at the
+    proxy) and another architecture's model.keras: the one-line errors the preflight and the workers print, checked
+    in one TensorFlow process."""
     pt = tmp_path / "model.pt"
     pt.write_bytes(zip_of({"archive/data.pkl": b""}))
     keras_file = uninterrupted["keras"] / "model.keras"
@@ -312,11 +313,14 @@ def test_weights_the_tensorflow_trainers_cannot_start_from_are_one_line_each(uni
         "    try: start_from(build_model(arch, 2, 16, 0), source, arch, ['a', 'b'])\n"
         "    except UsageError as exc: print('error:', exc)\n"
     )
-    result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=300)
+    offline = {**os.environ, "TORCH_HOME": str(tmp_path / "torch"), "https_proxy": "http://127.0.0.1:9"}
+    result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=300, env=offline)
     errors = [line for line in result.stdout.splitlines() if line.startswith("error:")]
     assert len(errors) == 3, result.stdout[-3000:] + result.stderr[-3000:]
-    assert f"{pt} is a PyTorch model: the TensorFlow and Keras trainers start from a model.keras" in errors[0]
-    assert "--init-from imagenet names torchvision's weights" in errors[1]
+    assert f"{pt} cannot be read as PyTorch weights" in errors[0]
+    cached = tmp_path / "torch" / "hub" / "checkpoints" / "resnet18-f37072fd.pth"
+    assert "cannot download https://download.pytorch.org/models/resnet18-f37072fd.pth" in errors[1]
+    assert f"put it at {cached}, or pass the file: --init-from FILE" in errors[1]
     assert "holds a resnet18 model, and this run trains resnet34: pass --model resnet18" in errors[2]
 
 
