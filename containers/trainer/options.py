@@ -77,10 +77,10 @@ class CommonOptions:
     init_from: Annotated[
         str,
         Help(
-            "fine-tune: start from these weights, not from scratch: a model file of an earlier run of this framework "
-            "(model.pt, model.keras), a torchvision weights file, or imagenet (torchvision's weights of --model, "
-            "downloaded once); the classifier is made anew for the data's classes. Empty: from scratch. A run that "
-            "resumes a checkpoint ignores it"
+            "fine-tune: start from these weights, not from scratch: the model file of an earlier run (model.pt; "
+            "model.keras for TensorFlow and Keras, which convert PyTorch's too), a torchvision weights file, or "
+            "imagenet (torchvision's weights of --model, downloaded once); the classifier is made anew for the "
+            "data's classes. Empty: from scratch. A run that resumes a checkpoint ignores it"
         ),
     ] = ""
     epochs: Annotated[int, Help("passes over the training split")] = 90
