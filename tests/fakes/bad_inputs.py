@@ -100,6 +100,12 @@ def another_runs_checkpoint(root: Path) -> None:
     torch.save(state, root / "out" / "checkpoints" / "step-000000010.pt")
 
 
+def write_text(path: Path, text: str) -> None:
+    """`text` at `path`, its folders made."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
 def keras_file(root: Path) -> None:
     """Setup: good data in DIR/data and DIR/model.keras, a zip of a Keras model file's members."""
     import zipfile
@@ -403,6 +409,15 @@ CASES = [
         "a workdir on a disk too small for Prefect's database",
         ["run", "--data", "synthetic", "--workdir", "{dir}/w"],
         lambda root: small_disk(root / "w", "2m"),
+        code=1,
+    ),
+    # state damaged under the workdir (issue 43)
+    Case(
+        "Azurite's database cut short (a full disk, a lost machine)",
+        ["stage", "--data", "{dir}/data", "--workdir", "{dir}/w"],
+        data_with(
+            lambda d: write_text(d.parent / "w" / "azurite" / "__azurite_db_blob__.json", '{"collections": [{"na')
+        ),
         code=1,
     ),
     # trainflow predict (issue 45): its refusals before any model loads, and a file that is no model
