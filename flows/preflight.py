@@ -17,6 +17,7 @@ from azure.core.credentials import TokenCredential
 from flows.config import STAGED, FlowConfig
 from infra.core.errors import BadInput
 from infra.data.manifest import manifest_blob
+from infra.services.azurite import check_databases
 from infra.storage import blobstore, credentials, errors, fileshare
 
 
@@ -29,6 +30,8 @@ def check_access(
     check_variables(cfg, env)
     if cfg.storage.backend == "azure":
         check_blob(cfg, env, credential)
+    else:  # Azurite, which the run starts: a database of its cut short is named now, before Prefect's server starts
+        check_databases(cfg.workdir / "azurite")
     fileshare.check_share(cfg.fileshare, env)
 
 
