@@ -8,6 +8,7 @@ metadata.json, model.weights.h5), its model named after its architecture (tf/mod
 """
 
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,22 @@ class TorchWeights:
     arch: str | None = None
     classes: list[str] = field(default_factory=list)
     image_size: int | None = None
+
+
+def weights_in(content: Any, path: Path, is_tensor: Callable[[Any], bool], option: str, instead: str) -> TorchWeights:
+    """The weights in what a PyTorch file held (its tensors as torch or numpy has them: `is_tensor`): a run's
+    model.pt, or a bare state dict; anything else, one line naming the file and what to pass `instead`."""
+    if isinstance(content, dict) and isinstance(content.get("state_dict"), dict):
+        return TorchWeights(
+            str(path),
+            content["state_dict"],
+            content.get("arch"),
+            content.get("classes") or [],
+            content.get("image_size"),
+        )
+    if isinstance(content, dict) and content and all(is_tensor(v) for v in content.values()):
+        return TorchWeights(str(path), content)
+    raise UsageError(f"{option} {path} holds no model weights (a PyTorch file of something else); {instead}")
 
 
 def framework_of(path: Path) -> str | None:

@@ -16,6 +16,7 @@ from trainer.model_files import (
     cannot_download,
     check_model_file,
     framework_of,
+    weights_in,
 )
 from trainer.options import check_model_in
 
@@ -89,17 +90,7 @@ def read_torch(path: Path, option: str) -> TorchWeights:
         raise UsageError(
             f"{option} {path} cannot be read as PyTorch weights ({unreadable_why(exc)}); {instead}"
         ) from None
-    if isinstance(content, dict) and isinstance(content.get("state_dict"), dict):
-        return TorchWeights(
-            str(path),
-            content["state_dict"],
-            content.get("arch"),
-            content.get("classes") or [],
-            content.get("image_size"),
-        )
-    if isinstance(content, dict) and content and all(isinstance(v, torch.Tensor) for v in content.values()):
-        return TorchWeights(str(path), content)
-    raise UsageError(f"{option} {path} holds no model weights (a PyTorch file of something else); {instead}")
+    return weights_in(content, path, lambda v: isinstance(v, torch.Tensor), option, instead)
 
 
 def what_to_pass(option: str) -> str:

@@ -34,6 +34,7 @@ from trainer.model_files import (
     framework_of,
     imagenet_file,
     read_about,
+    weights_in,
 )
 from trainer.tf.options import MODEL_NAMES, check_model_name
 from trainer.torch_files import read_torch_file
@@ -202,13 +203,10 @@ def torch_layers(path: Path) -> tuple[str | None, list[str] | None, Callable]:
     """A PyTorch weights file's architecture (what a run's model.pt says, or a torchvision file's name), its classes
     and the function that gives a layer its weights, converted from torchvision's tensors of the same name."""
     content = read_torch_file(path, "--init-from")
-    if isinstance(content, dict) and isinstance(content.get("state_dict"), dict):
-        tensors, arch, classes = content["state_dict"], content.get("arch"), content.get("classes")
-    elif isinstance(content, dict) and content and all(isinstance(v, np.ndarray) for v in content.values()):
-        tensors, arch, classes = content, arch_named_by(path, MODEL_NAMES), None
-    else:
-        raise UsageError(f"--init-from {path} holds no model weights; pass a model.pt of an earlier run")
-    return arch, classes, lambda layer: torch_weights_of(layer, tensors)
+    instead = "pass a model.pt of an earlier run or a torchvision weights file"
+    weights = weights_in(content, path, lambda v: isinstance(v, np.ndarray), "--init-from", instead)
+    arch = weights.arch or arch_named_by(path, MODEL_NAMES)
+    return arch, weights.classes, lambda layer: torch_weights_of(layer, weights.tensors)
 
 
 def torch_weights_of(layer, tensors: dict) -> list | None:
