@@ -6,14 +6,22 @@ their own, so the terminal's Ctrl-C reaches only trainflow, which stops them in 
 the flow run as crashed). The command then prints one line: what was interrupted and how to resume. A second
 interrupt exits at once; the leash on each service and launcher (infra/services/leash.py) stops them as this process
 goes.
+
+Closing the terminal is a stop too (SIGHUP; under `nohup`, which ignores it, the command goes on). The terminal is
+gone then, so the command's output goes to /dev/null from that moment: a write to the dead terminal would fail
+(EIO) in whatever step made it. Once any interrupt came, no step is retried and no service restarted
+(infra/core/stopping.py).
 """
 
 import os
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import TracebackType
+
+from infra.core.stopping import STOPPING
 
 INTERRUPTS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a command that Ctrl-C ended
@@ -27,24 +35,54 @@ def stop_on_interrupt(say: Callable[[str], None]) -> Iterator[None]:
         return
 
     def at_once(signum, frame) -> None:
-        say("interrupted again: exiting now; the services and workers this command started stop with it")
+        quietly(say, "interrupted again: exiting now; the services and workers this command started stop with it")
         os._exit(EXIT_INTERRUPTED)
 
     def first(signum, frame) -> None:
-        for sig in INTERRUPTS:
+        STOPPING.set()
+        for sig in previous:
             signal.signal(sig, at_once)
-        say(
+        if signum == signal.SIGHUP:
+            detach_from_terminal()
+        quietly(
+            say,
             f"{signal.Signals(signum).name}: stopping the workers, the pool and the services "
-            "(interrupt again to exit at once)"
+            "(interrupt again to exit at once)",
         )
         raise KeyboardInterrupt
 
-    previous = {sig: signal.signal(sig, first) for sig in INTERRUPTS}
+    previous = {sig: signal.signal(sig, first) for sig in handled()}
     try:
         yield
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def handled() -> list[signal.Signals]:
+    """The interrupts this command stops on: all, but a hang-up that `nohup` (or a caller) set to be ignored."""
+    return [sig for sig in INTERRUPTS if not (sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN)]
+
+
+def quietly(say: Callable[[str], None], line: str) -> None:
+    """Say `line` if the output can take it: a failed write must not replace the interrupt."""
+    try:
+        say(line)
+    except (OSError, ValueError):  # a terminal gone (EIO), a closed pipe or stream
+        pass
+
+
+def detach_from_terminal() -> None:
+    """Point standard output and error at /dev/null: the terminal they wrote to is closed."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    null = os.open(os.devnull, os.O_WRONLY)
+    for fd in (1, 2):
+        os.dup2(null, fd)
+    os.close(null)
 
 
 def interrupted_step(tb: TracebackType | None) -> str | None:

@@ -13,11 +13,14 @@ import os
 import re
 import warnings
 from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
 
 from trainer.errors import UsageError
 
+T, R = TypeVar("T"), TypeVar("R")
 SHOWN = 20  # bad files printed one per line; the list file holds them all
 CHUNK = 4096  # images handed to the thread pool at a time (a future per image of a million would cost gigabytes)
 
@@ -109,12 +112,21 @@ def find_bad_images(paths: list[str], decode: bool = True) -> list[tuple[str, st
     """Every image of `paths` that cannot be decoded, as (path, reason) in the order given, checked on all
     cores (PIL decodes without the GIL; JPEGs at reduced scale, as check_image does)."""
     bad = []
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        for start in range(0, len(paths), CHUNK):
-            chunk = paths[start : start + CHUNK]
-            reasons = pool.map(lambda path: image_problem(path, decode), chunk)
-            bad += [(path, why) for path, why in zip(chunk, reasons) if why is not None]
+    for start in range(0, len(paths), CHUNK):
+        chunk = paths[start : start + CHUNK]
+        reasons = on_all_cores(lambda path: image_problem(path, decode), chunk)
+        bad += [(path, why) for path, why in zip(chunk, reasons) if why is not None]
     return bad
+
+
+def on_all_cores(work: Callable[[T], R], items: Sequence[T]) -> list[R]:
+    """`work` of each item, in threads on every core (for work that releases the GIL: decoding, hashing). An
+    interrupt (Ctrl-C) drops the work not yet started: it waits for at most one item per core, not for the rest."""
+    pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 1)
+    try:
+        return list(pool.map(work, items))
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def one_line(text: str) -> str:

@@ -2,8 +2,9 @@
 
 Layout: DATA/train/<class>/**/<image> and, optionally, DATA/val/<class>/**/<image>, with at least 2
 classes. Class folders may nest sub-folders and symlinks (followed; a broken one or a loop is an error
-naming the link); names may hold spaces and any unicode but control characters. Files whose names start
-with "." are ignored. Decoding the images is image_files.py's; the record of a checked version verified.py's.
+naming the link); names may hold spaces and any unicode but control characters. Files and folders whose names
+start with "." are hidden and ignored, but a hidden folder of train/ or val/ that holds images is refused: it looks
+like a class, and would be left out without a word. Decoding the images is image_files.py's; the record of a checked version verified.py's.
 
 The staging step lists a folder with `folder_images`, by the same rules, one class folder at a time.
 """
@@ -84,6 +85,31 @@ def split_folders(data_dir: Path) -> tuple[Path, Path | None]:
     return train_dir, val_dir
 
 
+def check_hidden_classes(split_dir: Path) -> None:
+    """Refuse a hidden folder (its name starts with ".") of a split that holds images: named like a class, it is not
+    one (.git or .ipynb_checkpoints hold no images, and pass)."""
+    try:
+        with os.scandir(split_dir) as entries:
+            hidden = sorted(e.path for e in entries if e.name.startswith(".") and e.is_dir(follow_symlinks=False))
+    except OSError:  # unreadable: _visible names it
+        return
+    for path in hidden:
+        if images := _images_in(path):
+            raise UsageError(
+                f"{path} holds {images} image{'s' if images > 1 else ''}, but its name starts with \".\", which hides it: it is no class; "
+                "rename it without the leading \".\" to train on them, or move it out of the data folder"
+            )
+
+
+def _images_in(folder: str) -> int:
+    """How many files directly in `folder` are named as images."""
+    try:
+        with os.scandir(folder) as entries:
+            return sum(os.path.splitext(e.name)[1].lower() in IMAGE_SUFFIXES for e in entries)
+    except OSError:
+        return 0
+
+
 def check_classes(data_dir: Path, classes: list[str]) -> None:
     """A classifier of one class learns nothing (its loss is 0 from the first step): refuse it."""
     if len(classes) == 1:
@@ -101,6 +127,7 @@ def index_split(split_dir: Path, classes: list[str] | None) -> Split:
 
 def class_names(split_dir: Path, classes: list[str] | None) -> list[str]:
     """The split's class names: its own folders (train), or `classes` once every folder is one of them (val)."""
+    check_hidden_classes(split_dir)
     found = [d.name for d in _class_dirs(split_dir)]
     unknown = sorted(set(found) - set(classes)) if classes is not None else []
     if unknown:

@@ -27,13 +27,13 @@ import tempfile
 import threading
 import urllib.parse
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
 from infra.core.diskspace import Need, check_needs, existing, writing
 from infra.core.errors import BadInput, TrainflowError
 from trainer.errors import UsageError
+from trainer.image_files import on_all_cores
 from trainer.layout import check_name, folder_images
 from trainer.scripts import sha256_file
 from trainer.staged.manifest import (  # those marked F401 are re-exported: the orchestrator's manifest names are here
@@ -269,8 +269,7 @@ class Index:
 
 def read_fresh(root: Path, fresh: list[tuple[str, int, int]], check) -> list[tuple]:
     """Rows of new or changed files: hashed on every core (hashlib releases the GIL), and image-checked."""
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        digests = list(pool.map(lambda row: sha256_file(root / row[0]), fresh))
+    digests = on_all_cores(lambda row: sha256_file(root / row[0]), fresh)
     bad = dict(check([os.path.join(root, rel) for rel, _, _ in fresh]))
     return [
         (rel, size, mtime, digest, bad.get(os.path.join(root, rel)))

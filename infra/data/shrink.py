@@ -6,8 +6,9 @@ stores ImageNet for ResNet-50 at a 500 px longer side for this reason. The user'
 lives under the work folder, keyed by data set name and N, and staging reads it instead.
 
 `shrink_jpeg` is pure Pillow (it runs on the GPU machine too, where only torch, torchvision, Pillow and numpy are):
-quality 90, aspect kept, Lanczos, EXIF orientation applied (the EXIF then dropped), CMYK and YCCK made RGB, gray
-kept gray, the ICC profile kept (dropped with CMYK), a restart marker after every MCU so that the fast loader
+quality 90, aspect kept, Lanczos, the pixels kept as stored and the EXIF orientation tag carried over (the rest of
+the EXIF dropped): no loader applies that tag, as neither torchvision nor Keras do, so a shrunk photo and one kept as
+it is reach the model alike. CMYK and YCCK made RGB, gray kept gray, the ICC profile kept (dropped with CMYK), a restart marker after every MCU so that the fast loader
 decodes only each crop's MCUs. The same input gives the same bytes.
 
 `shrunk_copy` keeps the mirror: each file written has its source's mtime (a link shares it), so an unchanged re-run
@@ -28,7 +29,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
-from PIL import Image, ImageOps
+from PIL import Image
 
 QUALITY = 90
 MIN_SIDE = 32  # the smallest --max-side (the digits set's side): a smaller one is a typo, not a training choice
@@ -36,10 +37,11 @@ TEMPORARY = ".shrink-tmp"  # the suffix of a file being written; one left by a k
 CHUNK = 64  # files per unit of work handed to a writer process
 SHRUNK, LINKED, COPIED, KEPT = "shrunk", "linked", "copied", "unchanged"
 JPEG_START = b"\xff\xd8\xff"
+ORIENTATION = 0x0112  # the EXIF tag of how a viewer turns the stored pixels
 
 
 def shrink_jpeg(data: bytes, max_side: int) -> bytes | None:
-    """`data` re-encoded with its longer side (after EXIF orientation) at `max_side`; None when it needs no change:
+    """`data` re-encoded with its longer side at `max_side`; None when it needs no change:
     not a JPEG, small enough, or not decodable (the scan flags bad files as it always has)."""
     if not data.startswith(JPEG_START):
         return None
@@ -47,28 +49,31 @@ def shrink_jpeg(data: bytes, max_side: int) -> bytes | None:
         with Image.open(io.BytesIO(data)) as img:
             if img.format != "JPEG" or max(img.size) <= max_side:
                 return None
-            return _encoded(_resized(img, max_side), img.info.get("icc_profile"))
+            return _encoded(_resized(img, max_side), img.info.get("icc_profile"), img.getexif().get(ORIENTATION))
     except Exception:  # anything PIL cannot decode is the scan's to report, not this step's
         return None
 
 
 def _resized(img: Image.Image, max_side: int) -> Image.Image:
-    """`img` upright, RGB or gray, its longer side at `max_side` (Lanczos, from a DCT-scaled decode at >= 2x)."""
+    """`img` in RGB or gray, its longer side at `max_side` (Lanczos, from a DCT-scaled decode at >= 2x)."""
     scale = max_side / max(img.size)
     img.draft(img.mode, (math.ceil(img.width * scale * 2), math.ceil(img.height * scale * 2)))
-    upright = ImageOps.exif_transpose(img)
-    if upright.mode not in ("L", "RGB"):
-        upright = upright.convert("RGB")  # CMYK, YCCK (PIL decodes it as CMYK)
-    w, h = upright.size
+    pixels = img if img.mode in ("L", "RGB") else img.convert("RGB")  # CMYK, YCCK (PIL decodes it as CMYK)
+    w, h = pixels.size
     size = (max_side, max(1, round(h * max_side / w))) if w >= h else (max(1, round(w * max_side / h)), max_side)
-    return upright.resize(size, Image.Resampling.LANCZOS)
+    return pixels.resize(size, Image.Resampling.LANCZOS)
 
 
-def _encoded(img: Image.Image, icc: bytes | None) -> bytes:
-    """`img` as a baseline JPEG, quality 90, optimised Huffman tables, a restart marker after every MCU, no EXIF;
-    an ICC profile kept unless the colours were converted from CMYK."""
+def _encoded(img: Image.Image, icc: bytes | None, orientation: int | None) -> bytes:
+    """`img` as a baseline JPEG, quality 90, optimised Huffman tables, a restart marker after every MCU, no EXIF but
+    the orientation tag (so that a viewer shows it as it showed the original); an ICC profile kept unless the colours
+    were converted from CMYK."""
     out = io.BytesIO()
-    extra = {"icc_profile": icc} if icc and img.mode in ("L", "RGB") and not _is_cmyk_profile(icc) else {}
+    extra: dict = {"icc_profile": icc} if icc and img.mode in ("L", "RGB") and not _is_cmyk_profile(icc) else {}
+    if orientation not in (None, 1):
+        exif = Image.Exif()
+        exif[ORIENTATION] = orientation
+        extra["exif"] = exif.tobytes()
     img.save(out, "JPEG", quality=QUALITY, optimize=True, restart_marker_blocks=1, **extra)
     return out.getvalue()
 

@@ -7,9 +7,10 @@ leash in its own session, it outlives the interrupt long enough for the flow run
 with the command however it ends. It is the same server: the same app factory and settings as Prefect's
 `SubprocessASGIServer` (prefect/server/api/server.py), which this mirrors.
 
-If it dies while the command runs, it is started again on the same port and database: Prefect's client retries a
-refused connection, once it has connected, for about a minute (2, 4, ... 32 s), and the flow run goes on and is
-recorded (tests/integration/infra/services/test_watched_services.py). If it cannot start again, the command ends.
+A SIGTERM does not stop it (systemd and Kubernetes send one to every process of the command at once): trainflow
+stops it, with SIGINT, once the interrupted flow run has recorded its end. If it dies while the command runs, it is
+started again on the same port and database: Prefect's client retries a refused connection, once it has connected,
+for about a minute (2, 4, ... 32 s), and the flow run goes on and is recorded (tests/integration/infra/services/test_watched_services.py). If it cannot start again, the command ends.
 """
 
 import os
@@ -20,6 +21,8 @@ from pathlib import Path
 from urllib.request import urlopen
 
 from infra.services.supervise import ServiceError, free_port, running_service
+
+APP_FACTORY = "prefect.server.api.server:create_app"
 
 
 def api_answers(url: str) -> bool:
@@ -33,22 +36,9 @@ def api_answers(url: str) -> bool:
 
 
 def server_command(port: int) -> list[str]:
-    """uvicorn serving Prefect's API app, as Prefect starts its own embedded server."""
-    return [
-        sys.executable,
-        "-m",
-        "uvicorn",
-        "--factory",
-        "prefect.server.api.server:create_app",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--log-level",
-        "error",
-        "--lifespan",
-        "on",
-    ]
+    """uvicorn serving Prefect's API app, as Prefect starts its own embedded server, deaf to SIGTERM
+    (infra/services/prefect_api.py)."""
+    return [sys.executable, str(Path(__file__).with_name("prefect_api.py")), APP_FACTORY, str(port)]
 
 
 @contextmanager

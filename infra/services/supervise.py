@@ -5,7 +5,9 @@ Each runs on a leash (infra/services/leash.py) in its own session: the terminal'
 which then stops the services in order, and a trainflow killed outright takes them with it. While one runs, a thread
 waits on it: if it exits before trainflow stops it, a line on stderr says at once which one, how it ended and the last
 lines of its log; calls to its endpoint then fail with that fault (`death_at`) instead of waiting on a dead address,
-or, for a service that may be restarted (Prefect's server), it is started again with the same command.
+or, for a service that may be restarted (Prefect's server), it is started again with the same command. Once the
+command is stopping (infra/core/stopping.py), a service that ends is neither restarted nor reported: systemd and
+Kubernetes stop a command by sending SIGTERM to every one of its processes at once.
 """
 
 import os
@@ -23,9 +25,13 @@ from typing import IO
 
 from infra.core.errors import TrainflowError
 from infra.core.redact import redact
+from infra.core.stopping import stopping
 
 LEASH = Path(__file__).with_name("leash.py")
 TAIL_LINES = 5
+# How long a watcher waits, when its service ends, for the command's own interrupt: a SIGTERM sent to every process
+# reaches both at once, and the service may be seen to end first.
+STOPPING_GRACE = 1.0
 
 
 class ServiceError(TrainflowError):
@@ -196,7 +202,10 @@ def watch(service: Service, on_death: Callable[[Service, int], bool]) -> None:
     runs again, to be watched again)."""
     while not service.stopping.is_set():
         code = service.proc.wait()
-        if service.stopping.is_set() or not on_death(service, code):
+        if service.stopping.is_set() or stopping(within=STOPPING_GRACE):
+            service.death = f"{service.exited(code)} as the command stopped"
+            return
+        if not on_death(service, code):
             return
 
 

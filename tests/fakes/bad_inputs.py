@@ -300,6 +300,11 @@ CASES = [
         [*TRAIN, "--data", "{dir}/data"],
         data_with(lambda d: os.mkfifo(d / "train" / "a" / "pipe.jpg")),
     ),
+    Case(
+        "a class folder whose name starts with a dot (`...dots`)",
+        ["stage", "--data", "{dir}/data", "--workdir", "{dir}/w"],
+        data_with(lambda d: write_image(d / "train" / "...dots" / "x.png")),
+    ),
     Case("an iPhone HEIC photo", [*TRAIN, "--data", "{dir}/data"], with_file("train/a/IMG_0001.HEIC", b"ftypheic")),
     Case(
         "a file given as the data folder",

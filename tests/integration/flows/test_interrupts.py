@@ -14,8 +14,12 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import psutil
 import pytest
+from PIL import Image
+
+from tests.fakes.terminal import Terminal
 
 TRAINFLOW = str(Path(sys.executable).parent / "trainflow")
 # Synthetic data (nothing to stage) and a small model, long enough to be interrupted mid-training.
@@ -30,9 +34,14 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 class Command:
     """A trainflow command in its own process group, its output read line by line."""
 
-    def __init__(self, *args: str):
+    def __init__(self, *args: str, **popen):
         self.proc = subprocess.Popen(
-            [TRAINFLOW, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+            [TRAINFLOW, *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+            **popen,
         )
         self.lines: list[str] = []
 
@@ -122,6 +131,43 @@ def test_a_second_ctrl_c_exits_at_once_and_still_leaves_nothing_running(tmp_path
     assert gone(started, 12) == []  # each leash stops its group: SIGTERM, then SIGKILL after 5 s
 
 
+def test_closing_the_terminal_stops_a_run_as_ctrl_c_does_and_spends_no_retry(tmp_path):
+    (tmp_path / "long.yaml").write_text(LONG % 200)
+    workdir = tmp_path / "w"
+    terminal = Terminal(
+        [TRAINFLOW, "run", "--config", str(tmp_path / "long.yaml"), "--data", "synthetic", "--workdir", str(workdir)]
+    )
+    terminal.read_until("checkpoint step 10 saved")
+    started = psutil.Process(terminal.proc.pid).children(recursive=True)
+    closed = terminal.close()
+    assert terminal.proc.wait(timeout=120) == 130  # not 1: no write to the dead terminal failed a step
+    print(f"stopped in {time.monotonic() - closed:.1f} s")
+    assert gone(started, 2) == []
+    assert flow_run_states(workdir) == ["CRASHED"]
+    [record] = run_records(workdir)
+    assert record["status"] == "interrupted"  # resumable, as after Ctrl-C
+    attempts = json.loads((workdir / "runs" / record["run_id"] / "attempts.json").read_text())
+    assert len(attempts["attempts"]) == 1, attempts  # the training step was not retried headless
+
+
+def test_sigterm_to_every_process_at_once_stops_a_run_and_restarts_no_service(tmp_path):
+    run, _ = start_run(tmp_path, 200)
+    run.wait_for("checkpoint step 10 saved")
+    started = run.family()
+    for process in [psutil.Process(run.proc.pid), *started]:  # as systemd (KillMode=control-group) and Kubernetes stop
+        try:
+            process.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    output = run.finish()
+    assert run.proc.returncode == 130, output[-3000:]
+    assert "restart" not in output and "Traceback" not in output, output[-3000:]
+    assert gone(started, 2) == []
+    assert flow_run_states(tmp_path / "w") == ["CRASHED"]  # Prefect's server outlived the SIGTERM to record it
+    [record] = run_records(tmp_path / "w")
+    assert record["status"] == "interrupted"
+
+
 def test_ctrl_c_on_train_names_the_results_folder_to_resume(tmp_path):
     (tmp_path / "long.yaml").write_text(LONG % 200)
     train = Command(
@@ -168,6 +214,33 @@ def test_a_run_killed_outright_takes_its_services_along_and_the_rerun_resumes_it
     receipt = json.loads((tmp_path / "w" / "runs" / record["run_id"] / "receipt.json").read_text())
     assert receipt["inputs"] == record["fingerprint"] and receipt["run_id"] == record["run_id"]  # keyed by its inputs
     assert receipt["parameter_digest"] == metrics["parameter_digest"] and receipt["data_manifest"] is None  # synthetic
+
+
+def test_ctrl_c_while_a_dry_run_hashes_a_big_folder_stops_it_at_once_and_leaves_no_temporary_folder(tmp_path):
+    photo = tmp_path / "photo.jpg"
+    pixels = np.random.default_rng(0).integers(0, 256, (1000, 1400, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(photo, quality=95)  # about 1 MB of noise: hashed and checked in about 10 ms
+    for i in range(3000):  # links: one file's bytes, 3000 paths to hash and check, a minute's work on 2 cores
+        folder = tmp_path / "data" / "train" / "ab"[i % 2]
+        folder.mkdir(parents=True, exist_ok=True)
+        os.link(photo, folder / f"{i}.jpg")
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    run = Command(
+        "run", "--dry-run", "--data", str(tmp_path / "data"), "--workdir", str(tmp_path / "w"),
+        env={**os.environ, "TMPDIR": str(temp)},
+    )
+    deadline = time.monotonic() + 120
+    while not list(temp.glob(".index-*")):  # the scan's index, where a dry run keeps it
+        assert time.monotonic() < deadline and run.proc.poll() is None, run.finish()
+        time.sleep(0.05)
+    time.sleep(1)
+    sent = run.signal(signal.SIGINT)
+    output = run.finish(60)
+    took = time.monotonic() - sent
+    assert run.proc.returncode == 130 and "Traceback" not in output, output[-3000:]
+    assert took < 5, f"took {took:.1f} s to stop"  # the hashes queued are dropped, not finished
+    assert list(temp.iterdir()) == []
 
 
 def test_a_second_command_on_a_busy_workdir_is_refused_naming_the_first(tmp_path, digits):

@@ -1,11 +1,13 @@
-"""The one interrupt path (SIGINT, SIGTERM and SIGHUP alike; a second exits at once) and the workdir's lock, each
-in a process of its own as a command runs them."""
+"""The one interrupt path (SIGINT, SIGTERM and SIGHUP alike; a second exits at once; a closed terminal is a hang-up)
+and the workdir's lock, each in a process of its own as a command runs them."""
 
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.fakes.terminal import Terminal
 
 TRAINFLOW = str(Path(sys.executable).parent / "trainflow")
 INTERRUPTED = """
@@ -20,6 +22,28 @@ with stop_on_interrupt(print):
         print(interrupted_line(exc, "trainflow x"))
         {then}
 """
+HUNG_UP = """
+import sys, time
+from pathlib import Path
+from flows.interrupts import stop_on_interrupt
+with stop_on_interrupt(print):
+    try:
+        while True:
+            print("tick", flush=True)
+            time.sleep(0.05)
+    except KeyboardInterrupt:
+        print("the terminal is gone: this goes nowhere, and fails nothing", flush=True)
+        Path(sys.argv[1]).write_text("interrupted")
+"""
+NOHUP = """
+import os, signal, time
+from flows.interrupts import stop_on_interrupt
+signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as nohup starts a command
+with stop_on_interrupt(print):
+    os.kill(os.getpid(), signal.SIGHUP)
+    time.sleep(0.2)
+    print("went on")
+"""
 HOLD = (
     "import sys, time; from pathlib import Path; from infra.runs.workdir import workdir_lock\n"
     "with workdir_lock(Path(sys.argv[1])), workdir_lock(Path(sys.argv[1])):\n"  # re-entrant in a process
@@ -27,7 +51,7 @@ HOLD = (
 )
 
 
-@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM", "SIGHUP"])
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
 def test_each_interrupt_stops_the_command_through_the_same_path(sig):
     done = subprocess.run(
         [sys.executable, "-c", INTERRUPTED.format(sig=sig, then="pass")], capture_output=True, text=True, timeout=60
@@ -38,6 +62,19 @@ def test_each_interrupt_stops_the_command_through_the_same_path(sig):
         "interrupted: everything it started is stopped; to resume, run `trainflow train --out OUT` (finished steps "
         "are skipped and training continues from its last checkpoint)",
     ]
+
+
+def test_a_closed_terminal_is_an_interrupt_and_the_output_after_it_fails_nothing(tmp_path):
+    terminal = Terminal([sys.executable, "-c", HUNG_UP, str(tmp_path / "end")])
+    terminal.read_until("tick")
+    terminal.close()
+    assert terminal.proc.wait(timeout=30) == 0  # no OSError (EIO) from the prints after the hang-up
+    assert (tmp_path / "end").read_text() == "interrupted"
+
+
+def test_a_hang_up_that_nohup_ignores_stays_ignored():
+    done = subprocess.run([sys.executable, "-c", NOHUP], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout == "went on\n", done.stderr
 
 
 def test_a_second_interrupt_exits_at_once_with_status_130():

@@ -9,7 +9,7 @@ from PIL import Image
 from torch.utils.data import default_collate
 
 from tests.fakes.image_files import write_image, write_png_header
-from trainer import data, image_files
+from trainer import data, image_files, layout
 from trainer.errors import UsageError
 
 
@@ -414,3 +414,28 @@ def write_solid(path: Path, shade: int) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     Image.new("RGB", (24, 16), (shade,) * 3).save(path)
     return path
+
+
+@pytest.mark.parametrize("loader", ["pil", "fast"])
+def test_every_loader_reads_a_photo_as_stored_whatever_its_exif_orientation(tmp_path, loader):
+    pixels = Image.fromarray(np.random.default_rng(0).integers(0, 256, (48, 64, 3), dtype=np.uint8))
+    exif = Image.Exif()
+    exif[0x0112] = 6  # shown turned 90 degrees clockwise: a phone's portrait photo
+    pixels.save(tmp_path / "plain.jpg", quality=95)
+    pixels.save(tmp_path / "tagged.jpg", quality=95, exif=exif.tobytes())
+    split = data.Split(["a"], [(str(tmp_path / "plain.jpg"), 0), (str(tmp_path / "tagged.jpg"), 0)])
+    images = data.image_files(split, data.val_transform(32, loader), loader)
+    assert torch.equal(images[0][0], images[1][0])  # the tag is not applied, as staging's shrink does not apply it
+
+
+@pytest.mark.parametrize("split", ["train", "val"])
+def test_a_hidden_folder_of_images_in_a_split_is_refused_as_no_class(tmp_path, split):
+    for name in ("a", "b", ".git"):
+        write_image(tmp_path / "train" / name / "x.png")
+    write_image(tmp_path / "val" / "a" / "y.png")
+    (tmp_path / "train" / ".git" / "x.png").rename(tmp_path / "train" / ".git" / "HEAD")  # no images: passes
+    assert data.index_folder(tmp_path)[0].classes == ["a", "b"]
+    write_image(tmp_path / split / "...dots" / "z.jpg")
+    for read in (data.index_folder, lambda folder: list(layout.folder_images(folder))):
+        with pytest.raises(UsageError, match=rf"{split}/\.\.\.dots holds 1 image, but its name starts with"):
+            read(tmp_path)

@@ -1,0 +1,14 @@
+"""Whether the command is stopping: an interrupt came (Ctrl-C, SIGTERM, a closed terminal; flows/interrupts.py sets
+it). From then on a step that fails is not retried (the re-run is the retry), a service that ends is not started
+again (systemd and Kubernetes stop a service by sending SIGTERM to every one of its processes at once), and a
+service's death is not reported as a fault."""
+
+import threading
+
+STOPPING = threading.Event()
+
+
+def stopping(within: float = 0.0) -> bool:
+    """Whether the command is stopping, waiting up to `within` seconds for it (a SIGTERM sent to every process at
+    once reaches a service, which may end first, and this process's handler in the same instant)."""
+    return STOPPING.wait(within) if within else STOPPING.is_set()
