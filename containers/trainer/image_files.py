@@ -12,15 +12,16 @@ program on every run) needs neither, and skipping them halves its start-up.
 import os
 import re
 import warnings
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
 from trainer.errors import UsageError
 
-T, R = TypeVar("T"), TypeVar("R")
+T = TypeVar("T")
+R = TypeVar("R")
 SHOWN = 20  # bad files printed one per line; the list file holds them all
 CHUNK = 4096  # images handed to the thread pool at a time (a future per image of a million would cost gigabytes)
 

@@ -4,7 +4,8 @@ Layout: DATA/train/<class>/**/<image> and, optionally, DATA/val/<class>/**/<imag
 classes. Class folders may nest sub-folders and symlinks (followed; a broken one or a loop is an error
 naming the link); names may hold spaces and any unicode but control characters. Files and folders whose names
 start with "." are hidden and ignored, but a hidden folder of train/ or val/ that holds images is refused: it looks
-like a class, and would be left out without a word. Decoding the images is image_files.py's; the record of a checked version verified.py's.
+like a class, and would be left out without a word. Decoding the images is image_files.py's; the record of a
+checked version verified.py's.
 
 The staging step lists a folder with `folder_images`, by the same rules, one class folder at a time.
 """
@@ -95,9 +96,10 @@ def check_hidden_classes(split_dir: Path) -> None:
         return
     for path in hidden:
         if images := _images_in(path):
+            many = "s" if images > 1 else ""
             raise UsageError(
-                f"{path} holds {images} image{'s' if images > 1 else ''}, but its name starts with \".\", which hides it: it is no class; "
-                "rename it without the leading \".\" to train on them, or move it out of the data folder"
+                f'{path} holds {images} image{many}, but its name starts with ".", which hides it: it is no '
+                'class; rename it without the leading "." to train on them, or move it out of the data folder'
             )
 
 

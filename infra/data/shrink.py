@@ -8,8 +8,9 @@ lives under the work folder, keyed by data set name and N, and staging reads it 
 `shrink_jpeg` is pure Pillow (it runs on the GPU machine too, where only torch, torchvision, Pillow and numpy are):
 quality 90, aspect kept, Lanczos, the pixels kept as stored and the EXIF orientation tag carried over (the rest of
 the EXIF dropped): no loader applies that tag, as neither torchvision nor Keras do, so a shrunk photo and one kept as
-it is reach the model alike. CMYK and YCCK made RGB, gray kept gray, the ICC profile kept (dropped with CMYK), a restart marker after every MCU so that the fast loader
-decodes only each crop's MCUs. The same input gives the same bytes.
+it is reach the model alike. CMYK and YCCK made RGB, gray kept gray, the ICC profile kept (dropped with CMYK), a
+restart marker after every MCU so that the fast loader decodes only each crop's MCUs. The same input gives the same
+bytes.
 
 `shrunk_copy` keeps the mirror: each file written has its source's mtime (a link shares it), so an unchanged re-run
 rewrites nothing and the index's size+mtime cache holds; a changed source is written again, a removed one removed

@@ -10,7 +10,8 @@ with the command however it ends. It is the same server: the same app factory an
 A SIGTERM does not stop it (systemd and Kubernetes send one to every process of the command at once): trainflow
 stops it, with SIGINT, once the interrupted flow run has recorded its end. If it dies while the command runs, it is
 started again on the same port and database: Prefect's client retries a refused connection, once it has connected,
-for about a minute (2, 4, ... 32 s), and the flow run goes on and is recorded (tests/integration/infra/services/test_watched_services.py). If it cannot start again, the command ends.
+for about a minute (2, 4, ... 32 s), and the flow run goes on and is recorded
+(tests/integration/infra/services/test_watched_services.py). If it cannot start again, the command ends.
 """
 
 import os

@@ -11,7 +11,9 @@ import time
 
 # Made the session's leader by Popen (start_new_session), the command takes the terminal on its stdin as its
 # controlling terminal (TIOCSCTTY), then becomes the command itself.
-TAKE_TERMINAL = "import fcntl, os, sys, termios; fcntl.ioctl(0, termios.TIOCSCTTY, 0); os.execvp(sys.argv[1], sys.argv[1:])"
+TAKE_TERMINAL = (
+    "import fcntl, os, sys, termios; fcntl.ioctl(0, termios.TIOCSCTTY, 0); os.execvp(sys.argv[1], sys.argv[1:])"
+)
 
 
 class Terminal:

@@ -227,7 +227,12 @@ def test_ctrl_c_while_a_dry_run_hashes_a_big_folder_stops_it_at_once_and_leaves_
     temp = tmp_path / "tmp"
     temp.mkdir()
     run = Command(
-        "run", "--dry-run", "--data", str(tmp_path / "data"), "--workdir", str(tmp_path / "w"),
+        "run",
+        "--dry-run",
+        "--data",
+        str(tmp_path / "data"),
+        "--workdir",
+        str(tmp_path / "w"),
         env={**os.environ, "TMPDIR": str(temp)},
     )
     deadline = time.monotonic() + 120
