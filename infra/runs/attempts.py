@@ -21,6 +21,7 @@ from pathlib import Path
 
 from infra.compute.base import owner, owner_alive
 from infra.core.jsonfiles import read_json, write_json
+from infra.core.stopping import failed
 
 ATTEMPTS = "attempts.json"
 HEARTBEAT_S = 1.0
@@ -61,8 +62,8 @@ def timed_attempt(out: Path, flow_run: str, heartbeat_s: float = HEARTBEAT_S) ->
     try:
         yield
         ended = "completed"
-    except KeyboardInterrupt:
-        ended = "interrupted"
+    except BaseException as exc:
+        ended = "failed" if failed(exc) else "interrupted"
         raise
     finally:
         done.set()

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from infra.compute.base import PoolSection, RunConfig, owner, owner_alive
 from infra.core.jsonfiles import read_json, write_json
+from infra.core.stopping import failed
 
 RECORD = "run.json"
 UNFINISHED = ("interrupted", "failed")
@@ -159,8 +160,8 @@ def tracked_run(
     try:
         yield run_id, previous is not None
         status = "complete"
-    except KeyboardInterrupt:
-        status = "interrupted"
+    except BaseException as exc:
+        status = "failed" if failed(exc) else "interrupted"
         raise
     finally:
         write_record(root / run_id, {**record, "status": status})

@@ -22,6 +22,7 @@ from PIL import Image
 from tests.fakes.terminal import Terminal
 
 TRAINFLOW = str(Path(sys.executable).parent / "trainflow")
+DEMO = Path(__file__).parents[3] / "flows" / "configs" / "demo.yaml"
 # Synthetic data (nothing to stage) and a small model, long enough to be interrupted mid-training.
 LONG = (
     "training: {model: resnet18, image_size: 32, batch_size: 8, num_classes: 4, loader_workers: 0, threads: 1,\n"
@@ -227,12 +228,8 @@ def test_ctrl_c_while_a_dry_run_hashes_a_big_folder_stops_it_at_once_and_leaves_
     temp = tmp_path / "tmp"
     temp.mkdir()
     run = Command(
-        "run",
-        "--dry-run",
-        "--data",
-        str(tmp_path / "data"),
-        "--workdir",
-        str(tmp_path / "w"),
+        *("run", "--dry-run", "--config", str(DEMO)),  # a config: no photo recipe, so no shrunk copy to plan
+        *("--data", str(tmp_path / "data"), "--workdir", str(tmp_path / "w")),
         env={**os.environ, "TMPDIR": str(temp)},
     )
     deadline = time.monotonic() + 120
