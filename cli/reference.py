@@ -1,6 +1,8 @@
 """The reference pages of the documentation site (docs/reference/), written from the code so that they cannot drift:
-every command and option (the typer app), every setting (the pydantic models and their field docs), every trainer
-option (the trainers' own argument parsers) and the exit codes.
+every command and option (the typer app), every setting (the pydantic models and their field docs: an annotated YAML
+of them all, then a table per section, the training section's with a column per framework), every trainer option (the
+trainers' own argument parsers) and the exit codes. `command_options` and `command_line_problems` read the command
+line for the pages that name its commands and options.
 
     .venv/bin/python -m cli.reference            # writes the pages
     .venv/bin/python -m cli.reference --check    # exit 1 naming each page that is out of date
@@ -194,14 +196,17 @@ def settings_page() -> str:
     every_setting = (
         "\n## Every setting\n\nEvery setting with its default, as a `--config` file holds it; loaded as it is, "
         "this file is the default config. A config file needs only the settings it changes. The lines commented "
-        "out are the settings of the other pool backends.\n\n```yaml\n" + settings_yaml() + "```\n"
+        "out hold the settings that only another kind of a section has: another pool backend's.\n\n```yaml\n"
+        + settings_yaml()
+        + "```\n"
     )
     return header("Settings") + intro + every_setting + "".join(model_sections(FlowConfig, ""))
 
 
 def model_sections(model: type[BaseModel], where: str, title: str = "Top level"):
     """The table of `model`'s settings under the heading `title`, then each of its sections' tables."""
-    rows, below = [], []
+    rows: list[list[str]] = []
+    below: list[tuple[Any, str, Any]] = []  # (a section's model, or None: one table of its kinds; path; heading)
     for name, field in model.model_fields.items():
         path = f"{where}{name}"
         kinds = one_of_sections(field) if section_type(field) else []
@@ -321,7 +326,7 @@ def section_lines(model: type[BaseModel], default: BaseModel, depth: int, notes:
     return lines
 
 
-def kind_notes(field: FieldInfo, chosen: type[BaseModel], kinds: list) -> dict[str, tuple]:
+def kind_notes(field: FieldInfo, chosen: type[BaseModel], kinds: list) -> dict[str, tuple[str, ...]]:
     """For each setting of the `chosen` kind, where the section is one of several `kinds`: which kinds alone have it
     (`pytorch only: `), the other kinds' defaults where they differ (` (tensorflow, keras: "horovodrun")`), and for
     the setting that picks the kind, every kind and the description all kinds share."""
@@ -330,7 +335,9 @@ def kind_notes(field: FieldInfo, chosen: type[BaseModel], kinds: list) -> dict[s
     tag = str(field.discriminator)
     label = {kind: str(kind.model_fields[tag].default) for kind in kinds}
     base = section_type(field)
-    notes = {tag: ("", f" ({' | '.join(label.values())})", described(base, tag) if base else "")}
+    notes: dict[str, tuple[str, ...]] = {
+        tag: ("", f" ({' | '.join(label.values())})", (described(base, tag) if base else None) or "")
+    }
     for name, own in chosen.model_fields.items():
         having = [kind for kind in kinds if name in kind.model_fields]
         if name == tag:
