@@ -1,4 +1,5 @@
-"""The `trainflow` command line. Every command takes --config FILE, --data DIR and --workdir DIR.
+"""The `trainflow` command line. Most commands take --config FILE and --workdir DIR, those that read data --data DIR
+(docs/reference/commands.md lists each command's options).
 
 One module per group of commands: training.py (train, stage, run, smoke, deploy, build), services.py (ui,
 mlflow-ui, and what a command holds while it runs), data.py (`trainflow data`), bench.py (`trainflow bench`) and

@@ -12,13 +12,32 @@ from typing import Annotated, Any
 import typer
 
 from benchmarks import BENCHES, REPEATS
-from cli.common import ConfigOpt, DataOpt, WorkdirOpt, configure, friendly_errors
+from cli.common import ConfigOpt, DataOpt, WorkdirOpt, configure, data_option, friendly_errors
 from cli.services import holding
 from flows.config import ConfigError
 
 bench_app = typer.Typer(help="Benchmarks that print numbers.", no_args_is_help=True)
 
 JsonOpt = Annotated[Path | None, typer.Option("--json", help="Also write the figures to this JSON file.")]
+# --data of the benchmarks that make their own data without it (`DataOpt`, the config's data else the digits set, is
+# bench flow's)
+SyntheticDataOpt = Annotated[
+    str | None, data_option("the config's data, else synthetic (one random batch, no files read)")
+]
+StagedDataOpt = Annotated[
+    str | None,
+    data_option(
+        "the config's data, else a generated folder of --files photo-like JPEGs (under WORKDIR/bench/staging)",
+        what="ImageNet-layout folder to stage",
+    ),
+]
+LoaderDataOpt = Annotated[
+    str | None,
+    data_option(
+        "the config's data, else --files generated photo-like JPEGs (under WORKDIR/bench/loader)",
+        what="ImageNet-layout folder whose train/ images the loaders read",
+    ),
+]
 RepeatsOpt = Annotated[int, typer.Option(min=2, help="Rounds of every configuration (figures: median, min-max).")]
 Declared = Callable[..., None]
 READ_HERE = ("config", "data", "workdir", "json_out")  # the options the command reads; the rest go to the benchmark
@@ -49,7 +68,7 @@ def bench(name: str, holds: bool = True, recipe: bool = False) -> Callable[[Decl
 @bench("train", holds=False)
 def bench_train(
     config: ConfigOpt = None,
-    data: DataOpt = None,
+    data: SyntheticDataOpt = None,
     workdir: WorkdirOpt = None,
     json_out: JsonOpt = None,
     launchers: Annotated[
@@ -85,7 +104,7 @@ def bench_frameworks(
 @bench("staging")
 def bench_staging(
     config: ConfigOpt = None,
-    data: DataOpt = None,
+    data: StagedDataOpt = None,
     workdir: WorkdirOpt = None,
     json_out: JsonOpt = None,
     files: Annotated[int, typer.Option(min=1, help="Images in the generated ImageNet-like folder.")] = 5000,
@@ -100,7 +119,7 @@ def bench_staging(
 @bench("loader")
 def bench_loader(
     config: ConfigOpt = None,
-    data: DataOpt = None,
+    data: LoaderDataOpt = None,
     workdir: WorkdirOpt = None,
     json_out: JsonOpt = None,
     files: Annotated[int, typer.Option(min=1, help="JPEGs in the generated ImageNet-like folder.")] = 512,

@@ -1,10 +1,11 @@
-"""What every command of the CLI shares: the options --config, --data and --workdir, reading the config, the one
-line on stderr for the user, and bad input or a failed run ending in that line and an exit code, not a traceback."""
+"""What the commands of the CLI share: the options --config, --data and --workdir (each command takes those it
+reads; `python -m cli.reference` lists every command's options), reading the config, the one line on stderr for the
+user, and bad input or a failed run ending in that line and an exit code, not a traceback."""
 
 import functools
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -25,9 +26,17 @@ from infra.storage.fileserver import FileServer
 err = Console(stderr=True, highlight=False)
 
 ConfigOpt = Annotated[Path | None, typer.Option("--config", help="YAML config file (see flows/configs/).")]
-DataOpt = Annotated[
-    str | None, typer.Option("--data", help="ImageNet-layout folder or 'synthetic'; default: the digits set.")
-]
+
+
+def data_option(default: str, what: str = "ImageNet-layout folder or 'synthetic'") -> Any:
+    """The --data option of a command, its help saying what the data may be and what the command uses without it
+    (`default`: each command's own, so that a help shared by commands cannot be false for one of them)."""
+    return typer.Option("--data", help=f"{what}; default: {default}.")
+
+
+# What a command uses without --data; tests/unit/cli/test_help_claims.py runs each command without it and checks.
+DIGITS_DEFAULT = "the config's data, else the digits set (written once under the workdir)"
+DataOpt = Annotated[str | None, data_option(DIGITS_DEFAULT)]  # the commands that train or stage the config's data
 WorkdirOpt = Annotated[Path | None, typer.Option("--workdir", help="Root of all local state (default .trainflow).")]
 MaxSideOpt = Annotated[
     int | None,

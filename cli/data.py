@@ -6,16 +6,35 @@ from typing import Annotated
 
 import typer
 
-from cli.common import ConfigOpt, DataOpt, WorkdirOpt, configure, friendly_errors
+from cli.common import ConfigOpt, WorkdirOpt, configure, data_option, friendly_errors
 from flows.config import LOCAL_DATA_FREE, ConfigError
 from flows.dataset import digits_at
 
 data_app = typer.Typer(help="Small real data sets, written to disk.", no_args_is_help=True)
 
+DigitsDataOpt = Annotated[
+    str | None, data_option("the config's data, else WORKDIR/data/digits", what="Folder to write the digits set to")
+]
+ShapedDataOpt = Annotated[
+    str | None,
+    data_option(
+        "the config's data, else WORKDIR/data/imagenet-shaped-CLASSESxPER_CLASS+VAL_PER_CLASS",
+        what="Folder to write the set to",
+    ),
+]
+MarkersDataOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--data",
+        help="ImageNet-layout folder whose train/ JPEGs to rewrite; required, here or as the config's data.",
+        show_default=False,
+    ),
+]
+
 
 @data_app.command("digits")
 @friendly_errors
-def digits(config: ConfigOpt = None, data: DataOpt = None, workdir: WorkdirOpt = None) -> None:
+def digits(config: ConfigOpt = None, data: DigitsDataOpt = None, workdir: WorkdirOpt = None) -> None:
     """Write scikit-learn's 8x8 digits as 32x32 PNGs in ImageNet layout (to --data, or under the workdir)."""
     cfg = configure(config, data, workdir)
     print(digits_at(Path(cfg.data) if cfg.data else cfg.workdir / "data" / "digits"))
@@ -28,7 +47,7 @@ def imagenet_shaped(
     per_class: Annotated[int, typer.Option(help="Training images per class.")] = 1281,
     val_per_class: Annotated[int, typer.Option(help="Validation images per class (0: no val/ folder).")] = 50,
     config: ConfigOpt = None,
-    data: DataOpt = None,
+    data: ShapedDataOpt = None,
     workdir: WorkdirOpt = None,
 ) -> None:
     """Write an ImageNet-shaped set of small, distinct JPEGs (default: ImageNet-1k's shape, 1,331,000 files, about
@@ -56,7 +75,7 @@ def imagenet_shaped(
 @friendly_errors
 def add_restart_markers(
     config: ConfigOpt = None,
-    data: DataOpt = None,
+    data: MarkersDataOpt = None,
     workdir: WorkdirOpt = None,
     workers: Annotated[int | None, typer.Option(min=1, help="Processes (default: one per core).")] = None,
 ) -> None:

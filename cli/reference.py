@@ -1,6 +1,8 @@
 """The reference pages of the documentation site (docs/reference/), written from the code so that they cannot drift:
-every command and option (the typer app), every setting (the pydantic models and their field docs), every trainer
-option (the trainers' own argument parsers) and the exit codes.
+every command and option (the typer app), every setting (the pydantic models and their field docs: an annotated YAML
+of them all, then a table per section, the training section's with a column per framework), every trainer option (the
+trainers' own argument parsers) and the exit codes. `command_options` and `command_line_problems` read the command
+line for the pages that name its commands and options.
 
     .venv/bin/python -m cli.reference            # writes the pages
     .venv/bin/python -m cli.reference --check    # exit 1 naming each page that is out of date
@@ -16,6 +18,7 @@ It lives in cli/, the top of the house, because it reads the command line (the t
 import argparse
 import json
 import re
+import shlex
 import sys
 import types
 from pathlib import Path
@@ -32,6 +35,7 @@ from cli import app
 from flows.config import ENV_PREFIX, FlowConfig, one_of_sections, section_type
 from flows.interrupts import EXIT_INTERRUPTED
 from infra.core.errors import BadInput, TrainflowError
+from infra.engines import DEFAULT as DEFAULT_FRAMEWORK
 from infra.engines import ENGINES
 from trainer import options as torch_options
 from trainer.tf import options as tf_options
@@ -107,6 +111,45 @@ def every(group: TyperGroup, ctx: Context, path: str = "trainflow"):
             yield from every(command, ctx, f"{path} {name}")
 
 
+def command_options() -> dict[str, list[str]]:
+    """Every visible command line (`trainflow run`, `trainflow bench all`, the groups too) and its options' names
+    (`--config`, `--cold`, `--no-cold`; not --help), read from the CLI itself: what the commands page lists, and what
+    a page that names a command's options can be checked against (`command_line_problems`)."""
+    root = typer.main.get_group(app)
+    ctx = Context(root, info_name="trainflow")
+    return {
+        path: [
+            flag for p in visible_params(command) if isinstance(p, TyperOption) for flag in [*p.opts, *p.secondary_opts]
+        ]
+        for path, command, _ in every(root, ctx)
+    }
+
+
+def visible_params(command: TyperCommand | TyperGroup) -> list[TyperOption | TyperArgument]:
+    """A command's options and arguments that its help shows (not --help)."""
+    return [p for p in command.params if isinstance(p, TyperOption | TyperArgument) and not p.hidden]
+
+
+def command_line_problems(line: str) -> list[str]:
+    """What is wrong with a `trainflow ...` command line as a page writes it: a command that does not exist, or an
+    option (`--name` or `--name=value`) that its command lacks; [] when its command and options exist. Values are
+    not checked (a page may write DIR or N for them)."""
+    words = shlex.split(line.split(" #", 1)[0])
+    if words[:1] != ["trainflow"]:
+        return [f"{line!r} is not a trainflow command line"]
+    known, path = command_options(), "trainflow"
+    for word in words[1:]:
+        if word.startswith("-"):
+            break
+        if f"{path} {word}" not in known:
+            break
+        path = f"{path} {word}"
+    if path == "trainflow" and len(words) > 1 and words[1] not in ("--help",):
+        return [f"trainflow has no command {words[1]!r}"]
+    flags = {word.split("=", 1)[0] for word in words[1:] if word.startswith("--")} - {"--help"}
+    return [f"`{path}` has no option {flag}" for flag in sorted(flags) if flag not in known.get(path, [])]
+
+
 def anchor(path: str) -> str:
     """The heading id MkDocs gives `path` (`trainflow bench all` -> trainflow-bench-all)."""
     return path.replace(" ", "-")
@@ -115,11 +158,11 @@ def anchor(path: str) -> str:
 def command_section(path: str, command: TyperCommand | TyperGroup, ctx: Context) -> str:
     """One command: its usage, its whole help and a table of its arguments and options."""
     sub = Context(command, info_name=path, parent=None)
-    params = [p for p in command.get_params(sub) if isinstance(p, TyperOption | TyperArgument) and not p.hidden]
+    params = visible_params(command)
     arguments = [str(p.name).upper() for p in params if isinstance(p, TyperArgument)]
     nested = ["COMMAND [ARGS]..."] if isinstance(command, TyperGroup) else []
     usage = " ".join([path, "[OPTIONS]", *arguments, *nested])
-    rows = [parameter_row(p, sub) for p in params if p.name != "help"]
+    rows = [parameter_row(p, sub) for p in params]
     text = f"\n## {path}\n\n```\n{usage}\n```\n\n{prose(command.help)}\n\n"
     return text + table(["Option", "Type", "Default", "What it sets"], rows)
 
@@ -137,42 +180,99 @@ def parameter_row(param: TyperOption | TyperArgument, ctx: Context) -> list[str]
 
 # --- settings.md: the pydantic models
 
+COLUMNS = ("training",)  # the sections of several kinds tabled once, a column per kind: the frameworks share most rows
+
 
 def settings_page() -> str:
-    """Every setting of the config, section by section: its type, default and field doc."""
+    """An annotated YAML of every setting with its default, then every setting section by section: its type,
+    default and field doc (the training section as one table, a column per framework)."""
     intro = (
         f"{cell(FlowConfig.__doc__)} A setting comes from, highest first: a command-line option "
         f"([commands](commands.md)), a `{ENV_PREFIX}*` variable (`{ENV_PREFIX}TRAINING__EPOCHS=3` sets "
         "`training.epochs`: the setting's path in capitals, `__` between its parts), the `--config` YAML file, its "
-        "default. A section that is one of several (`training`, by `framework`; `pool`, by `backend`) is listed once "
-        "for each.\n\n"
+        "default. The `training` section is one table with a column for each framework; the `pool` section is "
+        "listed once for each backend.\n\n"
     )
-    return header("Settings") + intro + "".join(model_sections(FlowConfig, ""))
+    every_setting = (
+        "\n## Every setting\n\nEvery setting with its default, as a `--config` file holds it; loaded as it is, "
+        "this file is the default config. A config file needs only the settings it changes. The lines commented "
+        "out hold the settings that only another kind of a section has: another pool backend's.\n\n```yaml\n"
+        + settings_yaml()
+        + "```\n"
+    )
+    return header("Settings") + intro + every_setting + "".join(model_sections(FlowConfig, ""))
 
 
 def model_sections(model: type[BaseModel], where: str, title: str = "Top level"):
     """The table of `model`'s settings under the heading `title`, then each of its sections' tables."""
-    rows, below = [], []
+    rows: list[list[str]] = []
+    below: list[tuple[Any, str, Any]] = []  # (a section's model, or None: one table of its kinds; path; heading)
     for name, field in model.model_fields.items():
         path = f"{where}{name}"
         kinds = one_of_sections(field) if section_type(field) else []
-        if kinds:
+        if kinds and path in COLUMNS:
+            below.append((None, path, field))
+        elif kinds:
             tag = str(field.discriminator)  # the setting that picks one: framework, backend
             below += [(kind, path, f"{path} ({tag}: {kind.model_fields[tag].default})") for kind in kinds]
         elif section_type(field):
             below.append((field.annotation, path, path))
         else:
-            rows.append(setting_row(path, field))
+            rows.append(setting_row(path, field, described(model, name)))
     doc = "" if title == "Top level" else f"{cell(model.__doc__)}\n\n"
     yield f"\n## {title}\n\n{doc}" + (table(["Setting", "Type", "Default", "What it is"], rows) if rows else "")
     for kind, path, heading in below:
-        yield from model_sections(kind, f"{path}.", heading)
+        if kind is None:
+            yield kinds_section(path, heading)
+        else:
+            yield from model_sections(kind, f"{path}.", heading)
 
 
-def setting_row(path: str, field: FieldInfo) -> list[str]:
+def kinds_section(path: str, field: FieldInfo) -> str:
+    """A section of several kinds (training: one per framework) as one table: a row per setting, a column per kind
+    holding its default, "—" where the kind lacks the setting, and the kind's own description where it differs
+    from the one in the last column (the first kind's that has the setting: the default framework's)."""
+    kinds = {str(kind.model_fields[str(field.discriminator)].default): kind for kind in one_of_sections(field)}
+    tag, base = str(field.discriminator), section_type(field)
+    names = list(dict.fromkeys(name for kind in kinds.values() for name in kind.model_fields))
+    rows = []
+    for name in names:
+        fields = {k: kind.model_fields.get(name) for k, kind in kinds.items()}
+        present = [f for f in fields.values() if f is not None]
+        kinds_of = dict.fromkeys(type_name(f.annotation) for f in present)
+        shared = (present[0].description or "") if name != tag else describe_tag(base, tag, kinds)
+        cells = [kind_cell(f, shared if name != tag else None) for f in fields.values()]
+        rows.append([f"`{path}.{name}`", f"`{' | '.join(kinds_of)}`", *cells, cell(shared)])
+    lists = "\n".join(f"- `{tag}: {k}`: {cell(kind.__doc__)}" for k, kind in kinds.items())
+    text = (
+        f"\n## {path}\n\n{cell(FlowConfig.model_fields[path].description)} A column for each `{tag}` holds the "
+        "setting's default, or — where that framework lacks the setting. Where a setting means something else in "
+        "a framework than the last column says, that framework's cell says what, after the default. Each "
+        f"trainer's options, as its own command line takes them: [trainer options](trainer-options.md).\n\n"
+        f"{lists}\n\n"
+    )
+    return text + table(["Setting", "Type", *kinds, "What it is"], rows)
+
+
+def describe_tag(base: type[BaseModel] | None, tag: str, kinds: dict) -> str:
+    """The description of the setting that picks the kind: the base model's, the kinds, and the default's."""
+    doc = (base.model_fields[tag].description if base else "") or ""
+    return f"{doc.rstrip('.')}: {', '.join(kinds)}; a section that names none is {DEFAULT_FRAMEWORK}'s."
+
+
+def kind_cell(field: FieldInfo | None, shared: str | None) -> str:
+    """One kind's cell: its default (— where it lacks the setting), then its description where it differs."""
+    if field is None:
+        return "—"
+    default = "required" if field.is_required() else value(field.get_default(call_default_factory=True))
+    own = field.description or ""
+    return default if shared is None or own == shared else f"{default}: {cell(own)}"
+
+
+def setting_row(path: str, field: FieldInfo, description: str | None) -> list[str]:
     """One setting: its dotted path, type, default and doc."""
     default = "required" if field.is_required() else value(field.get_default(call_default_factory=True))
-    return [f"`{path}`", f"`{type_name(field.annotation)}`", default, cell(field.description)]
+    return [f"`{path}`", f"`{type_name(field.annotation)}`", default, cell(description)]
 
 
 def type_name(kind: Any) -> str:
@@ -187,6 +287,134 @@ def type_name(kind: Any) -> str:
     if origin is not None:
         return f"{getattr(origin, '__name__', str(origin))}[{', '.join(type_name(a) for a in args)}]"
     return "None" if kind is type(None) else getattr(kind, "__name__", str(kind).replace("typing.", ""))
+
+
+def described(model: type[BaseModel], name: str) -> str | None:
+    """Setting `name`'s description in `model`, else in the first model it derives from that has one (a kind's
+    `backend: Literal["docker"]` is described where every kind's `backend` is)."""
+    for base in model.__mro__:
+        field = getattr(base, "model_fields", {}).get(name) if isinstance(base, type) else None
+        if field is not None and field.description:
+            return field.description
+    return None
+
+
+# --- the annotated YAML at the top of settings.md
+
+
+def settings_yaml() -> str:
+    """Every setting as a YAML config file that holds the defaults, each with a one-line comment from its description;
+    a section of several kinds holds the default kind's settings, those of the others commented out."""
+    return "".join(line + "\n" for line in section_lines(FlowConfig, FlowConfig(), 0))
+
+
+def section_lines(model: type[BaseModel], default: BaseModel, depth: int, notes: dict | None = None) -> list[str]:
+    """The lines of `model`'s settings (their values `default`'s) at indent `depth`; `notes`: the (prefix, suffix)
+    of a setting's comment where other kinds differ, and for the setting that picks the kind, its description."""
+    lines = []
+    for name, field in model.model_fields.items():
+        given = getattr(default, name)
+        if isinstance(given, BaseModel):
+            kinds = one_of_sections(field)
+            lines.append(f"{'  ' * depth}{name}:")
+            lines += section_lines(type(given), given, depth + 1, kind_notes(field, type(given), kinds))
+            lines += other_kinds_lines(field, type(given), kinds, depth + 1)
+        else:
+            prefix, suffix, *picks = (notes or {}).get(name, ("", ""))
+            text = comment(picks[0] if picks else described(model, name), field.annotation)
+            lines += value_lines(name, given, f"{prefix}{text}{suffix}", depth)
+    return lines
+
+
+def kind_notes(field: FieldInfo, chosen: type[BaseModel], kinds: list) -> dict[str, tuple[str, ...]]:
+    """For each setting of the `chosen` kind, where the section is one of several `kinds`: which kinds alone have it
+    (`pytorch only: `), the other kinds' defaults where they differ (` (tensorflow, keras: "horovodrun")`), and for
+    the setting that picks the kind, every kind and the description all kinds share."""
+    if not kinds:
+        return {}
+    tag = str(field.discriminator)
+    label = {kind: str(kind.model_fields[tag].default) for kind in kinds}
+    base = section_type(field)
+    notes: dict[str, tuple[str, ...]] = {
+        tag: ("", f" ({' | '.join(label.values())})", (described(base, tag) if base else None) or "")
+    }
+    for name, own in chosen.model_fields.items():
+        having = [kind for kind in kinds if name in kind.model_fields]
+        if name == tag:
+            continue
+        differ: dict[str, list[str]] = {}
+        for kind in having:
+            other = kind.model_fields[name].get_default(call_default_factory=True)
+            if to_jsonable_python(other) != to_jsonable_python(own.get_default(call_default_factory=True)):
+                differ.setdefault(json.dumps(to_jsonable_python(other)), []).append(label[kind])
+        only = f"{', '.join(label[kind] for kind in having)} only: " if len(having) < len(kinds) else ""
+        elsewhere = "; ".join(f"{', '.join(names)}: {other}" for other, names in differ.items())
+        notes[name] = (only, f" ({elsewhere})" if elsewhere else "")
+    return notes
+
+
+def other_kinds_lines(field: FieldInfo, chosen: type[BaseModel], kinds: list, depth: int) -> list[str]:
+    """The settings that each kind other than `chosen` adds, commented out under a line that names the kind."""
+    lines = []
+    for kind in kinds:
+        extra = [name for name in kind.model_fields if name not in chosen.model_fields]
+        if kind is chosen or not extra:
+            continue
+        tag = str(field.discriminator)
+        lines.append(f"{'  ' * depth}# {tag}: {kind.model_fields[tag].default} adds:")
+        for name in extra:
+            setting = kind.model_fields[name]
+            given = setting.get_default(call_default_factory=True)
+            written = value_lines(name, given, comment(setting.description, setting.annotation), depth)
+            lines += [f"{'  ' * depth}# {line[2 * depth :]}" for line in written]
+    return lines
+
+
+COMMENT_AT = 40  # the column the comments start at
+
+
+def value_lines(name: str, given: Any, text: str, depth: int) -> list[str]:
+    """`name: value  # text` at indent `depth`; a mapping or list that is not empty, one item a line below it."""
+    plain = to_jsonable_python(given)
+    nested = isinstance(plain, dict | list) and plain
+    key = f"{'  ' * depth}{name}:" + ("" if nested else f" {json.dumps(plain)}")
+    lines = [f"{key.ljust(COMMENT_AT)}  # {text}".rstrip()]
+    if isinstance(plain, dict) and plain:
+        lines += [f"{'  ' * (depth + 1)}{json.dumps(k)}: {json.dumps(v)}" for k, v in plain.items()]
+    elif isinstance(plain, list) and plain:
+        lines += [f"{'  ' * (depth + 1)}- {json.dumps(v)}" for v in plain]
+    return lines
+
+
+def comment(description: str | None, kind: Any = None, width: int = 100) -> str:
+    """A setting's description as a one-line comment: its first sentence without what is in parentheses, cut to
+    `width` characters at a `;`, else a `,`, else a word (with `...`); where that leaves out one of the values a
+    `kind` of choices (a Literal) allows, the choices first."""
+    text = " ".join((description or "").split())
+    text = re.split(r"(?<=[a-z0-9)\]'\"])\. (?=[A-Z])", text, maxsplit=1)[0].rstrip(".")
+    while (bare := re.sub(r" ?\([^()]*\)", "", text)) != text:
+        text = bare
+    short = fitted(text, width)
+    choices = [str(c) for c in get_args(kind)] if get_origin(kind) is Literal else []
+    if short != text and not all(re.search(rf"\b{re.escape(c)}\b", short) for c in choices) and len(choices) > 1:
+        short = f"{' | '.join(choices)}. {fitted(text, width - len(' | '.join(choices)) - 2)}"
+    return short
+
+
+def fitted(text: str, width: int) -> str:
+    """`text` cut to `width` characters at the last `; ` (else `, `) that fits, else at a word, with `...`."""
+    if len(text) <= width:
+        return text
+    for separator in ("; ", ", "):
+        parts = text.split(separator)
+        if len(parts[0]) <= width:
+            kept = parts[0]
+            for part in parts[1:]:
+                if len(kept) + len(separator) + len(part) > width:
+                    break
+                kept += separator + part
+            return kept
+    return text[: width - 4].rsplit(" ", 1)[0] + " ..."
 
 
 # --- trainer-options.md: the trainers' parsers

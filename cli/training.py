@@ -18,6 +18,7 @@ from cli.common import (
     WorkdirOpt,
     check_staging_space,
     configure,
+    data_option,
     friendly_errors,
     say,
     setting_help,
@@ -40,6 +41,19 @@ FrameworkOpt = Annotated[
 
 LauncherOpt = Annotated[str | None, typer.Option(help="torchrun or horovodrun (training.launcher).")]
 
+BadFilesOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="fail or skip: what to do with images that cannot be decoded; fail refuses them in one line, skip "
+        "trains without them and lists them (training.bad_files).",
+        show_default=False,
+    ),
+]
+
+SmokeDataOpt = Annotated[
+    str | None, data_option("synthetic (one random batch, no files read), whatever the config's data")
+]
+
 InitFromOpt = Annotated[
     str | None,
     typer.Option(
@@ -58,6 +72,7 @@ def train(
     framework: FrameworkOpt = None,
     launcher: LauncherOpt = None,
     init_from: InitFromOpt = None,
+    bad_files: BadFilesOpt = None,
     out: Annotated[Path | None, typer.Option(help="Results folder; a folder with checkpoints is resumed.")] = None,
     model: Annotated[str | None, typer.Option(help=setting_help("model"))] = None,
     epochs: Annotated[int | None, typer.Option(help=setting_help("epochs"))] = None,
@@ -75,6 +90,7 @@ def train(
         "framework": framework,
         "launcher": launcher,
         "init_from": init_from,
+        "bad_files": bad_files,
         "model": model,
         "epochs": epochs,
         "batch_size": batch_size,
@@ -129,10 +145,14 @@ def print_summary(metrics: Metrics, out: Path) -> None:
 
 @friendly_errors
 def stage(
-    config: ConfigOpt = None, data: DataOpt = None, workdir: WorkdirOpt = None, max_side: MaxSideOpt = None
+    config: ConfigOpt = None,
+    data: DataOpt = None,
+    workdir: WorkdirOpt = None,
+    max_side: MaxSideOpt = None,
+    bad_files: BadFilesOpt = None,
 ) -> None:
     """Stage the data as a Prefect flow: scripts to the file share, data set to Blob, Blob to the file server."""
-    cfg = configure(config, data, workdir, max_side=max_side)
+    cfg = configure(config, data, workdir, {"bad_files": bad_files}, max_side=max_side)
     if cfg.data in LOCAL_DATA_FREE:
         raise ConfigError(f"data: {cfg.data} has nothing to stage; pass --data DIR")
     cfg = with_data(cfg)
@@ -157,24 +177,27 @@ def run(
     launcher: LauncherOpt = None,
     init_from: InitFromOpt = None,
     max_side: MaxSideOpt = None,
+    bad_files: BadFilesOpt = None,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print what each step would do or skip; change nothing.")
     ] = False,
 ) -> None:
     """The whole flow: build, stage, pool, train, collect; prints the summary."""
-    overrides = {"framework": framework, "launcher": launcher, "init_from": init_from}
+    overrides = {"framework": framework, "launcher": launcher, "init_from": init_from, "bad_files": bad_files}
     run_flow(configure(config, data, workdir, overrides, max_side=max_side, tell_recipe=True), dry_run)
 
 
 @friendly_errors
 def smoke(
     config: ConfigOpt = None,
-    data: DataOpt = None,
+    data: SmokeDataOpt = None,
     workdir: WorkdirOpt = None,
+    bad_files: BadFilesOpt = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan and specs; change nothing.")] = False,
 ) -> None:
     """The flow on 1 node x 1 worker for about a minute (synthetic data unless --data): checks a deployment."""
-    run_flow(smoke_config(configure(config, data or SYNTHETIC, workdir)), dry_run)
+    cfg = configure(config, data or SYNTHETIC, workdir, {"bad_files": bad_files})
+    run_flow(smoke_config(cfg), dry_run)
 
 
 def run_flow(cfg: FlowConfig, dry_run: bool) -> None:

@@ -156,9 +156,9 @@ class PyTorchOptions(CommonOptions):
     compile: Annotated[
         Literal["auto", "off", "on"],
         Help(
-            "torch.compile the model (TorchDynamo + Inductor); auto: on for a GPU (1.26x ResNet-50's images/s on "
-            "one H100, README: Benchmark), off on the CPU (its first steps pay minutes of compiling); never in "
-            "pipeline mode"
+            "torch.compile the model (TorchDynamo + Inductor); auto: on for a GPU, where it raises the images/s "
+            "(figures: docs/benchmarks/index.md), off on the CPU (its first steps pay minutes of compiling); never "
+            "in pipeline mode"
         ),
     ] = "auto"
     compile_mode: Annotated[

@@ -274,7 +274,7 @@ def check_loader(args, rank: int, device: torch.device, train_split: data.Split)
         log.info(
             "%d of %d training JPEGs sampled have no restart markers: `trainflow data add-restart-markers "
             "--data DIR` rewrites them losslessly, once, so that the fast loader decodes only each crop's MCUs "
-            "(about 1.2x its images/s per core, README: Benchmark)",
+            "(more images/s per core; figures: docs/benchmarks/index.md)",
             *lacking,
         )
     return "crop"

@@ -2,9 +2,11 @@
 they hold every command, every `trainflow bench` subcommand, every setting and every trainer option."""
 
 import argparse
+import re
 
 import pytest
 import typer.main
+import yaml
 from pydantic import BaseModel
 
 from cli import app, reference
@@ -79,9 +81,55 @@ def test_every_setting_is_on_the_settings_page_with_its_default(written):
     paths = set(settings(FlowConfig))
     assert {"training.batch_size", "training.framework", "pool.backend", "pool.vm_size", "budget"} <= paths
     assert all(f"| `{path}` |" in page for path in paths)
-    assert "| `training.batch_size` | `int` | `32` |" in page  # the trainer's own default, from its parser
-    assert '| `training.launcher` | `"torchrun" | "horovodrun"` | `"horovodrun"` |' in page  # TensorFlow's
-    assert "\n## pool (backend: azureml)\n" in page and "\n## training (framework: keras)\n" in page
+    assert "\n## pool (backend: azureml)\n" in page and "\n## training\n" in page
+
+
+def training_rows(page: str) -> dict[str, list[str]]:
+    """The training table's rows: setting -> its cells (type, one per framework, what it is)."""
+    section = page.split("\n## training\n", 1)[1].split("\n## ", 1)[0]
+    rows = [table_cells(line) for line in section.splitlines() if line.startswith("| `training.")]
+    return {row[0].strip("`"): row[1:] for row in rows}
+
+
+def table_cells(line: str) -> list[str]:
+    """A markdown table row's cells: split at each `|` outside `code` that is not escaped."""
+    parts = re.findall(r"(?:`[^`]*`|\\\||[^|`])+", line.strip().strip("|"))
+    return [part.strip() for part in parts]
+
+
+def test_the_training_settings_are_one_table_with_a_column_per_framework(written):
+    page = written["settings.md"]
+    assert "| Setting | Type | pytorch | tensorflow | keras | What it is |" in page
+    assert page.count("| `training.batch_size` |") == 1 and "## training (framework:" not in page
+    rows = training_rows(page)
+    assert set(rows) == {path for path in settings(FlowConfig) if path.startswith("training.")}
+    # the trainers' own defaults, from their declarations: the same in every framework, or each its own
+    assert rows["training.batch_size"][1:4] == ["`32`"] * 3
+    assert rows["training.launcher"][1] == '`"torchrun"`' and rows["training.launcher"][2].startswith(
+        '`"horovodrun"`: horovodrun'
+    )
+    assert rows["training.loader"][1:4] == ['`"fast"`', "—", "—"]  # PyTorch's alone
+    assert (
+        rows["training.model"][1] == '`"resnet50"`' and "a ResNet" in rows["training.model"][2]
+    )  # TensorFlow's own description
+
+
+def test_the_yaml_of_every_setting_loads_as_the_default_config(written):
+    block = written["settings.md"].split("```yaml\n", 1)[1].split("```", 1)[0]
+    assert FlowConfig.model_validate(yaml.safe_load(block)).model_dump() == FlowConfig().model_dump()
+    keys = {line.split(":", 1)[0].strip(" #") for line in block.splitlines() if re.match(r"^[ #]*[a-z_]+:", line)}
+    assert {path.rsplit(".", 1)[-1] for path in settings(FlowConfig)} <= keys  # every backend's too, commented out
+    settings_lines = [line for line in block.splitlines() if re.match(r"^[ #]*[a-z_]+:", line)]
+    assert all("  # " in line for line in settings_lines if not line.endswith(":"))  # a comment, but on a section
+    assert '  launcher: "torchrun"' in block and '(tensorflow, keras: "horovodrun")' in block
+    assert "  # backend: azureml adds:\n" in block and '  # vm_size: "Standard_NC24ads_A100_v4"' in block
+
+
+def test_a_comment_is_one_short_line_of_the_description():
+    assert reference.comment("Seconds before it stops (0: no limit). More text here.") == "Seconds before it stops"
+    long = "a; " + "word " * 40
+    assert reference.comment(long) == "a"
+    assert len(reference.comment("x " * 100)) <= 100 and reference.comment("x " * 100).endswith(" ...")
 
 
 @pytest.mark.parametrize(
