@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group
 # Of val top-1, a fraction: 5.4 of the 359 val images. One loader's own seeds spread its top-1 over 1.39 points
 # (fast, seeds 0-2, measured 2026-11-24: 0.9805, 0.9833, 0.9944; pil 0.9916, 0.9916, 0.9889), and which images a run
 # gets right also follows the machine's floating-point kernels: one run of each cannot tell half a point apart.
-# Averaged over those 3 seeds, fast is 0.46 points below pil (docs/guides/gpus-and-loaders.md).
+# Averaged over those 3 seeds, fast is 0.46 points below pil (docs/benchmarks/earlier-training.md).
 SEED_SPREAD = 0.015
 LOADERS = ("pil", "fast", "dali")  # dali: its CPU-only mode (no GPU here)
 TRAIN_PY = REPO / "containers" / "trainer" / "train.py"

@@ -144,7 +144,7 @@ def test_stages_of_a_large_model_need_a_share_of_a_data_parallel_worker_s_memory
     the CPU's counterpart of CUDA's allocated memory) is at most 0.65 of the worker's for 2 stages, 0.4 for 4.
     Measured on 2026-11-26: 0.71, 0.58 and 0.34. (The bounds were 0.6, 0.6 and 0.35 while the DDP worker also kept
     a bucket copy of its gradients, 0.5 GB more: DDP now all-reduces the gradients where they lie,
-    docs/guides/pipeline.md.)"""
+    docs/benchmarks/earlier-training.md.)"""
     big = {
         **TINY,
         "model": "wide_resnet101_2",

@@ -121,8 +121,8 @@ def test_the_sync_job_on_the_pool_is_retried_once_after_10_seconds():
 
 
 def test_staging_steps_retry_after_2_10_and_30_seconds():
-    """docs/guides/staging.md: 'Prefect retries a step (3 times, after 2, 10 and 30 s) unless the error is
-    permanent'."""
+    """docs/concepts/staging.md: 'A step that fails on a passing fault is tried again by Prefect: 3 times, after 2,
+    10 and 30 seconds'."""
     for step in (upload_scripts_task, upload_dataset_task, sync_to_file_server_task, collect_results_task):
         assert (step.retries, step.retry_delay_seconds, step.retry_condition_fn) == (3, [2, 10, 30], unless_permanent)
 

@@ -153,7 +153,7 @@ def test_backend_follows_the_launcher(env, backend):
 
 
 def test_compile_is_on_by_default_for_a_gpu_and_off_for_the_cpu():
-    # measured: 1.26x to 1.38x ResNet-50's images/s on one H100 (docs/guides/gpus-and-loaders.md); minutes of
+    # measured: 1.26x to 1.38x ResNet-50's images/s on one H100 (docs/benchmarks/earlier-training.md); minutes of
     # compiling on this CPU
     from trainer.train import resolve
 
