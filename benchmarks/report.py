@@ -321,15 +321,22 @@ def dated_title(entry: dict) -> str:
     return f"{entry['date']}: {entry['title']}"
 
 
+def earlier_title(page: Path) -> str:
+    """The title of a page of earlier measurements: its first heading."""
+    return page.read_text().splitlines()[0].removeprefix("# ")
+
+
 def write_index(folder: Path, entries: list[tuple[Path, dict]]) -> Path:
     """docs/benchmarks/index.md: every dated report, the newest first."""
     lines = [
         "# Benchmark reports",
         "",
         "One page per measurement, made from its JSON by `python -m benchmarks.report` (command, machine, versions, "
-        "every figure with its spread, a plot per benchmark). How each benchmark works and what its figures mean: "
-        "the guides (staging, GPUs and loaders, frameworks, pipeline parallelism). Figures measured before their "
-        "JSON was kept are in those guides, each with its date and command.",
+        "every figure with its spread, a plot per benchmark). What each benchmark measures: the concepts pages.",
+        "",
+        "Figures measured before their JSON was kept, each with its date and command as it was written:",
+        "",
+        *(f"- [{earlier_title(page)}]({page.name})" for page in sorted(folder.glob("earlier-*.md"))),
         "",
         "| date | measurement | command |",
         "|---|---|---|",

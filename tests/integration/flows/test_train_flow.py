@@ -131,7 +131,7 @@ def check_ledgers_receipts_and_runs(cfg: FlowConfig, first: dict, second: dict, 
     fields = {line.split("│")[1].strip() for line in diff.stdout.splitlines() if line.count("│") == 4}
     assert {"receipt.run_id", "metrics.wall_seconds"} <= fields
     assert not fields & {"receipt.config_hash", "receipt.data_manifest", "receipt.scripts", "receipt.inputs"}
-    print(table.stdout, diff.stdout, sep="\n")  # the examples of docs/guides/tracking-and-cost.md
+    print(table.stdout, diff.stdout, sep="\n")  # the examples of docs/concepts/tracking-and-cost.md
 
 
 def test_a_run_over_its_budget_is_refused_before_anything_starts(prefect_server, tmp_path):

@@ -1,7 +1,7 @@
 """The retry policy (tasks/retry.py over infra/core/errors.py's rule): which errors each step retries, and how often.
 
 The rule is checked on real Prefect states, each step's retries and delays against the steps table of
-docs/getting-started.md, and Prefect's own engine against a server: a transient error is retried up to the step's
+docs/concepts/index.md, and Prefect's own engine against a server: a transient error is retried up to the step's
 limit, a permanent one never. `task_runs` (each task run of a flow run, read from the Prefect API) is what the
 flow tests count attempts with."""
 
@@ -27,7 +27,7 @@ from tasks.upload_scripts import upload_scripts_task
 from tests.fakes.paths import REPO
 from tests.fakes.prefect import task_runs
 
-STEPS_PAGE = REPO / "docs" / "getting-started.md"
+STEPS_PAGE = REPO / "docs" / "concepts" / "index.md"
 # The steps of train-flow, by the name the steps table and the Prefect UI give them.
 STEPS: dict[str, Task] = {
     t.name: t
@@ -83,7 +83,7 @@ def test_a_state_without_an_exception_is_retried():
 
 
 def documented_retries() -> dict[str, tuple[int, list[int] | None]]:
-    """The steps table of getting-started: task name -> (retries, delays in seconds, or None where it gives none)."""
+    """The steps table of the concepts page: task name -> (retries, delays in seconds, or None where it gives none)."""
     text = STEPS_PAGE.read_text()
     table = text[text.index("| step | task | retries | skipped when |") :].split("\n\n", 1)[0]
     rows = {}

@@ -142,8 +142,9 @@ def test_the_parallel_bench_gives_medians_with_their_spread_per_rank():
 
 
 def test_a_resnet_divides_finely_and_vgg_does_not():
-    """docs/benchmarks/earlier-training.md's figures: wide_resnet101_2's largest of 4 stages holds at most 28% of its parameters;
-    VGG-16's head (its first fully connected layer alone 76%) is one block, so its largest stage holds more at any S."""
+    """docs/benchmarks/earlier-training.md's figures: wide_resnet101_2's largest of 4 stages holds at most 28% of its
+    parameters; VGG-16's head (its first fully connected layer alone 76%) is one block, so its largest stage holds
+    more at any S."""
     with torch.device("meta"):
         wide, vgg = build_model("wide_resnet101_2", 10), build_model("vgg16", 10)
     split, _ = split_model(wide, 4, parameter_costs(blocks_of(wide)))

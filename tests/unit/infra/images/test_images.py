@@ -225,7 +225,7 @@ def test_the_setup_lock_holds_every_project_pin_at_its_version():
 
 
 def test_make_setup_runs_its_four_parts_at_once():
-    """docs/getting-started.md: make setup installs the venv, node_modules, Debian's tools and the tools' venv at once
+    """make setup installs the venv, node_modules, Debian's tools and the tools' venv at once
     (make -j4)."""
     outer = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}  # under make test
     plan = subprocess.run(["make", "-n", "setup"], cwd=REPO, capture_output=True, text=True, check=True, env=outer)
