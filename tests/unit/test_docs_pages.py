@@ -3,6 +3,7 @@ reader follows (start here, install, the tutorial, the how-to guides, concepts, 
 sentences and carry no dates, commit hashes, test names or words about how the project is made; a guide is a task of
 at most 150 lines; every command in a code block is one the project, or a tool the page names, has."""
 
+import json
 import re
 import shlex
 import statistics
@@ -115,3 +116,23 @@ def test_every_command_of_a_page_s_code_blocks_is_a_real_one(page):
     commands = [line.split(" #")[0].strip() for block in blocks for line in block.splitlines()]
     problems = [(c, p) for c in commands if c and not c.startswith("#") and (p := command_problem(c, page_prose))]
     assert problems == []
+
+
+def test_the_steps_table_names_the_pools_that_build_the_image():
+    """The concepts page's build-image row names every backend whose nodes run the training image, and no other."""
+    from infra.compute import BACKENDS
+
+    row = next(line for line in (DOCS / "concepts" / "index.md").read_text().splitlines() if "`build-image`" in line)
+    named = re.search(r"run the image: ([^)]*)\)", row).group(1)
+    expected = {"docker": "docker", "azureml": "Azure ML"}  # how the page names each backend
+    building = {name for name, backend in BACKENDS.items() if backend.needs_image}
+    assert building <= set(expected), building
+    assert named.split(", ") == [expected[name] for name in sorted(building, key=list(expected).index)]
+
+
+def test_the_install_page_s_time_is_the_measured_one():
+
+    text = " ".join((DOCS / "install.md").read_text().split())
+    [minutes] = re.findall(r"took about (\d+) minutes", text)
+    measured = json.loads((DOCS / "benchmarks" / "install-demo.json").read_text())
+    assert int(minutes) == round(measured["seconds"]["demo"]["median"] / 60) and not measured["as_root"]
