@@ -245,7 +245,10 @@ def deploy(
     name: Annotated[str, typer.Option(help="Deployment name.")] = "scheduled",
     cron: Annotated[str | None, typer.Option(help="Cron schedule, e.g. '0 2 * * *'; none: manual runs only.")] = None,
     serve: Annotated[
-        bool, typer.Option("--serve", help="Keep serving the deployment here (runs execute in this process).")
+        bool,
+        typer.Option(
+            "--serve", help="Keep serving the deployment here: each run executes in a process this command starts."
+        ),
     ] = False,
 ) -> None:
     """Create a deployment of the flow with the config as its parameters and an optional cron schedule."""
