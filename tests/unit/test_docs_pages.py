@@ -31,7 +31,9 @@ TEST_NAME = re.compile(r"\btests/|\btest_\w+")
 # How the project is made, not how it is used: words a reader cannot place.
 DEVELOPMENT = ("this machine", "the issue", "the goal", "lent ", "session", "throwaway", "not committed", "adopted")
 VENV = {"python", "pip", "mkdocs", "prefect"}  # the venv's own tools, as .venv/bin/NAME
-SHELL = {"cd", "export", "unset", "sudo", "nohup", "cp", "mv", "mkdir", "ls", "cat", "git"}
+# The shell's and a Linux system's own tools (systemd's included), which a page may use without naming them.
+SHELL = {"cd", "export", "unset", "sudo", "nohup", "cp", "mv", "mkdir", "ls", "cat", "head", "git", "curl"}
+SYSTEM = {"systemctl", "loginctl", "journalctl", "apt-get"}
 # A numbered step of a diagram, by a word of its line (checked in this order), and the step of flows/steps doing it.
 DIAGRAM_WORDS = [
     ("results", results),
@@ -104,7 +106,7 @@ def command_problem(line: str, page_prose: str) -> str | None:
     if tool == "make":
         unknown = [w for w in words[1:] if "=" not in w and not w.startswith("-") and w not in make_targets()]
         return f"no make target {unknown}" if unknown else None
-    if tool in SHELL or tool in VENV or (REPO / words[0]).exists():
+    if tool in SHELL | SYSTEM | VENV or (REPO / words[0]).exists():
         return None
     return None if tool.lower() in page_prose.lower() else f"{tool} is neither the project's nor a tool the page names"
 
