@@ -41,12 +41,12 @@ PLOTS = {"plot.svg": "run-plot.svg"}  # the run folder's plots -> their names in
 # The digits recipe (flows/configs/demo.yaml), 2 epochs: two points on each per-epoch curve, in about 2 minutes.
 TRAINING = {"workers": 2, "epochs": 2, "threads": 1, "log_every": 2}
 TRAINFLOW = [sys.executable, "-m", "cli"]  # this checkout's trainflow, whichever is installed
-STARTUP_S = 300  # a server's start-up on 2 busy cores (MLflow's took 45 s on an idle one)
+STARTUP_S = 300  # a server's start-up on 2 busy cores (MLflow's: about 45 s)
 PAGE_MS = 60_000  # a page's first content, the same
 
 
 class ScreenshotError(TrainflowError):
-    """A step of the screenshots failed: the run, a server, or a page that never showed its content."""
+    """The run or a server the screenshots need failed (a page that never shows its content: playwright says which)."""
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -61,7 +61,8 @@ def main(argv: list[str] | None = None) -> None:
         with workdir(args.workdir) as work:
             saved = take_pictures(work, args.out.resolve())
     except KeyboardInterrupt:
-        sys.exit("stopped (Ctrl-C); every server and process started was stopped")
+        print("stopped (Ctrl-C); every server and process started is stopped", file=sys.stderr)
+        sys.exit(130)  # as trainflow's commands end on Ctrl-C
     except ScreenshotError as exc:
         sys.exit(f"error: {exc}")
     for path in saved:
