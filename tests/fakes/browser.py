@@ -3,16 +3,9 @@
 import time
 from urllib.parse import urlsplit
 
-CHROMIUM = "/usr/bin/chromium"  # Debian's (make setup installs it); playwright's own browsers are never downloaded
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
+from infra.services.chromium import CHROMIUM, CHROMIUM_ARGS
+
+__all__ = ["CHROMIUM", "CHROMIUM_ARGS", "ApiWatch"]  # the browser's launch, from infra; the watch
 
 
 class ApiWatch:
