@@ -56,10 +56,13 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--workdir", type=Path, help="the run's workdir (default: a temporary one, removed after)")
     parser.add_argument("--out", type=Path, default=Path("docs/images"), help="where the pictures go")
+    parser.add_argument(
+        "--steps", type=int, default=0, help="cap each epoch at this many steps: a quicker run (the script's test)"
+    )
     args = parser.parse_args(argv)
     try:
         with workdir(args.workdir) as work:
-            saved = take_pictures(work, args.out.resolve())
+            saved = take_pictures(work, args.out.resolve(), {**TRAINING, "steps_per_epoch": args.steps})
     except KeyboardInterrupt:
         print("stopped (Ctrl-C); every server and process started is stopped", file=sys.stderr)
         sys.exit(130)  # as trainflow's commands end on Ctrl-C
@@ -80,13 +83,14 @@ def workdir(given: Path | None) -> Iterator[Path]:
         yield Path(folder)
 
 
-def take_pictures(work: Path, out: Path) -> list[Path]:
-    """Serve both UIs over `work`, train into it, and save every picture into `out`; their paths."""
+def take_pictures(work: Path, out: Path, training: dict) -> list[Path]:
+    """Serve both UIs over `work`, train into it with these `training` settings, and save every picture into `out`;
+    their paths."""
     logs = work / "screenshots"
     logs.mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
     with prefect_ui(work, logs) as prefect, mlflow_ui(work, logs) as mlflow:
-        run = train(work, f"{prefect}/api", logs)
+        run = train(work, f"{prefect}/api", logs, training)
         flow_run = read_record(run)["flow_runs"][-1]  # the flow run that trained it, this command's
         photograph(prefect, flow_run, mlflow_page(mlflow, run.name), out)
     return [out / name for name in SHOTS] + copy_plots(run, out)
@@ -129,12 +133,12 @@ def answers(url: str) -> bool:
         return False
 
 
-def train(work: Path, api: str, logs: Path) -> Path:
-    """`trainflow run` of TRAINING on the digits set into `work`, against Prefect's API at `api`; its run folder."""
+def train(work: Path, api: str, logs: Path, training: dict) -> Path:
+    """`trainflow run` of `training` on the digits set into `work`, against Prefect's API at `api`; its run folder."""
     config = logs / "run.yaml"
-    config.write_text(yaml.safe_dump({"training": TRAINING}))
+    config.write_text(yaml.safe_dump({"training": training}))
     command = [*TRAINFLOW, "run", "--config", str(config), "--workdir", str(work)]
-    print(f"training the digits set for {TRAINING['epochs']} epochs (output in {logs / 'run.log'})", flush=True)
+    print(f"training the digits set for {training['epochs']} epochs (output in {logs / 'run.log'})", flush=True)
     with open(logs / "run.log", "wb") as log:
         # in a session of its own on a leash, as trainflow starts its services: stopped with all it started
         proc = spawn(command, stdout=log, stderr=log, env={**clean_env(), "PREFECT_API_URL": api})

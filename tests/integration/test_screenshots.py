@@ -12,7 +12,7 @@ from PIL import Image
 from cli.screenshots import HEIGHT, PLOTS, SHOTS, WIDTH
 from tests.fakes.paths import REPO
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]  # one run of train-flow, 2 epochs on the digits set
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # one run of train-flow, 2 epochs of 3 steps
 FEWEST_COLOURS = 32  # a blank or half-drawn page has a handful; the UIs' pages have hundreds
 
 
@@ -30,7 +30,7 @@ def left_behind(folder) -> list[str]:
 @pytest.mark.timeout(1500)
 def test_the_script_takes_every_picture_from_a_real_run_and_stops_what_it_started(tmp_path):
     images, work = tmp_path / "images", tmp_path / "work"
-    command = [sys.executable, "-m", "cli.screenshots", "--workdir", str(work), "--out", str(images)]
+    command = [sys.executable, "-m", "cli.screenshots", "--workdir", str(work), "--out", str(images), "--steps", "3"]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=1400)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert sorted(p.name for p in images.iterdir()) == sorted([*SHOTS, *PLOTS.values()])
