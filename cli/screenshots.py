@@ -19,7 +19,7 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
@@ -89,7 +89,10 @@ def take_pictures(work: Path, out: Path, training: dict) -> list[Path]:
     logs = work / "screenshots"
     logs.mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
-    with prefect_ui(work, logs) as prefect, mlflow_ui(work, logs) as mlflow:
+    with (
+        ui_server(work, logs, "ui", lambda base: api_answers(f"{base}/api")) as prefect,
+        ui_server(work, logs, "mlflow-ui", lambda base: answers(f"{base}/health")) as mlflow,
+    ):
         run = train(work, f"{prefect}/api", logs, training)
         flow_run = read_record(run)["flow_runs"][-1]  # the flow run that trained it, this command's
         photograph(prefect, flow_run, mlflow_page(mlflow, run.name), out)
@@ -103,24 +106,21 @@ def clean_env() -> dict[str, str]:
 
 
 @contextmanager
-def prefect_ui(work: Path, logs: Path) -> Iterator[str]:
-    """`trainflow ui` over `work` on a free port, until the block ends; its address."""
+def ui_server(work: Path, logs: Path, command: str, ready: Callable[[str], bool]) -> Iterator[str]:
+    """`trainflow COMMAND` (ui, mlflow-ui) over `work` on a free port until the block ends, ready once `ready(base)`
+    holds; its address."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    command = [*TRAINFLOW, "ui", "--workdir", str(work), "--port", str(port)]
-    ready = partial(api_answers, f"{base}/api")
-    with running_service(command, logs / "ui.log", ready, "trainflow ui", STARTUP_S, ScreenshotError, clean_env()):
-        yield base
-
-
-@contextmanager
-def mlflow_ui(work: Path, logs: Path) -> Iterator[str]:
-    """`trainflow mlflow-ui` over `work` on a free port, until the block ends; its address."""
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    command = [*TRAINFLOW, "mlflow-ui", "--workdir", str(work), "--port", str(port)]
-    ready = partial(answers, f"{base}/health")
-    with running_service(command, logs / "mlflow-ui.log", ready, "trainflow mlflow-ui", STARTUP_S, ScreenshotError):
+    argv = [*TRAINFLOW, command, "--workdir", str(work), "--port", str(port)]
+    with running_service(
+        argv,
+        logs / f"{command}.log",
+        partial(ready, base),
+        f"trainflow {command}",
+        STARTUP_S,
+        ScreenshotError,
+        clean_env(),
+    ):
         yield base
 
 
