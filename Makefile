@@ -20,7 +20,9 @@ PIP := $(BIN)/pip install -q
 # uv (pinned in the lock, installed by pip) installs the layers from the lock: faster than pip alone, measured by
 # `trainflow bench install` (docs/benchmarks/). INSTALLER=pip installs them with pip alone.
 INSTALLER ?= uv
-INSTALL := $(if $(filter uv,$(INSTALLER)),$(BIN)/uv pip install -q --python $(BIN)/python,$(PIP))
+# uv compiles the venv's modules to bytecode as pip does (it does not by default): every command, worker and test
+# imports Prefect, torch or TensorFlow, and where PYTHONDONTWRITEBYTECODE is set nothing compiled would be kept.
+INSTALL := $(if $(filter uv,$(INSTALLER)),$(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python,$(PIP))
 
 # The venv in layers, each a stamp file in it, each installed when a target needs it (README: Install):
 #   base        PyTorch, torchvision, Prefect, the Azure SDKs, MLflow: all the local default runs (make demo)

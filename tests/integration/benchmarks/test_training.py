@@ -56,21 +56,17 @@ def repeated(figure: dict) -> bool:
 
 def test_bench_train_repeats_every_run_and_computes_the_ceiling(tmp_path):
     """At its smallest: one launcher (`--launcher horovodrun`, the slower to start; torchrun's runs are the
-    parallel bench's and the flow bench's), PyTorch and TensorFlow side by side."""
+    parallel bench's and the flow bench's) and one framework (TensorFlow's runs are the frameworks bench's; the
+    ratio of its efficiency to PyTorch's is computed from the same rows, tests/unit/benchmarks/test_summaries.py)."""
     result = bench(
         tmp_path,
-        ["train", "--launcher", "horovodrun", "--framework", "pytorch", "--framework", "tensorflow"],
+        ["train", "--launcher", "horovodrun", "--framework", "pytorch"],
         TRAINFLOW_TRAINING__BATCH_SIZE="8",
         TRAINFLOW_TRAINING__STEPS_PER_EPOCH="3",
     )
-    rows = [("horovod", 1), ("horovod", 2), ("tensorflow/horovod", 1), ("tensorflow/horovod", 2)]
-    assert [(r["backend"], r["workers"]) for r in result["runs"]] == rows
+    assert [(r["backend"], r["workers"]) for r in result["runs"]] == [("horovod", 1), ("horovod", 2)]
     assert all(repeated(r["images_per_sec"]) and r["images_per_sec"]["min"] > 0 for r in result["runs"])
-    assert set(result["scaling_efficiency"]) == {"horovod", "tensorflow/horovod"} == set(result["per_step_ms"])
-    efficiency = result["scaling_efficiency"]
-    assert result["against_pytorch"]["tensorflow/horovod"]["all"] == pytest.approx(
-        [tf - pt for tf, pt in zip(efficiency["tensorflow/horovod"]["all"], efficiency["horovod"]["all"])]
-    )
+    assert set(result["scaling_efficiency"]) == {"horovod"} == set(result["per_step_ms"])
     steps = result["per_step_ms"]["horovod"]
     assert all(repeated(f) for f in steps.values())
     # the step's CPU split: Horovod's background thread (the all-reduce) spends CPU beside the thread that trains

@@ -191,32 +191,6 @@ def test_ctrl_c_on_train_names_the_results_folder_to_resume(tmp_path):
     assert gone(started, 2) == []
 
 
-def test_a_run_killed_outright_takes_its_services_along_and_the_rerun_resumes_it(tmp_path):
-    run, args = start_run(tmp_path, 3)
-    run.wait_for("checkpoint step 30 saved")
-    started = run.family()
-    run.signal(signal.SIGKILL)
-    run.finish()
-    assert gone(started, 12) == []  # Azurite, Prefect's server, torchrun and its workers
-    [record] = run_records(tmp_path / "w")
-    assert record["status"] == "running"  # as the killed run left it
-    again = Command(*args)
-    output = again.finish(600)
-    assert again.proc.returncode == 0, output[-3000:]
-    assert f"resuming run {record['run_id']}" in output and "resumed from step-" in output
-    records = run_records(tmp_path / "w")
-    assert [r["status"] for r in records] == ["complete"] and records[0]["run_id"] == record["run_id"]
-    metrics = json.loads((tmp_path / "w" / "runs" / record["run_id"] / "metrics.json").read_text())
-    assert (
-        metrics["status"] == "complete"
-        and len(metrics["resumed_from_steps"]) == 1
-        and metrics["resumed_from_steps"][0] >= 30
-    )
-    receipt = json.loads((tmp_path / "w" / "runs" / record["run_id"] / "receipt.json").read_text())
-    assert receipt["inputs"] == record["fingerprint"] and receipt["run_id"] == record["run_id"]  # keyed by its inputs
-    assert receipt["parameter_digest"] == metrics["parameter_digest"] and receipt["data_manifest"] is None  # synthetic
-
-
 def test_ctrl_c_while_a_dry_run_hashes_a_big_folder_stops_it_at_once_and_leaves_no_temporary_folder(tmp_path):
     photo = tmp_path / "photo.jpg"
     pixels = np.random.default_rng(0).integers(0, 256, (1000, 1400, 3), dtype=np.uint8)

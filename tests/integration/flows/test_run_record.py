@@ -1,7 +1,7 @@
 """The record of a run after any ending: a `trainflow run` killed outright (SIGKILL to its process group, as kill -9
-or the OOM killer), resumed, interrupted with Ctrl-C, and resumed again to the end counts every attempt's time in
-its ledger, receipt, `trainflow runs` and MLflow run; and the copy of its results on the file share holds every
-file the run folder does.
+or the OOM killer) takes its services along, is resumed, interrupted with Ctrl-C, and resumed again to the end; the
+run counts every attempt's time in its ledger, receipt, `trainflow runs` and MLflow run; and the copy of its
+results on the file share holds every file the run folder does.
 
 The test times each attempt at training itself, from the output the user sees: from the line that says the pool
 is ready (create-pool finished; run-training starts next) to the kill, the Ctrl-C, or the line that says
@@ -15,9 +15,10 @@ import subprocess
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
-from tests.integration.flows.test_interrupts import LONG, TRAINFLOW, Command
+from tests.integration.flows.test_interrupts import LONG, TRAINFLOW, Command, gone, run_records
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -37,12 +38,13 @@ def arrives(command: Command, pattern: re.Pattern | str, seconds: float = 300) -
     pytest.fail(f"ended before {pattern!r}:\n{''.join(command.lines[-30:])}")
 
 
-def stopped_at(command: Command, after: str, sig: int) -> float:
+def stopped_at(command: Command, after: str, sig: int) -> tuple[float, list[psutil.Process]]:
     """Run until the pool is ready and `after` is printed, then send `sig` to the command's process group: the
-    seconds the attempt at training had run when it was sent."""
+    seconds the attempt at training had run when it was sent, and every process the command had started."""
     started = arrives(command, POOL_READY)
     arrives(command, re.escape(after))
-    return command.signal(sig) - started
+    family = command.family()
+    return command.signal(sig) - started, family
 
 
 def test_every_attempt_of_a_killed_interrupted_and_resumed_run_is_counted(tmp_path):
@@ -51,11 +53,16 @@ def test_every_attempt_of_a_killed_interrupted_and_resumed_run_is_counted(tmp_pa
     args = ["run", "--config", str(tmp_path / "long.yaml"), "--data", "synthetic", "--workdir", str(workdir)]
 
     killed = Command(*args)
-    walls = [stopped_at(killed, "checkpoint step 30 saved", signal.SIGKILL)]
+    wall, family = stopped_at(killed, "checkpoint step 30 saved", signal.SIGKILL)
+    walls = [wall]
     killed.finish()
+    assert gone(family, 12) == []  # Azurite, Prefect's server, torchrun and its workers went with it
+    [record] = run_records(workdir)
+    assert record["status"] == "running"  # as the killed run left it
     interrupted = Command(*args)
-    walls.append(stopped_at(interrupted, "checkpoint step 70 saved", signal.SIGINT))
+    walls.append(stopped_at(interrupted, "checkpoint step 70 saved", signal.SIGINT)[0])
     output = interrupted.finish()
+    assert f"resuming run {record['run_id']}" in output and "resumed from step-" in output, output[-3000:]
     assert interrupted.proc.returncode == 130, output[-3000:]
     last = Command(*args)
     started = arrives(last, POOL_READY)
@@ -64,6 +71,7 @@ def test_every_attempt_of_a_killed_interrupted_and_resumed_run_is_counted(tmp_pa
     assert last.proc.returncode == 0 and "resuming run" in output, output[-3000:]
 
     [folder] = (workdir / "runs").iterdir()  # one run: each re-run resumed it
+    check_the_run_resumed_its_checkpoints(folder, record)
     ledger = json.loads((folder / "ledger.json").read_text())
     training = {row["step"]: row for row in ledger["steps"]}["run-training"]
     print(f"attempts measured {[round(w, 1) for w in walls]} s, counted {[a['seconds'] for a in ledger['attempts']]}")
@@ -73,6 +81,17 @@ def test_every_attempt_of_a_killed_interrupted_and_resumed_run_is_counted(tmp_pa
         assert counted["seconds"] == pytest.approx(measured, abs=3), (walls, ledger["attempts"])
     check_the_sum_is_shown_everywhere(workdir, folder, ledger)
     check_the_share_holds_the_run_folder(workdir, folder)
+
+
+def check_the_run_resumed_its_checkpoints(folder: Path, record: dict) -> None:
+    """Each re-run resumed from the checkpoint the attempt before it left, and the receipt is keyed by the inputs the
+    first attempt recorded."""
+    metrics = json.loads((folder / "metrics.json").read_text())
+    assert metrics["status"] == "complete" and len(metrics["resumed_from_steps"]) == 2, metrics["resumed_from_steps"]
+    assert metrics["resumed_from_steps"][0] >= 30 and metrics["resumed_from_steps"][1] >= 70
+    receipt = json.loads((folder / "receipt.json").read_text())
+    assert receipt["inputs"] == record["fingerprint"] and receipt["run_id"] == record["run_id"]
+    assert receipt["parameter_digest"] == metrics["parameter_digest"] and receipt["data_manifest"] is None  # synthetic
 
 
 def check_the_sum_is_shown_everywhere(workdir: Path, folder: Path, ledger: dict) -> None:
