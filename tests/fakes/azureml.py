@@ -66,7 +66,7 @@ class Workspace:
     jobs: dict = field(default_factory=dict)
     connections: dict = field(default_factory=dict)
     calls: list = field(default_factory=list)  # (operation, name): what the client asked, in order
-    preempt: object = None  # (job name, log line) -> bool: take the nodes back now
+    preempt: object = None  # (job name, a line of rank 0's log) -> bool: take the nodes back once the log shows it
 
     def __post_init__(self):
         self.datastores = {
@@ -316,8 +316,9 @@ class JobRun:
     def read(self, proc: subprocess.Popen, rank0: bool) -> None:
         """Keep rank 0's lines (jobs.stream shows its std_log); take the nodes back when the rule says so."""
         for line in proc.stdout:
-            if rank0:
-                self.log.append(line)
+            if not rank0:
+                continue
+            self.log.append(line)  # the rule reads the log the client streams: another node's line may come first
             if self.ws.preempt and self.ws.preempt(self.job.name, line):
                 self.stop("Failed", {"code": "ServiceError", "message": PREEMPTION})
 
