@@ -50,6 +50,13 @@ def horovodrun_options(workers: int, hosts: str, nic: str) -> list[str]:
     ]
 
 
+# torchrun makes a log folder per launch, /tmp/torchelastic_*/ unless --log-dir names one, and leaves it behind (empty:
+# its per-rank files exist only when asked to redirect or tee, and trainflow reads its output instead). /dev/null makes
+# none, and no error files either: the trainer does not write them (torch/distributed/elastic/multiprocessing/api.py,
+# DefaultLogsSpecs; torchrun's failure summary then says "error_file: <N/A>", which route_output does not read).
+TORCHRUN_NO_LOG_DIR = ["--log-dir", "/dev/null"]
+
+
 def torchrun_options(
     nodes: int | str, per_node: int, node_rank: int | str, master_addr: str, master_port: int | str
 ) -> list[str]:
@@ -65,13 +72,15 @@ def torchrun_options(
         master_addr,
         "--master_port",
         str(master_port),
+        *TORCHRUN_NO_LOG_DIR,
     ]
 
 
 def local_command(launcher: str, workers: int, trainer: list[str], python: str = sys.executable) -> list[str]:
     """The torchrun or horovodrun command line that starts `workers` local processes of `trainer` (its argv)."""
     if launcher == "torchrun":
-        return [python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(workers), *trainer]
+        options = ["--standalone", "--nproc_per_node", str(workers), *TORCHRUN_NO_LOG_DIR]
+        return [python, "-m", "torch.distributed.run", *options, *trainer]
     horovodrun = str(Path(python).parent / "horovodrun")
     return [horovodrun, *horovodrun_options(workers, f"localhost:{workers}", "lo"), python, *trainer]
 

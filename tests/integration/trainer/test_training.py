@@ -356,17 +356,20 @@ time.sleep(60)
 )
 def test_a_worker_killed_by_a_signal_is_named_with_the_signal(tmp_path, launcher, how, message):
     """The real launchers' own reports (torchrun's failure summary, horovodrun's status line) are read for the
-    rank that ended first and how."""
-    script = tmp_path / "ends.py"
+    rank that ended first and how; the launcher leaves no temporary folder behind."""
+    script, temporary = tmp_path / "ends.py", tmp_path / "tmp"
     script.write_text(ENDS)
+    temporary.mkdir()
     proc = subprocess.Popen(
         local_command(launcher, 2, [str(script), how]),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
+        env={**os.environ, "TMPDIR": str(temporary)},
     )
     with pytest.raises(LaunchError) as failed:
         route_output(proc.stdout, lambda: proc.wait(timeout=120), tmp_path / "logs", lambda line: None)
+    assert not list(temporary.iterdir())  # torchrun's log folder once was, per launch (launchers.TORCHRUN_NO_LOG_DIR)
     # the rank's last lines follow; what they hold depends on how the two ranks' output interleaved before it died
     assert re.match(f"^{message}\n", str(failed.value)), str(failed.value)

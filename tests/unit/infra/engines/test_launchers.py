@@ -47,7 +47,8 @@ def test_trainer_args_round_trip_through_the_trainer_parser():
 def test_torchrun_command_starts_n_local_workers(tmp_path):
     cmd = launch_command(PyTorchTraining(workers=3), "DATA", tmp_path, python="/venv/bin/python")
     assert cmd[:6] == ["/venv/bin/python", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "3"]
-    assert cmd[6].endswith("containers/trainer/train.py")
+    assert cmd[6:8] == ["--log-dir", "/dev/null"]  # no /tmp/torchelastic_* folder left per launch
+    assert cmd[8].endswith("containers/trainer/train.py")
     assert cmd[cmd.index("--data") + 1] == "DATA" and cmd[cmd.index("--out") + 1] == str(tmp_path)
 
 
@@ -73,6 +74,7 @@ def test_docker_pool_runs_torchrun_once_per_node_or_horovodrun_on_node0():
     for rank, command in enumerate(commands):
         line = " ".join(command)
         assert f"--nnodes 2 --nproc_per_node 1 --node_rank {rank} --master_addr node0 --master_port 29500 " in line
+        assert " --log-dir /dev/null " in line
     cfg.training.launcher = "horovodrun"
     [horovod] = commands_on_nodes(cfg.training, nodes, 1, NODE_PATHS)
     assert horovod[:5] == ["horovodrun", "-np", "2", "-H", "node0:1,node1:1"]
