@@ -21,7 +21,7 @@ from infra.core.errors import BadInput
 from infra.core.jsonfiles import read_json, write_json
 from infra.runs.attempts import ATTEMPTS, brief, read_attempts
 from infra.runs.ledger import LEDGER, ledger_summary
-from infra.runs.record import RECORD, RunSettings, fingerprint
+from infra.runs.record import RECORD, RunSettings, fingerprint, standing
 from trainer.model_files import IMAGENET, KERAS, MODEL_FILES, PYTORCH, framework_of
 from trainer.staged.names import MANIFEST  # a file server version's copy of its manifest
 
@@ -133,7 +133,7 @@ def write_guide(out: Path, model_file: str) -> None:
 
 def run_row(folder: Path) -> dict:
     """One past run as `trainflow runs` shows it: status, when, model, data, accuracy, time, cost over every
-    attempt, receipt. A run with no ledger yet (running, or stopped) shows its attempts as they stand."""
+    attempt, receipt. A run with no ledger yet (running, or stopped) shows its status and attempts as they stand."""
     record, metrics = read_json(folder / RECORD), read_json(folder / "metrics.json")
     receipt, cost = read_json(folder / RECEIPT), ledger_summary(read_json(folder / LEDGER))
     tries = cost.get("attempts") or [brief(a) for a in read_attempts(folder)]
@@ -141,7 +141,7 @@ def run_row(folder: Path) -> dict:
     damaged = damaged_files(folder)
     return {
         "run_id": folder.name,
-        "status": record.get("status") or metrics.get("status") or ("damaged" if damaged else "unknown"),
+        "status": standing(record) or metrics.get("status") or ("damaged" if damaged else "unknown"),
         "damaged": damaged,
         "updated": updated.isoformat(sep=" ", timespec="seconds"),
         "framework": receipt.get("framework") or metrics.get("framework"),

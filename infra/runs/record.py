@@ -113,12 +113,19 @@ def write_record(folder: Path, record: dict) -> None:
         write_json(folder / "metrics.json", {**metrics, "status": record["status"]})
 
 
+def standing(record: dict) -> str | None:
+    """A record's status as it stands: one that says running but whose owner is gone was interrupted (killed
+    outright, before it could say so)."""
+    status = record.get("status")
+    return "interrupted" if status == "running" and not owner_alive(record.get("owner", "")) else status
+
+
 def mark_stale(root: Path) -> list[str]:
     """Mark runs that say running but whose owner is gone as interrupted; their ids."""
     stale = []
     for folder in sorted(root.glob("*/")) if root.exists() else []:
         record = read_record(folder)
-        if record.get("status") == "running" and not owner_alive(record.get("owner", "")):
+        if record.get("status") != standing(record):
             write_record(folder, {**record, "status": "interrupted"})
             stale.append(folder.name)
     return stale

@@ -7,7 +7,7 @@ import pytest
 
 from flows.config import load_config
 from infra.core.errors import BadInput
-from infra.core.jsonfiles import write_json
+from infra.core.jsonfiles import read_json, write_json
 from infra.runs.attempts import ATTEMPTS
 from infra.runs.ledger import LEDGER, make_ledger
 from infra.runs.lineage import (
@@ -169,8 +169,8 @@ def test_the_receipt_and_the_list_of_runs_count_every_attempt_at_training(tmp_pa
         "lost_gpu_hours": 0.0,
     }
     write_receipt(out, cfg, receipt)
-    stopped = tmp_path / "runs" / "stopped"  # killed, not resumed yet: no ledger, its attempt as it stands
-    write_json(stopped / RECORD, {"run_id": "stopped", "status": "interrupted"})
+    stopped = tmp_path / "runs" / "stopped"  # killed outright, not resumed yet: no ledger, as it stands
+    write_json(stopped / RECORD, {"run_id": "stopped", "status": "running", "owner": dead_owner()})
     killed = {
         "attempt": 1,
         "flow_run": "f",
@@ -189,6 +189,8 @@ def test_the_receipt_and_the_list_of_runs_count_every_attempt_at_training(tmp_pa
     )
     assert [a["ended"] for a in rows["resumed"]["attempts"]] == ["killed", "completed"]
     assert rows["stopped"]["attempts"] == [{"attempt": 1, "ended": "killed", "seconds": 42.0}]
+    assert rows["stopped"]["status"] == "interrupted"  # its run.json still says running: nothing ran to say otherwise
+    assert read_json(stopped / RECORD)["status"] == "running"  # listing writes nothing
     assert rows["stopped"]["training_seconds"] == 42.0 and rows["stopped"]["node_hours"] is None
     fields = {r["field"] for r in diff_runs(out, tmp_path / "runs" / "fresh")}
     assert "receipt.run_id" in fields and not any(f.startswith("receipt.cost") for f in fields)  # ledger.* says it
