@@ -45,8 +45,11 @@ def check_workdir(path: Path) -> Path:
 
 
 def command_line() -> str:
-    """This process's command line as the user typed it (to name it, or to repeat it)."""
-    return shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]])
+    """This process's command line as the user typed it (to name it, or to repeat it): `trainflow ...`, or `python
+    -m cli ...` (whose argv[0] is the package's __main__.py)."""
+    program = Path(sys.argv[0])
+    typed = ["python", "-m", program.parent.name] if program.name == "__main__.py" else [program.name]
+    return shlex.join([*typed, *sys.argv[1:]])
 
 
 def holder_line(record: dict) -> str:

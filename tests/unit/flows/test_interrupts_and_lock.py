@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from infra.runs.workdir import command_line
 from tests.fakes.terminal import Terminal
 
 TRAINFLOW = str(Path(sys.executable).parent / "trainflow")
@@ -115,3 +116,15 @@ def test_a_dry_run_takes_no_lock(held):
         [TRAINFLOW, "run", "--dry-run", "--workdir", str(workdir)], capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize(
+    "argv, typed",
+    [
+        (["/venv/bin/trainflow", "run", "--data", "my photos"], "trainflow run --data 'my photos'"),
+        (["/repo/cli/__main__.py", "run", "--dry-run"], "python -m cli run --dry-run"),
+    ],
+)
+def test_the_command_line_is_named_as_it_was_typed(monkeypatch, argv, typed):
+    monkeypatch.setattr(sys, "argv", argv)
+    assert command_line() == typed
