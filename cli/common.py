@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from flows.config import FlowConfig, load_config
+from flows.config import FlowConfig, load_config, setting_variables_in
 from flows.dataset import shrunk_folder
 from flows.interrupts import EXIT_INTERRUPTED, interrupted_line, stop_on_interrupt
 from flows.recipes import load_with_recipe
@@ -74,7 +74,7 @@ def friendly_errors(command):
             try:
                 return command(*args, **kwargs)
             except KeyboardInterrupt as exc:
-                say(interrupted_line(exc, command_line()))
+                say(interrupted_line(exc, command_line(), setting_variables_in(os.environ)))
                 raise typer.Exit(EXIT_INTERRUPTED) from None
             except Exception as exc:
                 code = exit_code(exc)

@@ -273,7 +273,7 @@ def env_values(environ: Mapping[str, str]) -> dict:
     variable that names no setting (and is not one of the project's OTHER_VARIABLES) is a ConfigError naming it and
     the nearest setting's variable."""
     values: dict = {}
-    keys = sorted(k for k in environ if k.startswith(ENV_PREFIX) and k not in OTHER_VARIABLES)
+    keys = setting_variables_in(environ)
     for key in keys:  # a parent sorts before its children
         *parents, leaf = key[len(ENV_PREFIX) :].lower().split("__")
         node = values
@@ -293,6 +293,11 @@ def env_values(environ: Mapping[str, str]) -> dict:
         node[leaf] = environ[key]
     refuse_unknown(keys)
     return values
+
+
+def setting_variables_in(environ: Mapping[str, str]) -> list[str]:
+    """The TRAINFLOW_ variables of `environ` that the config reads (the project's OTHER_VARIABLES are not settings)."""
+    return sorted(k for k in environ if k.startswith(ENV_PREFIX) and k not in OTHER_VARIABLES)
 
 
 def refuse_unknown(keys: list[str]) -> None:

@@ -17,7 +17,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from types import TracebackType
 
@@ -97,12 +97,14 @@ def interrupted_step(tb: TracebackType | None) -> str | None:
     return step
 
 
-def interrupted_line(exc: KeyboardInterrupt, command: str) -> str:
-    """The one line an interrupted command ends with: what was interrupted and how to resume."""
+def interrupted_line(exc: KeyboardInterrupt, command: str, variables: Sequence[str] = ()) -> str:
+    """The one line an interrupted command ends with: what was interrupted and how to resume (with the setting
+    `variables` of the environment named, not their values: changed, they would start a new run)."""
     step = interrupted_step(exc.__traceback__)
     where = f" during {step}" if step else ""
     resume = next(iter(getattr(exc, "__notes__", [])), f"run `{command}` again")
+    same = f", with {', '.join(variables)} set as now" if variables else ""
     return (
-        f"interrupted{where}: everything it started is stopped; to resume, {resume} (finished steps are "
+        f"interrupted{where}: everything it started is stopped; to resume, {resume}{same} (finished steps are "
         "skipped and training continues from its last checkpoint)"
     )

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from flows.config import setting_variables_in
+from flows.interrupts import interrupted_line
 from infra.runs.workdir import command_line
 from tests.fakes.terminal import Terminal
 
@@ -128,3 +130,17 @@ def test_a_dry_run_takes_no_lock(held):
 def test_the_command_line_is_named_as_it_was_typed(monkeypatch, argv, typed):
     monkeypatch.setattr(sys, "argv", argv)
     assert command_line() == typed
+
+
+def test_the_resume_line_names_the_setting_variables_to_keep():
+    try:
+        raise KeyboardInterrupt
+    except KeyboardInterrupt as exc:
+        variables = setting_variables_in(
+            {"TRAINFLOW_TRAINING__EPOCHS": "3", "TRAINFLOW_TEST_FREE_GIB": "1", "HOME": "/"}
+        )
+        line = interrupted_line(exc, "trainflow run", variables)
+    assert line.startswith(
+        "interrupted: everything it started is stopped; to resume, run `trainflow run` again, with "
+        "TRAINFLOW_TRAINING__EPOCHS set as now (finished steps"
+    )
