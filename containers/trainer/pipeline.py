@@ -122,9 +122,10 @@ class Split:
     params: list[int]
 
     def describe(self, balance: str) -> str:
-        unit = "s" if balance == "time" else "params"
+        """Each stage's blocks, parameters and, balanced by time, its seconds per step."""
         return "; ".join(
-            f"stage {s}: {v[0]}..{v[-1]} ({len(v)} blocks, {self.params[s]:,} params, {self.costs[s]:.4g} {unit})"
+            f"stage {s}: {v[0]}..{v[-1]} ({len(v)} blocks, {self.params[s]:,} params"
+            + (f", {self.costs[s]:.4g} s)" if balance == "time" else ")")
             for s, v in enumerate(self.names)
         )
 

@@ -6,7 +6,7 @@ import torchvision
 from benchmarks.parallel import planned_runs
 from infra.engines.pytorch import PyTorchTraining
 from trainer.errors import UsageError
-from trainer.pipeline import blocks_of, check_layout, parameter_costs, partition, theoretical_bubble
+from trainer.pipeline import Split, blocks_of, check_layout, parameter_costs, partition, theoretical_bubble
 
 
 def largest(costs: list[float], starts: list[int]) -> float:
@@ -70,3 +70,11 @@ def test_the_parallel_benchmark_keeps_the_global_batch():
     data, *pipes = runs
     assert data[1].batch_size * data[1].workers == 32 and data[1].parallel == "data"
     assert [(c.microbatches, c.batch_size, c.stages) for _, c in pipes] == [(m, 32, 2) for m in (1, 2, 4, 8)]
+
+
+def test_the_split_line_names_each_stage_s_parameters_once_and_its_seconds_when_balanced_by_time():
+    split = Split(names=[["stem", "layer1.0"], ["layer1.1", "fc"]], costs=[1200.0, 0.25], params=[1200, 34])
+    assert split.describe("params") == (
+        "stage 0: stem..layer1.0 (2 blocks, 1,200 params); stage 1: layer1.1..fc (2 blocks, 34 params)"
+    )
+    assert split.describe("time").endswith("(2 blocks, 34 params, 0.25 s)")
