@@ -20,6 +20,7 @@ import io
 import itertools
 import math
 from collections.abc import Iterator
+from functools import partial
 
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
@@ -42,6 +43,7 @@ from trainer.badfiles import (  # noqa: F401 - the bad-file rules, torch-free (e
     skip_bad_images,
     still_here,
 )
+from trainer.batch_resize import centre_region, crop_region
 from trainer.image_files import (  # the data API: the decoding, used here or by train.py and the tests
     load_rgb,
     opened,
@@ -116,7 +118,7 @@ def train_transform(size: int, min_crop_scale: float, hflip: bool, loader: str =
         return CropFirst(size, min_crop_scale, hflip)
     if loader == "gpu":  # the fast loader's draws, in the workers; decoded, cropped, resized and flipped on the device
         crops = CropFirst(size, min_crop_scale, hflip)
-        return gpu_decode.DeviceSteps(crops.encode, crops.resize, read_uint8)
+        return gpu_decode.DeviceSteps(crops.encode, crops.resize, read_uint8, partial(crop_region, size=size), size)
     steps = [transforms.RandomResizedCrop(size, scale=(min_crop_scale, 1.0))]
     return transforms.Compose(steps + ([transforms.RandomHorizontalFlip()] if hflip else []) + to_floats(loader))
 
@@ -272,7 +274,8 @@ def val_transform(size: int, loader: str = "pil"):
     if loader == "dali":
         return dali.ValSteps(size)
     if loader == "gpu":  # the fast loader's evaluation, applied on the device to each whole decoded image
-        return gpu_decode.DeviceSteps(encode_whole, val_transform(size, "fast"), read_uint8)
+        fast = val_transform(size, "fast")
+        return gpu_decode.DeviceSteps(encode_whole, fast, read_uint8, partial(centre_region, size=size), size)
     t = kind(loader)
     return t.Compose([t.Resize(val_resize(size)), t.CenterCrop(size), *to_floats(loader)])
 

@@ -2,11 +2,13 @@
 
 The DataLoader's worker processes (forked) only read each file's bytes and draw its crop and flip as the fast loader
 draws them (data.CropFirst.encode: the crop box from the JPEG's header, then the flip, so one seed gives both loaders
-the same crops); they never touch CUDA. `collate` keeps a batch's bytes as a list. A thread of the training process
-(`Prefetch`, a couple of batches ahead) decodes each batch with torchvision's decode_jpeg on the device (nvJPEG,
-batched, on a GPU; libjpeg-turbo with the CPU as the device, which is how the tests run it), then crops, resizes and
-flips each image there into one uint8 batch, normalised in the step (data.normalise) as the fast loader's batches
-are. Evaluation decodes whole images and applies the fast loader's resize and centre crop on the device.
+the same crops); they never touch CUDA. `collate` packs a batch's bytes into one tensor in shared memory, so that only
+its handle crosses to the training process. A thread of the training process (`Prefetch`, a couple of batches ahead)
+decodes each batch with one call of torchvision's decode_jpeg on the device (nvJPEG, batched, on a GPU). On a GPU one
+kernel then cuts, resizes and flips the whole batch (batch_resize.py); with the CPU as the device (how the tests run
+it) each image is cropped, resized and flipped as the fast loader does it. The uint8 batch is normalised in the step
+(data.normalise), as the fast loader's batches are. Evaluation decodes whole images and applies the fast loader's
+resize and centre crop.
 
 What the device's decoder cannot take falls back to the CPU: images that are not RGB or gray JPEGs (PNG, CMYK,
 YCCK, ...) are decoded and cropped in the worker (data.read_uint8, the fast loader's path); a batch the device
@@ -21,20 +23,23 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
+import numpy as np
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, get_worker_info
 from torchvision.io import ImageReadMode, decode_jpeg, encode_jpeg
 from torchvision.transforms import v2
 
+from trainer.batch_resize import Box, Region, resize_batch
 from trainer.errors import UsageError
 
 
 class Encoded(NamedTuple):
-    """One sample as a loader worker ships it."""
+    """One sample as a loader worker makes it, and as the decode thread reads it back from a batch."""
 
     image: bytes | torch.Tensor
-    """A JPEG's bytes, for the device to decode; or an image the worker decoded (uint8 CHW, already cropped)."""
-    box: tuple[int, int, int, int] | None
+    """A JPEG's bytes (in the worker: bytes; from a batch: a 1-D uint8 view of its bytes), for the device to decode;
+    or an image the worker decoded (uint8 CHW, already cropped)."""
+    box: Box
     """The crop (top, left, height, width) of the decoded JPEG; None: the whole image."""
     flip: bool
     """Whether the crop is mirrored."""
@@ -42,16 +47,54 @@ class Encoded(NamedTuple):
     """The file, named when it cannot be decoded."""
 
 
-class EncodedBatch(NamedTuple):
-    """A DataLoader's batch for the decode thread: the samples as a list (their sizes differ) and the targets."""
+def is_jpeg(sample: Encoded) -> bool:
+    """Whether the sample is a JPEG's bytes for the device to decode (not an image the worker decoded)."""
+    return isinstance(sample.image, bytes) or sample.image.dim() == 1
 
-    samples: list[Encoded]
+
+class EncodedBatch(NamedTuple):
+    """A DataLoader's batch for the decode thread: the JPEGs' bytes one after another in one uint8 tensor (in shared
+    memory when a worker made it: only its handle is pickled), the images the workers decoded, each sample's draws,
+    and the targets."""
+
+    jpegs: torch.Tensor
+    lengths: list[int]  # each sample's bytes in `jpegs`; 0: the next of `decoded`
+    decoded: list[torch.Tensor]
+    boxes: list[Box]
+    flips: list[bool]
+    paths: list[str]
     targets: torch.Tensor
+
+    @property
+    def samples(self) -> list[Encoded]:
+        """The batch's samples, each JPEG's bytes a view into `jpegs` (nothing copied)."""
+        views = iter(torch.split(self.jpegs, [n for n in self.lengths if n]) if any(self.lengths) else ())
+        decoded = iter(self.decoded)
+        images = [next(views) if n else next(decoded) for n in self.lengths]
+        return [Encoded(*sample) for sample in zip(images, self.boxes, self.flips, self.paths)]
 
 
 def collate(items: list[tuple[Encoded, int]]) -> EncodedBatch:
-    """The DataLoader's collate_fn: the samples kept as they are, the targets as one tensor."""
-    return EncodedBatch([sample for sample, _ in items], torch.tensor([target for _, target in items]))
+    """The DataLoader's collate_fn, in a worker: the JPEGs' bytes copied once, into one tensor (made in shared
+    memory in a worker process), the rest as it is."""
+    samples = [sample for sample, _ in items]
+    contents = [s.image if isinstance(s.image, bytes) else b"" for s in samples]  # a JPEG's bytes are never empty
+    jpegs = torch.empty(sum(map(len, contents)), dtype=torch.uint8)
+    if get_worker_info() is not None:
+        jpegs.share_memory_()  # filled where it will be read: pickling it then passes only a handle
+    packed, at = jpegs.numpy(), 0
+    for content in contents:
+        packed[at : at + len(content)] = np.frombuffer(content, dtype=np.uint8)
+        at += len(content)
+    return EncodedBatch(
+        jpegs,
+        list(map(len, contents)),
+        [s.image for s in samples if isinstance(s.image, torch.Tensor)],
+        [s.box for s in samples],
+        [s.flip for s in samples],
+        [s.path for s in samples],
+        torch.tensor([target for _, target in items]),
+    )
 
 
 @dataclass(frozen=True)
@@ -61,9 +104,14 @@ class DeviceSteps:
     encode: Callable[[str], Encoded]
     """In a loader worker: a file to its bytes and draws (data.CropFirst.encode, data.encode_whole)."""
     resize: Callable[[torch.Tensor], torch.Tensor]
-    """On the device: a decoded image, after its crop and before its flip, to the model's size."""
+    """On the CPU device: a decoded image, after its crop and before its flip, to the model's size."""
     read: Callable[[str], torch.Tensor]
     """On the CPU: a file the device refused, decoded whole (data.read_uint8), or a message naming it."""
+    region: Callable[[Box, int, int, bool], Region]
+    """On a GPU: the region of a decoded image (box, height, width, flip) that batch_resize makes a batch entry of
+    (batch_resize.crop_region, centre_region)."""
+    size: int
+    """The batch's images' side."""
 
     def __call__(self, sample: Encoded) -> Encoded:
         """The data set's transform: nothing more in the worker (the decode thread does the rest)."""
@@ -125,8 +173,12 @@ class Decoder:
 
 
 def decode_batch(samples: list[Encoded], steps: DeviceSteps, device: torch.device) -> torch.Tensor:
-    """The samples' images on `device`, each decoded, cropped, resized and maybe flipped, as one uint8 batch."""
+    """The samples' images on `device`, each decoded, cropped, resized and maybe flipped, as one uint8 batch: on a
+    GPU by one kernel for the whole batch, on the CPU image by image as the fast loader does."""
     images = decode_images(samples, steps.read, device)
+    if device.type == "cuda":
+        regions = [steps.region(s.box, image.shape[-2], image.shape[-1], s.flip) for image, s in zip(images, samples)]
+        return resize_batch(images, regions, steps.size)
     return torch.stack([finish(image, sample, steps.resize) for image, sample in zip(images, samples)])
 
 
@@ -141,9 +193,16 @@ def finish(image: torch.Tensor, sample: Encoded, resize: Callable[[torch.Tensor]
 
 def decode_images(samples: list[Encoded], read: Callable[[str], torch.Tensor], device: torch.device) -> list:
     """Every sample's image on `device`: the JPEGs decoded there together, the images the workers decoded moved."""
-    jpegs = [sample for sample in samples if isinstance(sample.image, bytes)]
+    jpegs = [sample for sample in samples if is_jpeg(sample)]
     decoded = iter(decode_jpegs(jpegs, read, device))
-    return [next(decoded) if isinstance(s.image, bytes) else s.image.to(device, non_blocking=True) for s in samples]
+    return [next(decoded) if is_jpeg(s) else worker_image(s).to(device, non_blocking=True) for s in samples]
+
+
+def worker_image(sample: Encoded) -> torch.Tensor:
+    """The image a worker decoded (decode_images passes only those); TypeError for a JPEG's bytes."""
+    if isinstance(sample.image, bytes):
+        raise TypeError(f"{sample.path} is a JPEG's bytes, not an image the worker decoded")
+    return sample.image
 
 
 def decode_jpegs(jpegs: list[Encoded], read: Callable[[str], torch.Tensor], device: torch.device) -> list:
@@ -152,7 +211,7 @@ def decode_jpegs(jpegs: list[Encoded], read: Callable[[str], torch.Tensor], devi
     if not jpegs:
         return []
     try:
-        return on_device([as_tensor(jpeg_bytes(s)) for s in jpegs], device)
+        return on_device([jpeg_data(s) for s in jpegs], device)
     except RuntimeError:
         return [decode_one(sample, read, device) for sample in jpegs]
 
@@ -160,7 +219,7 @@ def decode_jpegs(jpegs: list[Encoded], read: Callable[[str], torch.Tensor], devi
 def decode_one(sample: Encoded, read: Callable[[str], torch.Tensor], device: torch.device) -> torch.Tensor:
     """One JPEG decoded on `device`, else on the CPU by `read` (PIL's decode, or a message naming the file)."""
     try:
-        return on_device(as_tensor(jpeg_bytes(sample)), device)
+        return on_device(jpeg_data(sample), device)
     except RuntimeError:
         return read(sample.path).to(device)
 
@@ -176,17 +235,14 @@ def on_device(data, device: torch.device):
     return decode_jpeg(data, device=device, mode=ImageReadMode.RGB)
 
 
-def jpeg_bytes(sample: Encoded) -> bytes:
-    """The JPEG bytes of a sample for the device to decode (decode_images passes only those); TypeError for an
-    image the worker decoded already."""
-    if not isinstance(sample.image, bytes):
+def jpeg_data(sample: Encoded) -> torch.Tensor:
+    """The JPEG bytes of a sample as the 1-D uint8 tensor that decode_jpeg takes (a batch's view as it is; bytes
+    copied, torch wanting a writable buffer); TypeError for an image the worker decoded already (decode_images
+    passes only JPEGs)."""
+    if not is_jpeg(sample):
         raise TypeError(f"{sample.path} was decoded in the worker: it has no JPEG bytes for the device")
-    return sample.image
-
-
-def as_tensor(content: bytes) -> torch.Tensor:
-    """A file's bytes as the 1-D uint8 tensor that decode_jpeg takes (a copy: torch wants a writable buffer)."""
-    return torch.frombuffer(bytearray(content), dtype=torch.uint8)
+    image = sample.image
+    return torch.frombuffer(bytearray(image), dtype=torch.uint8) if isinstance(image, bytes) else image
 
 
 class Prefetch:
