@@ -148,8 +148,8 @@ class PyTorchOptions(CommonOptions):
             "on the device; pil: PIL images, normalised floats made by the loader (the original path); dali: NVIDIA "
             "DALI (GPU decoding on a GPU, its CPU mode otherwise; pip install 'trainflow[dali]'); gpu: the workers "
             "read the files and draw the fast loader's crops, a thread of the training process decodes each batch on "
-            "the device (nvJPEG, batched, on a GPU) and crops, resizes and flips there; PNG, CMYK and what the "
-            "device refuses are decoded on the CPU"
+            "the device (nvJPEG, batched, on a GPU), where one kernel crops, resizes and flips the whole batch; PNG, "
+            "CMYK and what the device refuses are decoded on the CPU"
         ),
     ] = "fast"
     pin_memory: Annotated[Switch, Help("auto: on when training on a GPU")] = "auto"
