@@ -14,6 +14,7 @@ import multiprocessing
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import time
 from datetime import UTC, datetime
@@ -24,11 +25,11 @@ import numpy
 import PIL
 import torch
 import torchvision
-from torchvision.io import ImageReadMode, decode_jpeg
 
 from infra.data.photos import make_photo_folders, photo_plan, write_photo
 from infra.data.shrink import mirror_files
-from trainer import jpeg_crop
+from trainer import gpu_decode, jpeg_crop
+from trainer.data import train_transform
 from trainer.options import build_parser
 
 RESNET50_TRAIN_GFLOP = 24.3  # per image, forward + backward (3 x the forward's ~8.1 GFLOP at 224 px)
@@ -236,31 +237,39 @@ def mirror(src: Path, dest: Path, paths: list[str]) -> list:
     return mirror_files(str(src), str(dest), MAX_SIDE, paths)
 
 
-def decode_rate(folder: Path, device: str, seconds: float, batch: int = 256) -> dict:
-    """Images/s of torchvision's batched decode_jpeg (nvJPEG on a GPU) of the JPEGs under `folder`, read into memory
-    first: batches of `batch` decoded for about `seconds` after one batch of warm-up, the device synchronised after
-    each (nothing else is queued on it meanwhile: the nvJPEG stream bug of pytorch/vision#9606 cannot bite)."""
-    files = sorted(folder.rglob("*.JPEG"))[: 4 * batch]
-    data = [torch.frombuffer(bytearray(f.read_bytes()), dtype=torch.uint8) for f in files]
-    batches = [data[i : i + batch] for i in range(0, len(data), batch)]
-    one_batch(batches[0], device)
-    images, started = 0, time.perf_counter()
+def loader_stages(folder: Path, device: str, seconds: float, batch: int = 256, size: int = 224) -> dict:
+    """--loader gpu's stages timed alone on the JPEGs under `folder`, through the loader's own functions, batch after
+    batch for about `seconds` after one batch of warm-up: a worker's part on one core (read each file, draw its crop
+    and flip, pack the batch), the batched decode on `device`, and the finishing (crop, resize, flip: one kernel on a
+    GPU), the device synchronised after each. Milliseconds a batch (median) and images/s of each."""
+    files = [str(f) for f in sorted(folder.rglob("*.JPEG"))[: 4 * batch]]
+    steps, on = train_transform(size, 0.08, True, "gpu"), torch.device(device)
+    chunks = [files[i : i + batch] for i in range(0, len(files), batch)]
+    spent: dict[str, list[float]] = {"read_draw_pack": [], "decode": [], "finish": []}
+
+    def timed(stage: str, do):
+        started = time.perf_counter()
+        done = do()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        spent[stage].append(time.perf_counter() - started)
+        return done
+
+    def one(chunk: list[str]) -> None:
+        packed = timed("read_draw_pack", lambda: gpu_decode.collate([(steps.encode(path), 0) for path in chunk]))
+        samples = packed.samples
+        images = timed("decode", lambda: gpu_decode.decode_images(samples, steps.read, on))
+        timed("finish", lambda: gpu_decode.finish_batch(images, samples, steps, on))
+
+    one(chunks[0])
+    for seconds_of_stage in spent.values():  # the warm-up's (the kernel compiled, the files cached) left out
+        seconds_of_stage.clear()
+    started, images = time.perf_counter(), 0
     while time.perf_counter() - started < seconds or not images:
-        for chunk in batches:
-            images += one_batch(chunk, device)
-    elapsed = time.perf_counter() - started
-    return {
-        "device": device,
-        "batch": batch,
-        "images": images,
-        "seconds": round(elapsed, 2),
-        "images_per_sec": images / elapsed,
+        for chunk in chunks:
+            one(chunk)
+            images += len(chunk)
+    return {"device": device, "batch": batch, "images": images} | {
+        stage: {"ms_per_batch": round(1000 * statistics.median(times), 2), "images_per_sec": images / sum(times)}
+        for stage, times in spent.items()
     }
-
-
-def one_batch(chunk: list[torch.Tensor], device: str) -> int:
-    """Decode one batch on `device` and wait for it; how many images."""
-    decoded = decode_jpeg(chunk, device=device, mode=ImageReadMode.RGB)
-    if device == "cuda":
-        torch.cuda.synchronize()
-    return len(decoded)

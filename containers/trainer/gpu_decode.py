@@ -173,9 +173,13 @@ class Decoder:
 
 
 def decode_batch(samples: list[Encoded], steps: DeviceSteps, device: torch.device) -> torch.Tensor:
-    """The samples' images on `device`, each decoded, cropped, resized and maybe flipped, as one uint8 batch: on a
-    GPU by one kernel for the whole batch, on the CPU image by image as the fast loader does."""
-    images = decode_images(samples, steps.read, device)
+    """The samples' images on `device`, each decoded, cropped, resized and maybe flipped, as one uint8 batch."""
+    return finish_batch(decode_images(samples, steps.read, device), samples, steps, device)
+
+
+def finish_batch(images: list, samples: list[Encoded], steps: DeviceSteps, device: torch.device) -> torch.Tensor:
+    """The decoded images cropped, resized and maybe flipped into one uint8 batch: on a GPU by one kernel for the
+    whole batch, on the CPU image by image as the fast loader does."""
     if device.type == "cuda":
         regions = [steps.region(s.box, image.shape[-2], image.shape[-1], s.flip) for image, s in zip(images, samples)]
         return resize_batch(images, regions, steps.size)
