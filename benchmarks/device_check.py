@@ -329,9 +329,10 @@ def figures(check: Check, run: Run, metrics: dict | None, code: int | None, log:
 
 def row_of(run: Run, status: str, reason: str, metrics: dict | None = None, peak: float | None = None) -> dict:
     """A run's row: its label, settings, status and why, and from its metrics the steady images/s, the largest rank's
-    data-wait share and the MFU."""
+    data-wait share, the MFU and (--loader gpu) the share of batches the GPU decoded in one call."""
     rate = (metrics or {}).get("steady_images_per_sec")
     waits = (metrics or {}).get("data_wait_share") or []
+    tally = (metrics or {}).get("gpu_decoding") or {}
     return {
         "run": run.label,
         "settings": run.settings,
@@ -341,6 +342,7 @@ def row_of(run: Run, status: str, reason: str, metrics: dict | None = None, peak
         "images_per_sec": rate,
         "data_wait_share": max(waits) if waits else None,
         "mfu": mfu(rate, peak) if rate and peak else None,
+        "decoded_at_once_share": tally["batches_decoded_at_once"] / tally["batches"] if tally.get("batches") else None,
     }
 
 

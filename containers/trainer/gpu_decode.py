@@ -132,49 +132,59 @@ def check_device(device: torch.device) -> None:
         ) from None
 
 
+def new_tally() -> dict[str, int]:
+    """What the decode thread counts (metrics.json's gpu_decoding, rank 0's): the batches, those whose JPEGs the
+    device decoded in one call, and the images decoded on the CPU (in the workers, or after the device refused)."""
+    return {"batches": 0, "batches_decoded_at_once": 0, "images_decoded_on_cpu": 0}
+
+
 class DeviceBatches:
     """(uint8 NCHW images on `device`, targets) of a DataLoader's encoded batches, in its sampler's order, decoded
-    `ahead` batches ahead of the training step by a thread of this process."""
+    `ahead` batches ahead of the training step by a thread of this process; `tally` counts how (new_tally)."""
 
     def __init__(self, loader: DataLoader, steps: DeviceSteps, device: torch.device, ahead: int = 2):
         self.loader, self.steps, self.device, self.ahead = loader, steps, device, ahead
         self.sampler = loader.sampler  # the trainer sets its epoch and what a resumed epoch skips
+        self.tally = new_tally()
 
     def __len__(self) -> int:
         return len(self.loader)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         batches = iter(self.loader)  # in this thread: the workers' seeds drawn where the other loaders draw them
-        with Prefetch(map(Decoder(self.steps, self.device), batches), self.ahead) as ready:
+        with Prefetch(map(Decoder(self.steps, self.device, self.tally), batches), self.ahead) as ready:
             yield from ready
 
 
 class Decoder:
     """An EncodedBatch to (images, targets) on `device`; on CUDA on a stream of its own (see __call__)."""
 
-    def __init__(self, steps: DeviceSteps, device: torch.device):
-        self.steps, self.device = steps, device
+    def __init__(self, steps: DeviceSteps, device: torch.device, tally: dict[str, int] | None = None):
+        self.steps, self.device, self.tally = steps, device, new_tally() if tally is None else tally
         cuda = device.type == "cuda"
         self.consumer = torch.cuda.current_stream(device) if cuda else None  # the training step's, read in its thread
         self.stream = torch.cuda.Stream(device) if cuda else None
 
     def __call__(self, batch: EncodedBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        self.tally["batches"] += 1
         if self.stream is None or self.consumer is None:  # both set on CUDA only
-            return decode_batch(batch.samples, self.steps, self.device), batch.targets
+            return decode_batch(batch.samples, self.steps, self.device, self.tally), batch.targets
         # The decode runs on a stream of its own, so it overlaps the training step; the batch is handed over once
         # that stream is done (synchronised here, in the decode thread), and record_stream keeps the allocator from
         # giving the batch's memory to the decoder again while the step still reads it. pytorch/vision#9606: see
         # on_device (each decode_jpeg call first drains the stream it is called on).
         with torch.cuda.stream(self.stream):
-            images = decode_batch(batch.samples, self.steps, self.device)
+            images = decode_batch(batch.samples, self.steps, self.device, self.tally)
         images.record_stream(self.consumer)
         self.stream.synchronize()
         return images, batch.targets
 
 
-def decode_batch(samples: list[Encoded], steps: DeviceSteps, device: torch.device) -> torch.Tensor:
+def decode_batch(
+    samples: list[Encoded], steps: DeviceSteps, device: torch.device, tally: dict[str, int] | None = None
+) -> torch.Tensor:
     """The samples' images on `device`, each decoded, cropped, resized and maybe flipped, as one uint8 batch."""
-    return finish_batch(decode_images(samples, steps.read, device), samples, steps, device)
+    return finish_batch(decode_images(samples, steps.read, device, tally), samples, steps, device)
 
 
 def finish_batch(images: list, samples: list[Encoded], steps: DeviceSteps, device: torch.device) -> torch.Tensor:
@@ -195,10 +205,15 @@ def finish(image: torch.Tensor, sample: Encoded, resize: Callable[[torch.Tensor]
     return v2.functional.horizontal_flip(image) if sample.flip else image
 
 
-def decode_images(samples: list[Encoded], read: Callable[[str], torch.Tensor], device: torch.device) -> list:
-    """Every sample's image on `device`: the JPEGs decoded there together, the images the workers decoded moved."""
+def decode_images(
+    samples: list[Encoded], read: Callable[[str], torch.Tensor], device: torch.device, tally: dict | None = None
+) -> list:
+    """Every sample's image on `device`: the JPEGs decoded there together, the images the workers decoded moved
+    (counted in `tally`, new_tally's, when given)."""
     jpegs = [sample for sample in samples if is_jpeg(sample)]
-    decoded = iter(decode_jpegs(jpegs, read, device))
+    tally = new_tally() if tally is None else tally
+    tally["images_decoded_on_cpu"] += len(samples) - len(jpegs)
+    decoded = iter(decode_jpegs(jpegs, read, device, tally))
     return [next(decoded) if is_jpeg(s) else worker_image(s).to(device, non_blocking=True) for s in samples]
 
 
@@ -209,22 +224,29 @@ def worker_image(sample: Encoded) -> torch.Tensor:
     return sample.image
 
 
-def decode_jpegs(jpegs: list[Encoded], read: Callable[[str], torch.Tensor], device: torch.device) -> list:
+def decode_jpegs(
+    jpegs: list[Encoded], read: Callable[[str], torch.Tensor], device: torch.device, tally: dict[str, int]
+) -> list:
     """The JPEGs decoded on `device` in one call (nvJPEG's batched decode on a GPU); a batch it refuses is decoded
-    one by one, and a JPEG the device still refuses by `read` on the CPU."""
+    one by one, and a JPEG the device still refuses by `read` on the CPU (each counted in `tally`)."""
     if not jpegs:
         return []
     try:
-        return on_device([jpeg_data(s) for s in jpegs], device)
+        decoded = on_device([jpeg_data(s) for s in jpegs], device)
+        tally["batches_decoded_at_once"] += 1
+        return decoded
     except RuntimeError:
-        return [decode_one(sample, read, device) for sample in jpegs]
+        return [decode_one(sample, read, device, tally) for sample in jpegs]
 
 
-def decode_one(sample: Encoded, read: Callable[[str], torch.Tensor], device: torch.device) -> torch.Tensor:
+def decode_one(
+    sample: Encoded, read: Callable[[str], torch.Tensor], device: torch.device, tally: dict[str, int]
+) -> torch.Tensor:
     """One JPEG decoded on `device`, else on the CPU by `read` (PIL's decode, or a message naming the file)."""
     try:
         return on_device(jpeg_data(sample), device)
     except RuntimeError:
+        tally["images_decoded_on_cpu"] += 1
         return read(sample.path).to(device)
 
 

@@ -38,8 +38,9 @@ wide_resnet50_2
 TORCHVISION_MODELS = tuple(TORCHVISION_CLASSIFIERS.split())
 
 
-Loader = Literal["fast", "pil", "dali", "gpu"]  # --loader: see data.py, dali.py and gpu_decode.py
+Loader = Literal["fast", "pil", "dali", "gpu"]  # the loaders: see data.py, dali.py and gpu_decode.py
 LOADERS = get_args(Loader)
+LoaderChoice = Literal["auto", "fast", "pil", "dali", "gpu"]  # --loader: auto picks one (train.choose_loader)
 # --compile-mode: torch.compile's modes (reduce-overhead: CUDA graphs; max-autotune: Triton kernels tuned per shape)
 CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 COMPILE_MODES = get_args(CompileMode)
@@ -142,16 +143,17 @@ class PyTorchOptions(CommonOptions):
     pipeline parallelism."""
 
     loader: Annotated[
-        Loader,
+        LoaderChoice,
         Help(
-            "fast: only the training crop of a JPEG decoded (libjpeg-turbo), straight to uint8 tensors, normalised "
-            "on the device; pil: PIL images, normalised floats made by the loader (the original path); dali: NVIDIA "
-            "DALI (GPU decoding on a GPU, its CPU mode otherwise; pip install 'trainflow[dali]'); gpu: the workers "
-            "read the files and draw the fast loader's crops, a thread of the training process decodes each batch on "
-            "the device (nvJPEG, batched, on a GPU), where one kernel crops, resizes and flips the whole batch; PNG, "
-            "CMYK and what the device refuses are decoded on the CPU"
+            "auto: gpu on a CUDA device where torchvision decodes JPEGs, else fast (the log and metrics.json say "
+            "which); fast: only the training crop of a JPEG decoded (libjpeg-turbo), straight to uint8 tensors, "
+            "normalised on the device; pil: PIL images, normalised floats made by the loader (the original path); "
+            "dali: NVIDIA DALI (GPU decoding on a GPU, its CPU mode otherwise; pip install 'trainflow[dali]'); gpu: "
+            "the workers read the files and draw the fast loader's crops, a thread of the training process decodes "
+            "each batch on the device (nvJPEG, batched, on a GPU), where one kernel crops, resizes and flips the "
+            "whole batch; PNG, CMYK and what the device refuses are decoded on the CPU"
         ),
-    ] = "fast"
+    ] = "auto"
     pin_memory: Annotated[Switch, Help("auto: on when training on a GPU")] = "auto"
     compile: Annotated[
         Literal["auto", "off", "on"],

@@ -159,7 +159,13 @@ class Metrics:
     bad_files: dict[str, Any] | None = None
     """Images the run left out because they cannot be decoded (training.bad_files: skip): {"count": N, "list":
     path of the list file (TSV `path<TAB>reason`, in the results), "first": [[path, reason], ...] (up to 20)}."""
+    loader: str | None = None
+    """The loader that read the images (--loader, or the one --loader auto chose)."""
     jpeg_decoding: str | None = None
+    gpu_decoding: dict[str, int] | None = None
+    """--loader gpu's decode thread on rank 0, so far: {"batches", "batches_decoded_at_once": their JPEGs decoded
+    by the device in one call, "images_decoded_on_cpu": in the workers (PNG, CMYK...) or after the device refused
+    them} (gpu_decode.new_tally)."""
     init_from: dict[str, Any] | None = None
     """The weights the run started from (training.init_from): {"source", "loaded": tensors loaded, "tensors": the
     model's, "new": the names of those made anew (the classifier)}; None: from scratch, or resumed."""

@@ -230,6 +230,7 @@ def make_batches(args, backend: Backend, device: torch.device, channels_last: bo
             args.batch_size, args.image_size, args.num_classes, steps, args.seed + shard, device, channels_last
         )
         return batches, None, core.synthetic_classes(args.num_classes), {}
+    args.loader = choose_loader(args.loader, device)
     splits, rank, world = data.index_folder(Path(args.data)), backend.rank, backend.world_size
     out = Path(args.out)
     train_split, val_split, record, _ = badfiles.usable_splits(args, out, splits, rank, world, backend.gather)
@@ -239,9 +240,12 @@ def make_batches(args, backend: Backend, device: torch.device, channels_last: bo
     train_set = data.image_files(
         train_split, data.train_transform(args.image_size, args.min_crop_scale, args.hflip, args.loader), args.loader
     )
+    facts["loader"] = args.loader
     facts["jpeg_decoding"] = check_loader(args, backend.rank, device, train_split)
     sampler = data.ResumableSampler(train_set, shards, shard, shuffle=True, seed=args.seed)
     train_batches = data.make_loader(train_set, args.batch_size, sampler, args.loader_workers, pin, True, device)
+    if isinstance(train_batches, gpu_decode.DeviceBatches):  # counted as it trains: each metrics.json says so far
+        facts["gpu_decoding"] = train_batches.tally
     if val_split is None:
         log.warning("no val/ folder in %s: training without validation", args.data)
         return train_batches, None, train_split.classes, facts
@@ -249,6 +253,23 @@ def make_batches(args, backend: Backend, device: torch.device, channels_last: bo
     val_sampler = data.ShardSampler(len(val_set), shard, shards)  # a pipeline's stages pass the same batches on
     val_batches = data.make_loader(val_set, args.batch_size, val_sampler, args.loader_workers, pin, False, device)
     return train_batches, val_batches, train_split.classes, facts
+
+
+def choose_loader(requested: str, device: torch.device) -> str:
+    """The loader that --loader auto stands for (and says so in the log): gpu on a CUDA device where torchvision
+    decodes JPEGs (the batch decoded by nvJPEG, then one kernel: the CPU cores only read the files), else fast.
+    Another loader asked for by name is that one."""
+    if requested != "auto":
+        return requested
+    chosen, why = "fast", f"{device.type} is not a CUDA device"
+    if device.type == "cuda":
+        try:
+            gpu_decode.check_device(device)
+            chosen, why = "gpu", f"torchvision decodes JPEGs on {device}"
+        except UsageError as exc:
+            why = str(exc).split(";")[0]
+    log.info("loader: %s (--loader auto: %s)", chosen, why)
+    return chosen
 
 
 def check_loader(args, rank: int, device: torch.device, train_split: data.Split) -> str:

@@ -69,6 +69,7 @@ def test_it_trains_the_gpu_loader_on_the_cpu_through_the_trainer_and_keeps_its_l
     assert toy["run"] == "toy on the CPU: JPEGs, --loader gpu" and toy["status"] == "measured"
     assert toy["settings"]["loader"] == "gpu" and toy["settings"]["device"] == "cpu"
     assert toy["images_per_sec"] > 0 and 0 <= toy["data_wait_share"] <= 1
+    assert toy["decoded_at_once_share"] == 1.0  # every batch's JPEGs in one decode call (libjpeg-turbo here)
     kept = out / "runs" / "toy-on-the-CPU-JPEGs-loader-gpu"
     assert json.loads((kept / "metrics.json").read_text())["status"] == "complete"
     assert "--loader gpu on cpu" in (kept / "train.log").read_text()

@@ -96,5 +96,8 @@ def test_the_gpu_loader_trains_the_jpeg_digits_to_the_fast_loader_s_accuracy(tmp
     metrics = train_side_by_side({loader: (jpegs, loader, settings) for loader in ("fast", "gpu")}, tmp_path_factory)
     assert metrics["fast"]["final_val_top1"] > 0.9  # trained, not guessing
     assert metrics["gpu"]["final_val_top1"] == pytest.approx(metrics["fast"]["final_val_top1"], abs=0.005)
+    tally = metrics["gpu"]["gpu_decoding"]  # every batch's JPEGs decoded in one call, none on the CPU
+    assert tally["batches"] > 0 and tally["batches_decoded_at_once"] == tally["batches"]
+    assert tally["images_decoded_on_cpu"] == 0
     losses = {loader: [epoch["train_loss"] for epoch in found["epochs"]] for loader, found in metrics.items()}
     assert losses["gpu"] == pytest.approx(losses["fast"], rel=1e-6)  # the same crops, order and pixels

@@ -150,6 +150,8 @@ def test_without_partial_jpeg_decoding_a_worker_trains_on_whole_decodes_and_says
         "WARNING partial JPEG decoding is unavailable (/bin/false could not build jpeg_crop.c: exit status 1): "
         "the fast loader decodes whole images" in said
     )
+    assert "loader: fast (--loader auto: cpu is not a CUDA device)" in said  # the default, on the CPU
+    assert json.loads((tmp_path / "out" / "metrics.json").read_text())["loader"] == "fast"
 
 
 def test_decoding_only_the_crop_trains_to_the_very_parameters_of_whole_decoding(tmp_path, monkeypatch, capsys):

@@ -108,7 +108,7 @@ def test_the_training_settings_are_one_table_with_a_column_per_framework(written
     assert rows["training.launcher"][1] == '`"torchrun"`' and rows["training.launcher"][2].startswith(
         '`"horovodrun"`: horovodrun'
     )
-    assert rows["training.loader"][1:4] == ['`"fast"`', "—", "—"]  # PyTorch's alone
+    assert rows["training.loader"][1:4] == ['`"auto"`', "—", "—"]  # PyTorch's alone
     assert (
         rows["training.model"][1] == '`"resnet50"`' and "a ResNet" in rows["training.model"][2]
     )  # TensorFlow's own description

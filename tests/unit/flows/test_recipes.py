@@ -85,7 +85,7 @@ def test_each_recipe_file_is_a_config_and_its_recipes_one_home():
     photos = load_config(PHOTO.path, {}, environ={})
     assert photos.max_side == 500 and PHOTO.settings == yaml.safe_load(PHOTO.path.read_text())
     assert (photos.training.model, photos.training.image_size, photos.training.hflip) == ("resnet50", 224, True)
-    assert photos.training.loader == "fast" and photos.training.warmup_epochs == 1
+    assert photos.training.loader == "auto" and photos.training.warmup_epochs == 1  # any framework's (no loader)
     assert DIGITS.settings == {"training": DIGITS_TRAINING}
 
 
@@ -97,7 +97,7 @@ def test_the_gpu_workstation_config_runs_one_worker_a_gpu_under_torchrun_in_bf16
         "torchrun",
         "cuda",
         "bf16",
-        "fast",
+        "auto",
     )
 
 

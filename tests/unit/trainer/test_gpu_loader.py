@@ -3,7 +3,10 @@ thread of the training process decodes, crops, resizes and flips; PNG and CMYK a
 resumes where the fast loader's would; a decode that fails stops the thread and names the file. The model step's
 options (--compile-mode, --fused-optimizer) are checked at the end."""
 
+import os
 import re
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -13,6 +16,7 @@ import torch
 
 from infra.data.photos import photo
 from tests.fakes.image_files import write_image
+from tests.fakes.paths import REPO
 from trainer import data, gpu_decode, jpeg_crop, train
 from trainer.errors import UsageError
 from trainer.options import build_parser, check_args
@@ -235,8 +239,9 @@ def test_a_batch_the_decoder_refuses_is_decoded_one_by_one_and_on_the_cpu(tmp_pa
         asked.append(path)
         return data.read_uint8(path)
 
-    images = gpu_decode.decode_images(samples, read, torch.device("cpu"))
-    assert asked == [str(png)]
+    tally = gpu_decode.new_tally()
+    images = gpu_decode.decode_images(samples, read, torch.device("cpu"), tally)
+    assert asked == [str(png)] and tally == {"batches": 0, "batches_decoded_at_once": 0, "images_decoded_on_cpu": 1}
     for image, sample in zip(images, samples):
         assert torch.equal(image, data.read_uint8(sample.path))
 
@@ -298,3 +303,39 @@ def test_a_compile_mode_reaches_torch_compile():
     model = train.compile_model(torch.nn.Linear(2, 2), "on", torch.device("cpu"), "max-autotune-no-cudagraphs")
     assert isinstance(model, torch._dynamo.eval_frame.OptimizedModule)
     assert train.compile_model(model, "auto", torch.device("cpu"), "reduce-overhead") is model  # auto: not on a CPU
+
+
+def test_auto_picks_the_gpu_loader_only_where_torchvision_decodes_on_a_cuda_device(caplog):
+    caplog.set_level("INFO", logger="trainer")
+    assert train.choose_loader("auto", torch.device("cpu")) == "fast"
+    assert "loader: fast (--loader auto: cpu is not a CUDA device)" in caplog.text
+    assert train.choose_loader("gpu", torch.device("cpu")) == "gpu"  # a loader asked for by name is that one
+
+
+# In a process of its own: the probe of a CUDA device must not start CUDA in the test process (see above).
+ON_CUDA = """
+import torch
+from trainer import gpu_decode, train
+from trainer.errors import UsageError
+try:
+    gpu_decode.check_device(torch.device("cuda"))
+except UsageError as exc:
+    print("refused:", exc)
+print("auto:", train.choose_loader("auto", torch.device("cuda")))
+"""
+
+
+def test_without_a_gpu_the_gpu_loader_is_refused_naming_the_fix_and_auto_picks_fast():
+    done = subprocess.run(
+        [sys.executable, "-c", ON_CUDA],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": f"{REPO}:{REPO / 'containers'}"},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    refused, auto = done.stdout.strip().splitlines()[-2:]
+    assert refused.startswith("refused: --loader gpu cannot decode JPEGs on cuda (") and refused.endswith(
+        "); install a torchvision built with CUDA (its nvJPEG decoder), or pass --loader fast"
+    )
+    assert auto == "auto: fast"
