@@ -235,8 +235,25 @@ def decode_jpegs(
         decoded = on_device([jpeg_data(s) for s in jpegs], device)
         tally["batches_decoded_at_once"] += 1
         return decoded
+    except torch.OutOfMemoryError:
+        raise UsageError(out_of_memory(jpegs, device)) from None
     except RuntimeError:
         return [decode_one(sample, read, device, tally) for sample in jpegs]
+
+
+def out_of_memory(jpegs: list[Encoded], device: torch.device) -> str:
+    """What to say when decoding a batch ran `device` out of memory: the largest image of the batch (from the JPEG
+    headers), and the fixes."""
+    from trainer.data import jpeg_shape  # data builds on this module: imported where it is needed
+
+    sizes = {s.path: shape[:2] for s in jpegs if (shape := jpeg_shape(bytes(jpeg_data(s).numpy())))}
+    largest = max(sizes, key=lambda path: sizes[path][0] * sizes[path][1], default=jpegs[0].path)
+    width, height = sizes.get(largest, (0, 0))
+    return (
+        f"{device} ran out of memory decoding a batch of {len(jpegs)} JPEGs; the largest, {largest}, is "
+        f"{width}x{height} px: stage the photos shrunk (--max-side 500 on trainflow run or stage), or lower "
+        "--batch-size"
+    )
 
 
 def decode_one(

@@ -339,3 +339,23 @@ def test_without_a_gpu_the_gpu_loader_is_refused_naming_the_fix_and_auto_picks_f
         "); install a torchvision built with CUDA (its nvJPEG decoder), or pass --loader fast"
     )
     assert auto == "auto: fast"
+
+
+def test_a_batch_that_runs_the_device_out_of_memory_is_one_line_naming_the_largest_image(tmp_path, monkeypatch):
+    """No GPU here to run out of memory: the decode call raises what torch raises when one does."""
+    root = photo_tree(tmp_path, count=6)
+    train_split, _ = data.index_folder(root)
+    samples = [gpu_decode.Encoded(Path(path).read_bytes(), None, False, path) for path, _ in train_split.samples]
+
+    def full(data, device):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(gpu_decode, "on_device", full)
+    with pytest.raises(UsageError) as caught:
+        gpu_decode.decode_images(samples, data.read_uint8, torch.device("cpu"))
+    largest = max(train_split.samples, key=lambda s: np.prod(data.decodable(Path(s[0]).read_bytes())))[0]
+    width, height = data.decodable(Path(largest).read_bytes())
+    assert str(caught.value) == (
+        f"cpu ran out of memory decoding a batch of 6 JPEGs; the largest, {largest}, is {width}x{height} px: stage "
+        "the photos shrunk (--max-side 500 on trainflow run or stage), or lower --batch-size"
+    )
