@@ -62,7 +62,8 @@ def centre_region(box: Box, height: int, width: int, flip: bool, size: int) -> R
 
 
 def taps(scales: list[float]) -> int:
-    """The most input pixels an output pixel reads along one dimension, over the batch: 2 * support + 1 at most."""
+    """Input pixels to visit along one dimension, enough for every output pixel of the batch (one reads at most
+    2 x support + 1, support being the largest scale, or 1 when enlarging)."""
     return int(2 * max(max(scales), 1.0)) + 2
 
 
