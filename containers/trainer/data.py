@@ -16,7 +16,6 @@ draw the fast loader's crops and flips (`CropFirst.encode`), and a thread of the
 the device (gpu_decode.py); dali hands the files to NVIDIA DALI (dali.py). `trainflow bench loader` measures them.
 """
 
-import io
 import itertools
 import math
 from collections.abc import Iterator
@@ -211,24 +210,10 @@ def decodable(content: bytes) -> tuple[int, int] | None:
     cut would decode, one below it not, so whether training stops would depend on the draw), and no more pixels than
     PIL's guard against decompression bombs allows. None otherwise: read_uint8 decodes it whole, or names what is
     wrong with it."""
-    shape = jpeg_shape(content) if content else None  # width, height, components; None: not a JPEG
+    shape = jpeg_crop.header_shape(content) if content else None  # width, height, components; None: not a JPEG
     if shape and shape[2] in jpeg_crop.TO_RGB and content.endswith(b"\xff\xd9") and not too_many_pixels(*shape[:2]):
         return shape[0], shape[1]
     return None
-
-
-def jpeg_shape(content: bytes) -> tuple[int, int, int] | None:
-    """(width, height, components) from a JPEG's header: jpeg_crop's reader, or PIL's where the C library is
-    unavailable (the same numbers); None when `content` is not a JPEG either can read."""
-    if jpeg_crop.library():
-        return jpeg_crop.info(content)
-    from PIL import Image
-
-    try:
-        with Image.open(io.BytesIO(content)) as img:
-            return (*img.size, len(img.getbands())) if img.format == "JPEG" else None
-    except Exception:  # any failure to read the header: read_uint8 names the file and why
-        return None
 
 
 def encode_whole(path: str) -> gpu_decode.Encoded:

@@ -31,6 +31,7 @@ from torchvision.transforms import v2
 
 from trainer.batch_resize import Box, Region, resize_batch
 from trainer.errors import UsageError
+from trainer.jpeg_crop import header_shape
 
 
 class Encoded(NamedTuple):
@@ -244,9 +245,7 @@ def decode_jpegs(
 def out_of_memory(jpegs: list[Encoded], device: torch.device) -> str:
     """What to say when decoding a batch ran `device` out of memory: the largest image of the batch (from the JPEG
     headers), and the fixes."""
-    from trainer.data import jpeg_shape  # data builds on this module: imported where it is needed
-
-    sizes = {s.path: shape[:2] for s in jpegs if (shape := jpeg_shape(bytes(jpeg_data(s).numpy())))}
+    sizes = {s.path: shape[:2] for s in jpegs if (shape := header_shape(bytes(jpeg_data(s).numpy())))}
     largest = max(sizes, key=lambda path: sizes[path][0] * sizes[path][1], default=jpegs[0].path)
     width, height = sizes.get(largest, (0, 0))
     return (

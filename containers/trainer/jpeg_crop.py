@@ -13,6 +13,7 @@ the fast loader then decodes whole images, as before, and each worker says so on
 
 import ctypes
 import hashlib
+import io
 import os
 import shutil
 import subprocess
@@ -135,6 +136,20 @@ def info(data: bytes) -> tuple[int, int, int] | None:
     does not start with a JPEG header."""
     found = (ctypes.c_int * 3)()
     return tuple(found) if loaded().jpeg_crop_info(data, len(data), found) == 0 else None
+
+
+def header_shape(content: bytes) -> tuple[int, int, int] | None:
+    """(width, height, components) from a JPEG's header: `info` where the C library is there, else PIL's reader
+    (the same numbers); None when `content` is not a JPEG either can read."""
+    if library():
+        return info(content)
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(content)) as img:
+            return (*img.size, len(img.getbands())) if img.format == "JPEG" else None
+    except Exception:  # any failure to read the header: data.read_uint8 names the file and why
+        return None
 
 
 def cuttable(data: bytes) -> bool:

@@ -34,7 +34,6 @@ from tests.fakes.paths import REPO
 
 pytestmark = pytest.mark.integration
 WRONG_KEY = ("V3JvbmdLZXk" * 8)[:86] + "=="  # a storage key's shape (88 base64 characters), not the account's key
-LATER = datetime.now(UTC) + timedelta(hours=1)
 AT_ONCE = 10.0  # seconds
 
 
@@ -59,8 +58,14 @@ def config(port: int, container: str, data: str | None = None, **storage) -> Flo
     return load_config(None, values, environ={})
 
 
-def container_token(container: str, permission: str = "rl", key: str = DEV_KEY, expiry: datetime = LATER) -> str:
-    return generate_container_sas(ACCOUNT, container, account_key=key, permission=permission, expiry=expiry)
+def later() -> datetime:
+    """A SAS's expiry an hour from now: from when the token is made, not when the module was collected (in the whole
+    suite this module's tests run more than an hour after collection, and tokens made to expire then were refused)."""
+    return datetime.now(UTC) + timedelta(hours=1)
+
+
+def container_token(container: str, permission: str = "rl", key: str = DEV_KEY, expiry: datetime | None = None) -> str:
+    return generate_container_sas(ACCOUNT, container, account_key=key, permission=permission, expiry=expiry or later())
 
 
 def account_token(**permissions) -> str:
@@ -69,7 +74,7 @@ def account_token(**permissions) -> str:
         DEV_KEY,
         ResourceTypes(service=True, container=True, object=True),
         AccountSasPermissions(**permissions),
-        expiry=LATER,
+        expiry=later(),
     )
 
 
@@ -260,7 +265,7 @@ def share_config(fake: FakeAzureFiles, share: str) -> FlowConfig:
 
 def test_the_azure_file_share_is_asked_once(tmp_path):
     with FakeAzureFiles(share="scripts") as fake:
-        token = generate_share_sas(fake.account, "scripts", fake.key, permission="rcwl", expiry=LATER)
+        token = generate_share_sas(fake.account, "scripts", fake.key, permission="rcwl", expiry=later())
         assert timed_check(share_config(fake, "scripts"), {"SCRIPTS_SAS": token}) < AT_ONCE
         with pytest.raises(
             StorageError,
