@@ -10,9 +10,12 @@ import sys
 import time
 
 # Made the session's leader by Popen (start_new_session), the command takes the terminal on its stdin as its
-# controlling terminal (TIOCSCTTY), then becomes the command itself.
+# controlling terminal (TIOCSCTTY), then becomes the command itself, with the hang-up signal at its default, as a
+# terminal's shell starts it: a suite started under nohup would otherwise pass its ignored SIGHUP on, and the command
+# would rightly go on as under nohup.
 TAKE_TERMINAL = (
-    "import fcntl, os, sys, termios; fcntl.ioctl(0, termios.TIOCSCTTY, 0); os.execvp(sys.argv[1], sys.argv[1:])"
+    "import fcntl, os, signal, sys, termios; fcntl.ioctl(0, termios.TIOCSCTTY, 0); "
+    "signal.signal(signal.SIGHUP, signal.SIG_DFL); os.execvp(sys.argv[1], sys.argv[1:])"
 )
 
 
