@@ -92,11 +92,22 @@ class DaliBatches:
                 except StopIteration:
                     finished = True
                     return
-                yield self.to_torch(images), torch.from_numpy(np.array(targets.as_tensor())).reshape(-1)
+                yield self.to_torch(images), targets_of(targets)
         finally:
             if not finished:  # left early: the batches already prefetched are run and dropped
                 self.source.stop()
                 drain(self.pipe)
+            self.pipe.reset()
+
+    def decode(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """One batch of these samples through the pipeline on its own, as an epoch of one batch (the unit that
+        `trainflow bench loader` times)."""
+        self.source.start(iter([indices]))
+        try:
+            images, targets = self.pipe.run()
+            return self.to_torch(images), targets_of(targets)
+        finally:
+            drain(self.pipe)
             self.pipe.reset()
 
     def to_torch(self, images) -> torch.Tensor:
@@ -129,6 +140,11 @@ class EpochSource:
         batch = next(self.batches)
         files = [np.fromfile(self.samples[i][0], dtype=np.uint8) for i in batch]
         return files, [np.array([self.samples[i][1]], dtype=np.int64) for i in batch]
+
+
+def targets_of(targets) -> torch.Tensor:
+    """The pipeline's targets output (one int64 a sample) as a 1-D torch tensor."""
+    return torch.from_numpy(np.array(targets.as_tensor())).reshape(-1)
 
 
 def drain(pipe) -> None:

@@ -400,6 +400,10 @@ def test_dali_runs_ahead_and_an_epoch_left_early_leaves_nothing_for_the_next(tmp
     shade = {n: 20 * int(Path(path).stem) for n, (path, _) in enumerate(train.samples)}
     seen = [int(image.float().mean().round()) for images, _ in batches for image in images]
     assert seen == pytest.approx([shade[i] for i in sampler], abs=2) and len(seen) == 12
+    images, targets = batches.decode([5, 0])  # one batch on its own (what `trainflow bench loader` times)
+    assert [int(i.float().mean().round()) for i in images] == pytest.approx([shade[5], shade[0]], abs=2)
+    assert targets.tolist() == [train.samples[5][1], train.samples[0][1]]
+    assert len([image for images, _ in batches for image in images]) == 12  # and the next epoch is whole
 
 
 def test_dali_crops_flips_and_evaluates_like_the_other_loaders(tmp_path):
