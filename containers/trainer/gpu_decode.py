@@ -80,16 +80,17 @@ def collate(items: list[tuple[Encoded, int]]) -> EncodedBatch:
     memory in a worker process), the rest as it is."""
     samples = [sample for sample, _ in items]
     contents = [s.image if isinstance(s.image, bytes) else b"" for s in samples]  # a JPEG's bytes are never empty
-    jpegs = torch.empty(sum(map(len, contents)), dtype=torch.uint8)
+    lengths = [len(content) for content in contents]
+    jpegs = torch.empty(sum(lengths), dtype=torch.uint8)
     if get_worker_info() is not None:
         jpegs.share_memory_()  # filled where it will be read: pickling it then passes only a handle
     packed, at = jpegs.numpy(), 0
-    for content in contents:
-        packed[at : at + len(content)] = np.frombuffer(content, dtype=np.uint8)
-        at += len(content)
+    for content, length in zip(contents, lengths):
+        packed[at : at + length] = np.frombuffer(content, dtype=np.uint8)
+        at += length
     return EncodedBatch(
         jpegs,
-        list(map(len, contents)),
+        lengths,
         [s.image for s in samples if isinstance(s.image, torch.Tensor)],
         [s.box for s in samples],
         [s.flip for s in samples],
