@@ -15,9 +15,11 @@ blocked) and runs the trainer alone, as `python containers/trainer/train.py`, on
      packing of a batch on one core, torchvision's batched nvJPEG decode, and the kernel that crops, resizes and
      flips the batch (ms a batch and images/s of each);
   4. ResNet-50 bf16 channels-last training runs (gpu_plan.device_check_runs): synthetic data compiled, the JPEGs
-     through `--loader gpu` and `--loader fast`, the shrunk copy through `--loader fast`, then the model-step
-     variants (torch.compile's modes, the fused optimizer) while time is left. Each run's steady images/s, data-wait
-     share (from the trainer's metrics.json) and MFU. A run is stopped at its own budget (Run.budget_s) and started
+     through `--loader gpu` and `--loader fast`, the shrunk copy through `--loader fast`, the JPEGs through
+     `--loader dali` where DALI is installed, then the model-step variants (torch.compile's modes, the fused
+     optimizer) while time is left, each with the loader workers the trainer picks (--loader-workers auto). Each
+     run's steady images/s, data-wait share, loader workers and share of batches decoded at once (from the
+     trainer's metrics.json) and MFU. A run is stopped at its own budget (Run.budget_s) and started
      only if that budget fits in what is left of the check's (--budget, 420 s): the check never runs past it. A run
      whose option this trainer lacks is skipped, and the JSON says which option.
 
@@ -112,7 +114,7 @@ class Check:
             "software": software_facts(),
             "command": command,
             "budget_s": budget_s,
-            "trainer_settings": TRAINER_DEFAULTS | {"loader_workers": loader_workers()},
+            "trainer_settings": TRAINER_DEFAULTS,
             "steps": {},
             "runs": [],
         }
@@ -167,11 +169,6 @@ def worst_case(budget_s: float, cores: int) -> list[tuple[str, float]]:
             planned.append((run.label, run.budget_s))
             left -= run.budget_s
     return planned
-
-
-def loader_workers() -> int:
-    """DataLoader workers of the runs: every core but the training process's."""
-    return max(1, len(os.sched_getaffinity(0)) - 1)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -329,7 +326,8 @@ def figures(check: Check, run: Run, metrics: dict | None, code: int | None, log:
 
 def row_of(run: Run, status: str, reason: str, metrics: dict | None = None, peak: float | None = None) -> dict:
     """A run's row: its label, settings, status and why, and from its metrics the steady images/s, the largest rank's
-    data-wait share, the MFU and (--loader gpu) the share of batches the GPU decoded in one call."""
+    data-wait share, the MFU, the loader workers the trainer picked and (--loader gpu) the share of batches the GPU
+    decoded in one call."""
     rate = (metrics or {}).get("steady_images_per_sec")
     waits = (metrics or {}).get("data_wait_share") or []
     tally = (metrics or {}).get("gpu_decoding") or {}
@@ -342,6 +340,7 @@ def row_of(run: Run, status: str, reason: str, metrics: dict | None = None, peak
         "images_per_sec": rate,
         "data_wait_share": max(waits) if waits else None,
         "mfu": mfu(rate, peak) if rate and peak else None,
+        "loader_workers": (metrics or {}).get("loader_workers"),
         "decoded_at_once_share": tally["batches_decoded_at_once"] / tally["batches"] if tally.get("batches") else None,
     }
 
@@ -352,6 +351,7 @@ def run_line(row: dict) -> str:
         return f"{row['run']}: {row['status']}: {row['reason']}"
     line = f"{row['run']}: {row['images_per_sec']:.0f} images/s, data-wait share {row['data_wait_share'] or 0:.2f}"
     line += f", MFU {row['mfu']:.1%}" if row["mfu"] else ""
+    line += f", {row['loader_workers']} loader workers" if row.get("loader_workers") is not None else ""
     return line + (f" ({row['status']}: {row['reason']})" if row["reason"] else f" ({row.get('seconds', 0):.0f} s)")
 
 

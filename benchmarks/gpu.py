@@ -43,6 +43,7 @@ from benchmarks.gpu_plan import (
     TRAINER_DEFAULTS,
     Run,
     gpu_facts,
+    installed_loaders,
     loader_run,
     mfu,
     peak_tflops,
@@ -50,7 +51,7 @@ from benchmarks.gpu_plan import (
     write_photo_set,
     write_shrunk_copy,
 )
-from benchmarks.loader import installed_loaders, restart_marked_copy, training_split
+from benchmarks.loader import restart_marked_copy, training_split
 from flows.config import ConfigError, FlowConfig
 from infra.compute.process import train_here
 from trainer import jpeg_crop
@@ -106,7 +107,7 @@ def bench_gpu(
     gpu, root = the_gpu(), cfg.workdir.resolve() / "bench" / "gpu"
     if quick:
         return quick_check(root, json_out, given_peak)
-    base = over_defaults(GPU_DEFAULTS | {"loader_workers": max(1, len(os.sched_getaffinity(0)) - 1)}, cfg.training)
+    base = over_defaults(GPU_DEFAULTS, cfg.training)
     plan = runs(tuple(loaders) or installed_loaders(), jpeg_crop.library() is not None)
     folders = run_data(root, {run.data for run in plan})
     peak = peak_tflops(gpu["name"], given_peak)

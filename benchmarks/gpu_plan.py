@@ -10,6 +10,7 @@ FLOP/s, from the table below (NVIDIA's datasheets) or `--peak-tflops`.
 """
 
 import functools
+import importlib.util
 import multiprocessing
 import os
 import platform
@@ -29,7 +30,7 @@ import torchvision
 from infra.data.photos import make_photo_folders, photo_plan, write_photo
 from infra.data.shrink import mirror_files
 from trainer import gpu_decode, jpeg_crop
-from trainer.data import train_transform
+from trainer.data import LOADERS, train_transform
 from trainer.options import build_parser
 
 RESNET50_TRAIN_GFLOP = 24.3  # per image, forward + backward (3 x the forward's ~8.1 GFLOP at 224 px)
@@ -103,9 +104,10 @@ MODEL_STEP_RUNS = (
 )
 
 
-def loader_run(loader: str, data: str = JPEGS, budget_s: float = 75) -> Run:
-    """A run of `loader` on the JPEGs (or their shrunk copy), compiled as a GPU's default is; its budget leaves room
-    for compiling afresh, should the compiled model not be found cached."""
+def loader_run(loader: str, data: str = JPEGS, budget_s: float = 60) -> Run:
+    """A run of `loader` on the JPEGs (or their shrunk copy), compiled as a GPU's default is, with the loader workers
+    the trainer picks (--loader-workers auto, as users run it); its budget leaves room for compiling afresh, should
+    the compiled model not be found cached."""
     return Run(f"{DATA_LABELS[data]}, --loader {loader}", data, {"loader": loader, "compile": "on"}, budget_s)
 
 
@@ -113,7 +115,7 @@ def device_check_runs() -> list[Run]:
     """The device check's runs, most wanted first: synthetic compiled (the goal's yardstick, and the compile that the
     later runs find cached), the GPU loader and the fast one on the JPEGs, the fast one on the shrunk copy, then the
     model-step variants where time is left."""
-    jpegs = [loader_run("gpu"), loader_run("fast"), loader_run("fast", SHRUNK)]
+    jpegs = [loader_run("gpu"), loader_run("fast"), loader_run("fast", SHRUNK), loader_run("dali")]
     return [SYNTHETIC_RUNS[1], *jpegs, *MODEL_STEP_RUNS]
 
 
@@ -127,7 +129,14 @@ def trainer_lacks(settings: dict) -> str:
             return f"this trainer has no {flag}"
         if (choices := options[name].choices) and value not in choices:
             return f"this trainer's {flag} takes {', '.join(map(str, choices))}, not {value}"
+    if settings.get("loader") == "dali" and "dali" not in installed_loaders():
+        return "NVIDIA DALI is not installed here (pip install 'trainflow[dali]')"
     return ""
+
+
+def installed_loaders() -> tuple[str, ...]:
+    """The trainer's loaders that can run here: dali only where NVIDIA DALI is installed."""
+    return tuple(loader for loader in LOADERS if loader != "dali" or importlib.util.find_spec("nvidia.dali"))
 
 
 def trainer_argv(settings: dict) -> list[str]:

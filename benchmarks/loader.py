@@ -19,7 +19,6 @@ run's speed-up per core over pil on the original JPEGs computed within its round
 """
 
 import hashlib
-import importlib.util
 import os
 import shutil
 import time
@@ -34,6 +33,7 @@ from torch.utils.data import RandomSampler, default_collate
 
 from benchmarks import REPEATS
 from benchmarks.common import RESTARTS, bench_progress, run_ended, shown, spread, write_json
+from benchmarks.gpu_plan import installed_loaders
 from flows.config import ConfigError, FlowConfig
 from infra.core.jsonfiles import read_json
 from infra.core.jsonfiles import write_json as keep_json
@@ -175,11 +175,6 @@ def copy_name(folder: Path, split: Split, suffix: str) -> str:
 def timing(dest: Path, seconds: float, files: int) -> dict:
     """Where a copy lies, the cores that made it, and its ms per file."""
     return {"folder": str(dest), "cores": len(os.sched_getaffinity(0)), "ms_per_file": seconds * 1e3 / max(files, 1)}
-
-
-def installed_loaders() -> tuple[str, ...]:
-    """The trainer's loaders that can run here: dali only where NVIDIA DALI is installed."""
-    return tuple(loader for loader in data.LOADERS if loader != "dali" or importlib.util.find_spec("nvidia.dali"))
 
 
 def cpu_loaders() -> tuple[str, ...]:

@@ -451,7 +451,7 @@ def option_row(action: argparse.Action) -> list[str]:
     elif action.nargs == 0:
         kind = "flag"
     else:
-        kind = getattr(action.type, "__name__", "str")
+        kind = str(action.metavar or getattr(action.type, "__name__", "str"))
     default = "required" if action.required else "-" if action.default is None else value(action.default)
     return [flags, setting, f"`{kind}`", default, cell(action.help)]
 

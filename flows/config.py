@@ -471,7 +471,26 @@ def default_at(loc: tuple) -> Any:
 def describe(exc: ValidationError, path: Path | None) -> str:
     """One line naming each invalid setting, its value unless it may be a secret, and what is allowed."""
     source = f" (from {path}, TRAINFLOW_* variables or options)" if path else ""
-    return "; ".join(explain(as_setting(err)) for err in exc.errors()) + source
+    return "; ".join(explain(err) for err in either_type([as_setting(err) for err in exc.errors()])) + source
+
+
+def either_type(errors: list[dict]) -> list[dict]:
+    """The errors with those of one setting that takes one of several types (training.loader_workers: a number or
+    auto), which pydantic gives once for each type, as one: "Input should be a valid integer or 'auto'"."""
+    grouped: dict[tuple, list[dict]] = {}
+    for err in errors:
+        grouped.setdefault(tuple(err["loc"]), []).append(err)
+    merged = []
+    for group in grouped.values():
+        if len(group) > 1 and all(err["msg"].startswith(SHOULD) for err in group):
+            allowed = [WHY.sub("", err["msg"]).removeprefix(SHOULD) for err in group]
+            group = [{**group[0], "msg": SHOULD + " or ".join(allowed)}]
+        merged += group
+    return merged
+
+
+SHOULD = "Input should be "  # how pydantic's errors of a value's type begin
+WHY = re.compile(r", unable to .*$")  # after it, why the value is not of that type ("unable to parse string as ...")
 
 
 def as_setting(err: Mapping[str, Any]) -> dict:
@@ -497,9 +516,13 @@ def setting_path(loc: tuple) -> tuple:
         field = model.model_fields.get(part) if model and isinstance(part, str) else None
         if field is None:
             return (*path, *parts)
-        if one_of_sections(field) and parts:
-            parts.pop(0)  # the tag
+        kinds = one_of_sections(field)
+        if kinds and not section_type(field) and type(None) not in kinds:
+            return tuple(path)  # a value of one of several types: what follows names the type it was tried as
         model = section_type(field)
+        if kinds and parts:
+            parts.pop(0)  # the tag; a setting that only some of the sections have is found in theirs
+            model = next((kind for kind in kinds if parts and parts[0] in kind.model_fields), model)
     return tuple(path)
 
 

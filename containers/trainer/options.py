@@ -47,6 +47,7 @@ COMPILE_MODES = get_args(CompileMode)
 GradCompression = Literal["none", "fp16", "bf16"]  # --grad-compression: see distributed.py
 GRAD_COMPRESSIONS = get_args(GradCompression)
 Switch = Literal["auto", "on", "off"]
+Workers = int | Literal["auto"]  # --loader-workers: a count, or auto (each trainer picks from the cores)
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,13 @@ class CommonOptions:
     image_size: Annotated[int, Help("side of the square crops the model sees")] = 224
     min_crop_scale: Annotated[float, Help("smallest area fraction of the random-resized crop")] = 0.08
     hflip: Annotated[bool, Help("random horizontal flips")] = True
-    loader_workers: Annotated[int, Help("DataLoader worker processes per training process")] = 4
+    loader_workers: Annotated[
+        Workers,
+        Help(
+            "DataLoader worker processes per training process (0: none, the training process loads); auto: from "
+            "the CPU cores each training process has and the loader (the log and metrics.json say how many)"
+        ),
+    ] = "auto"
     steps_per_epoch: Annotated[int, Help("cap on steps per epoch; synthetic data needs it (default 100 there)")] = 0
     num_classes: Annotated[int, Help("classes of synthetic data (real data: the class folders)")] = 1000
     seed: Annotated[int, Help("seed of initialisation, shuffling and augmentation")] = 0
@@ -245,11 +252,23 @@ def argument(hint: Any, default: object) -> dict[str, Any]:
     spec: dict[str, Any] = {"default": default, "help": next(m.text for m in extras if isinstance(m, Help))}
     if get_origin(kind) is Literal:
         spec["choices"] = get_args(kind)
+    elif kind == Workers:
+        spec["type"], spec["metavar"] = count_or_auto, "N|auto"
     elif kind is bool:
         spec["action"] = argparse.BooleanOptionalAction
     elif kind is not str:
         spec["type"] = kind
     return spec
+
+
+def count_or_auto(text: str) -> int | str:
+    """A --loader-workers value: auto, or a whole number (its range is check_common_args's)."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"takes a whole number or auto, not {text!r}") from None
 
 
 def add_check_options(p: argparse.ArgumentParser) -> None:
@@ -285,15 +304,8 @@ def check_common_args(args: argparse.Namespace, at_least_one: tuple[str, ...] = 
     for name in ["epochs", "batch_size", "image_size", "keep_checkpoints", "log_every", "num_classes", *at_least_one]:
         if getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(args, name)})")
-    for name in [
-        "loader_workers",
-        "threads",
-        "checkpoint_every",
-        "steps_per_epoch",
-        "warmup_epochs",
-        "weight_decay",
-        "momentum",
-    ]:
+    counts = ["threads", "checkpoint_every", "steps_per_epoch", "warmup_epochs", "weight_decay", "momentum"]
+    for name in counts + (["loader_workers"] if args.loader_workers != "auto" else []):
         if getattr(args, name) < 0:
             raise UsageError(f"--{name.replace('_', '-')} must not be negative (got {getattr(args, name)})")
     if args.lr <= 0:

@@ -161,6 +161,8 @@ class Metrics:
     path of the list file (TSV `path<TAB>reason`, in the results), "first": [[path, reason], ...] (up to 20)}."""
     loader: str | None = None
     """The loader that read the images (--loader, or the one --loader auto chose)."""
+    loader_workers: int | None = None
+    """Its worker processes per training process (DALI: its threads): --loader-workers, or what auto chose."""
     jpeg_decoding: str | None = None
     gpu_decoding: dict[str, int] | None = None
     """--loader gpu's decode thread on rank 0, so far: {"batches", "batches_decoded_at_once": their JPEGs decoded

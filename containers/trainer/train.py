@@ -231,6 +231,7 @@ def make_batches(args, backend: Backend, device: torch.device, channels_last: bo
         )
         return batches, None, core.synthetic_classes(args.num_classes), {}
     args.loader = choose_loader(args.loader, device)
+    args.loader_workers = choose_loader_workers(args.loader_workers, args.loader, device, backend.local_world_size)
     splits, rank, world = data.index_folder(Path(args.data)), backend.rank, backend.world_size
     out = Path(args.out)
     train_split, val_split, record, _ = badfiles.usable_splits(args, out, splits, rank, world, backend.gather)
@@ -240,7 +241,7 @@ def make_batches(args, backend: Backend, device: torch.device, channels_last: bo
     train_set = data.image_files(
         train_split, data.train_transform(args.image_size, args.min_crop_scale, args.hflip, args.loader), args.loader
     )
-    facts["loader"] = args.loader
+    facts["loader"], facts["loader_workers"] = args.loader, args.loader_workers
     facts["jpeg_decoding"] = check_loader(args, backend.rank, device, train_split)
     sampler = data.ResumableSampler(train_set, shards, shard, shuffle=True, seed=args.seed)
     train_batches = data.make_loader(train_set, args.batch_size, sampler, args.loader_workers, pin, True, device)
@@ -270,6 +271,37 @@ def choose_loader(requested: str, device: torch.device) -> str:
             why = str(exc).split(";")[0]
     log.info("loader: %s (--loader auto: %s)", chosen, why)
     return chosen
+
+
+def choose_loader_workers(requested: int | str, loader: str, device: torch.device, local_processes: int) -> int:
+    """The DataLoader workers (DALI's threads) that --loader-workers auto stands for, from the CPU cores each of the
+    machine's `local_processes` training processes has (says so in the log); a number asked for is that one."""
+    if requested != "auto":
+        return int(requested)
+    cores = max(1, len(os.sched_getaffinity(0)) // local_processes)
+    workers, why = loader_workers_for(loader, device.type, cores)
+    log.info("loader workers: %d (--loader-workers auto: %d cores a training process; %s)", workers, cores, why)
+    return workers
+
+
+# --loader gpu's workers only read files and draw crops (the device decodes): a few suffice. NVIDIA's MLPerf
+# configuration gives DALI 6 CPU threads a GPU; the device check times a worker's share (its read_draw_pack stage).
+GPU_LOADER_WORKERS = 4
+DALI_THREADS = 6
+
+
+def loader_workers_for(loader: str, device_type: str, cores: int) -> tuple[int, str]:
+    """(workers, why) for `loader` training on a `device_type` device with `cores` CPU cores: the decoding loaders
+    on a GPU get the cores but a quarter kept for the training process (on an H200 with 16 cores, 15 workers slowed
+    the compiled step below what 11 gave: docs/benchmarks/); on the CPU the model's threads need the cores, and the
+    loaders get a quarter of them."""
+    if device_type == "cuda" and loader == "gpu":
+        return min(GPU_LOADER_WORKERS, max(1, cores - 2)), "gpu: the workers only read the files, the GPU decodes"
+    if device_type == "cuda" and loader == "dali":
+        return min(DALI_THREADS, max(1, cores - 2)), "dali: its threads feed the GPU's decoders"
+    if device_type == "cuda":
+        return max(1, cores - max(1, cores // 4)), f"{loader} decodes on the CPU: a quarter kept for training"
+    return max(1, cores // 4), "training on the CPU: three quarters of the cores kept for the model"
 
 
 def check_loader(args, rank: int, device: torch.device, train_split: data.Split) -> str:

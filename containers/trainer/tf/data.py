@@ -20,7 +20,7 @@ JPEG, PNG or GIF does, whatever its name (a JPEG whose end marker is there decod
 does), PIL's (image_files.load_rgb, in a numpy_function) for the rest (BMP, TIFF, WebP...: what the PyTorch trainer
 reads, this one reads); the pixels differ from PIL's by a few levels (another JPEG decoder, resizing in float,
 antialiased as PIL's). --loader-workers is the number of images
-decoded in parallel (threads of the tf.data runtime, not processes); 0 lets tf.data choose (AUTOTUNE).
+decoded in parallel (threads of the tf.data runtime, not processes); auto or 0 lets tf.data choose (AUTOTUNE).
 
 An image that fails to decode while training (nothing checked it) is left out by the pipeline, which then stops with
 an error that names it (`in_order`): `batches(dataset)` turns that error into the UsageError the PyTorch trainer
@@ -201,10 +201,10 @@ def decoded_batches(split: Split, samples, places, image_of, args, drop_remainde
     return checked.batch(args.batch_size, drop_remainder=drop_remainder).prefetch(tf.data.AUTOTUNE)
 
 
-def parallel_calls(loader_workers: int) -> int:
-    """Images decoded at once: --loader-workers, or with 0 as many as tf.data finds best (AUTOTUNE: torch's 0 means
-    no worker process, and tf.data decodes in its own threads whatever the number)."""
-    return loader_workers if loader_workers > 0 else tf.data.AUTOTUNE
+def parallel_calls(loader_workers: int | str) -> int:
+    """Images decoded at once: --loader-workers, or with auto or 0 as many as tf.data finds best (AUTOTUNE: torch's 0
+    means no worker process, and tf.data decodes in its own threads whatever the number)."""
+    return loader_workers if isinstance(loader_workers, int) and loader_workers > 0 else tf.data.AUTOTUNE
 
 
 def in_order(decoded: tuple, expected: tuple) -> tuple[tf.Tensor, tf.Tensor]:

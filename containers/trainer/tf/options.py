@@ -9,7 +9,7 @@ import argparse
 from typing import Annotated, Literal
 
 from trainer.errors import UsageError
-from trainer.options import CommonOptions, Help, add_options, check_common_args
+from trainer.options import CommonOptions, Help, Workers, add_options, check_common_args
 
 # The models of tf/models.py (torchvision's ResNets, built in Keras), named here so that the orchestrator checks
 # training.model without importing TensorFlow; tests/unit/trainer/test_model_names.py keeps the two equal.
@@ -25,12 +25,12 @@ class TensorFlowOptions(CommonOptions):
         "resnet50"
     )
     loader_workers: Annotated[
-        int,
+        Workers,
         Help(
-            "images decoded and augmented at once per training process, by tf.data's threads (0: as many as "
-            "tf.data finds best)"
+            "images decoded and augmented at once per training process, by tf.data's threads (auto or 0: as many "
+            "as tf.data finds best)"
         ),
-    ] = 4
+    ] = "auto"
     device: Annotated[
         Literal["auto", "cpu", "cuda"],
         Help("auto: a GPU when TensorFlow sees one (cuda: a GPU, as the PyTorch trainer names it)"),

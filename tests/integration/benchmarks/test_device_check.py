@@ -59,7 +59,7 @@ def test_it_checks_the_jpeg_steps_and_every_run_s_options_without_the_orchestrat
     assert software["torch"] == torch.__version__ and isinstance(software["partial_jpeg_decoding"], bool)
     # every GPU run skipped, none for an option the trainer lacks
     gpu_runs = [r for r in record["runs"] if not r["run"].startswith("toy on the CPU")]
-    assert len(gpu_runs) == 7 and {(r["status"], r["reason"]) for r in gpu_runs} == {("skipped", "no CUDA GPU here")}
+    assert len(gpu_runs) == 8 and {(r["status"], r["reason"]) for r in gpu_runs} == {("skipped", "no CUDA GPU here")}
 
 
 def test_it_trains_the_gpu_loader_on_the_cpu_through_the_trainer_and_keeps_its_log(checked):
@@ -70,6 +70,7 @@ def test_it_trains_the_gpu_loader_on_the_cpu_through_the_trainer_and_keeps_its_l
     assert toy["settings"]["loader"] == "gpu" and toy["settings"]["device"] == "cpu"
     assert toy["images_per_sec"] > 0 and 0 <= toy["data_wait_share"] <= 1
     assert toy["decoded_at_once_share"] == 1.0  # every batch's JPEGs in one decode call (libjpeg-turbo here)
+    assert toy["loader_workers"] == 1  # from its metrics.json (the GPU runs': what --loader-workers auto chose)
     kept = out / "runs" / "toy-on-the-CPU-JPEGs-loader-gpu"
     assert json.loads((kept / "metrics.json").read_text())["status"] == "complete"
     assert "--loader gpu on cpu" in (kept / "train.log").read_text()

@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from benchmarks import gpu_plan
 from benchmarks.device_check import (
     BUDGET_S,
     MARGIN_S,
@@ -23,11 +24,12 @@ from benchmarks.gpu_plan import JPEGS, PHOTO_CLASSES, SYNTHETIC, Run, device_che
 from infra.data.sample_data import write_photo_sized
 
 H100_MACHINE_CORES = 16  # the lent machine: one H100 and 16 CPU cores
-ASKED = [  # issue 34: what the check must measure, besides the nvJPEG decode alone (a stage of "gpu loader stages")
+ASKED = [  # issues 34 and 46: what the check must measure, besides the GPU loader's stages alone
     "synthetic, --compile on",
     "JPEGs, --loader gpu",
     "JPEGs, --loader fast",
     "JPEGs shrunk to 500 px, --loader fast",
+    "JPEGs, --loader dali",
 ]
 
 
@@ -36,16 +38,20 @@ def test_a_full_check_fits_in_7_minutes_with_every_step_at_its_worst():
     # runs fit, and a run that would not fit is not started (as start_run decides, on the clock)
     planned = worst_case(BUDGET_S, H100_MACHINE_CORES)
     names = [name for name, _ in planned]
-    assert BUDGET_S == 7 * 60 and names[:3] == ["photos", "shrunk", "gpu loader stages"] and names[3:7] == ASKED
+    assert BUDGET_S == 7 * 60 and names[:3] == ["photos", "shrunk", "gpu loader stages"] and names[3:8] == ASKED
     assert sum(seconds for _, seconds in planned) <= BUDGET_S - MARGIN_S
     assert "synthetic, --compile-mode max-autotune-no-cudagraphs" not in names  # minutes of autotuning: no room
     # the model-step variants come after what was asked for, run while time is left
     assert [run.label for run in device_check_runs()][: len(ASKED)] == ASKED
 
 
-def test_every_run_of_the_check_is_one_this_trainer_takes():
-    # the trainer's own parser decides: an option it lacks or a value outside its choices is named, and skipped
+def test_every_run_of_the_check_is_one_this_trainer_takes(monkeypatch):
+    # the trainer's own parser decides: an option it lacks or a value outside its choices is named, and skipped; so
+    # is DALI where it is not installed (the test venv has it, for its CPU mode; a lent GPU machine may not)
     assert [run.label for run in device_check_runs() if trainer_lacks(run.settings)] == []
+    monkeypatch.setattr(gpu_plan, "installed_loaders", lambda: ("fast", "pil", "gpu"))
+    lacking = {run.label: trainer_lacks(run.settings) for run in device_check_runs() if trainer_lacks(run.settings)}
+    assert lacking == {"JPEGs, --loader dali": "NVIDIA DALI is not installed here (pip install 'trainflow[dali]')"}
     assert trainer_lacks({"compile_mode": "fastest"}).startswith("this trainer's --compile-mode takes default, ")
     assert trainer_lacks({"graph_mode": "on"}) == "this trainer has no --graph-mode"
 

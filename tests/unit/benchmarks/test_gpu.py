@@ -5,8 +5,7 @@ import torch
 from typer.testing import CliRunner
 
 from benchmarks.gpu import gpu_row, measured, runs
-from benchmarks.gpu_plan import MODEL_STEP_RUNS, SYNTHETIC_RUNS, mfu, peak_tflops, trainer_lacks
-from benchmarks.loader import installed_loaders
+from benchmarks.gpu_plan import MODEL_STEP_RUNS, SYNTHETIC_RUNS, installed_loaders, mfu, peak_tflops, trainer_lacks
 from cli import app
 from trainer.metrics import installed_versions
 
@@ -90,7 +89,7 @@ def test_without_a_gpu_bench_gpu_says_so_and_writes_nothing(tmp_path):
 def test_bench_gpu_refuses_dali_where_it_is_not_installed_before_any_run(tmp_path, monkeypatch):
     # a machine without NVIDIA DALI (the GPU machine measured on had none): asked for, refused before anything runs;
     # by default the bench runs the loaders installed here
-    monkeypatch.setattr("benchmarks.loader.importlib.util.find_spec", lambda name: None)
+    monkeypatch.setattr("benchmarks.gpu_plan.importlib.util.find_spec", lambda name: None)
     result = CliRunner().invoke(
         app, ["bench", "gpu", "--workdir", str(tmp_path), "--loader", "fast", "--loader", "dali"]
     )

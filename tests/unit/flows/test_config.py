@@ -47,6 +47,12 @@ def test_precedence_is_options_then_environment_then_file(tmp_path):
     [
         ("training: {batch_size: 0}", r"training.batch_size must be at least 1 \(got 0\)"),
         ("training: {epochs: many}", r"training.epochs = 'many': Input should be a valid integer"),
+        # a number or auto: one message, not one for each type pydantic tried
+        (
+            "training: {loader_workers: many}",
+            r"training.loader_workers = 'many': Input should be a valid integer or 'auto' \(",
+        ),
+        ("training: {loader_workers: -1}", r"training.loader_workers must not be negative \(got -1\)"),
         ("training: {epoch: 3}", r"training.epoch: Extra inputs are not permitted"),
         ("training: [1, 2", "is not valid YAML"),
         ("- a list", "must hold a mapping"),

@@ -93,10 +93,11 @@ def test_the_gpu_workstation_config_runs_one_worker_a_gpu_under_torchrun_in_bf16
     cfg = load_config(REPO / "flows" / "configs" / "gpu-workstation.yaml", {}, environ={})
     assert cfg.pool.backend == "process" and cfg.pool.slots_per_node == cfg.training.workers == 4
     training = cfg.training
-    assert (training.launcher, training.device, training.precision, training.loader) == (
+    assert (training.launcher, training.device, training.precision, training.loader, training.loader_workers) == (
         "torchrun",
         "cuda",
         "bf16",
+        "auto",
         "auto",
     )
 

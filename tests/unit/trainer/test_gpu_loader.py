@@ -312,6 +312,33 @@ def test_auto_picks_the_gpu_loader_only_where_torchvision_decodes_on_a_cuda_devi
     assert train.choose_loader("gpu", torch.device("cpu")) == "gpu"  # a loader asked for by name is that one
 
 
+@pytest.mark.parametrize(
+    "loader, device, cores, workers",
+    [
+        ("gpu", "cuda", 16, 4),  # a few: they only read the files
+        ("gpu", "cuda", 3, 1),  # two cores kept for the training process and its decode thread
+        ("dali", "cuda", 16, 6),  # NVIDIA's threads a GPU
+        ("fast", "cuda", 16, 12),  # a quarter of the cores kept for the training process
+        ("pil", "cuda", 2, 1),
+        ("fast", "cpu", 16, 4),  # the model's threads take three quarters
+        ("fast", "cpu", 2, 1),
+    ],
+)
+def test_auto_loader_workers_follow_the_cores_and_the_loader(loader, device, cores, workers):
+    assert train.loader_workers_for(loader, device, cores)[0] == workers
+
+
+def test_auto_loader_workers_share_the_cores_among_the_local_processes_and_say_so(caplog):
+    caplog.set_level("INFO", logger="trainer")
+    cores = len(os.sched_getaffinity(0))
+    chosen = train.choose_loader_workers("auto", "fast", torch.device("cpu"), 1)
+    assert chosen == max(1, cores // 4)
+    assert f"loader workers: {chosen} (--loader-workers auto: {cores} cores a training process; " in caplog.text
+    shared = train.choose_loader_workers("auto", "fast", torch.device("cuda"), cores)  # one core each
+    assert shared == 1
+    assert train.choose_loader_workers(3, "fast", torch.device("cpu"), 1) == 3  # a number asked for is that one
+
+
 # In a process of its own: the probe of a CUDA device must not start CUDA in the test process (see above).
 ON_CUDA = """
 import torch

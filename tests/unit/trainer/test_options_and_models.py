@@ -43,6 +43,15 @@ def test_defaults_pass_the_checks():
     check_args(parse())
 
 
+def test_loader_workers_take_a_count_or_auto(capsys):
+    assert parse().loader_workers == "auto"
+    assert parse("--loader-workers", "3").loader_workers == 3
+    check_args(parse("--loader-workers", "0"))
+    with pytest.raises(SystemExit):
+        parse("--loader-workers", "many")
+    assert "--loader-workers: takes a whole number or auto, not 'many'" in capsys.readouterr().err
+
+
 def test_output_folder_under_a_file_is_not_writable(tmp_path):
     (tmp_path / "file").write_text("")
     for out in (tmp_path / "file" / "out", tmp_path / "file"):
