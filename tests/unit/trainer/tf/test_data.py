@@ -241,3 +241,8 @@ def test_an_image_that_fails_while_training_is_named_as_the_pytorch_loader_names
     with pytest.raises(UsageError) as ours:
         as_arrays(dataset)
     assert str(ours.value) == str(theirs.value) and str(bad) in str(ours.value)
+
+
+def test_loader_workers_auto_or_0_leave_the_decoding_threads_to_tf_data():
+    assert data.parallel_calls("auto") == data.parallel_calls(0) == tf.data.AUTOTUNE
+    assert data.parallel_calls(3) == 3
