@@ -61,12 +61,6 @@ def centre_region(box: Box, height: int, width: int, flip: bool, size: int) -> R
     return Region(0, 0, height, width, height / new_h, width / new_w, top, left, False)
 
 
-def taps(scales: list[float]) -> int:
-    """Input pixels to visit along one dimension, enough for every output pixel of the batch (one reads at most
-    2 x support + 1, support being the largest scale, or 1 when enlarging)."""
-    return int(2 * max(max(scales), 1.0)) + 2
-
-
 def resize_batch(images: list[torch.Tensor], regions: list[Region], size: int) -> torch.Tensor:
     """The batch (uint8, N x 3 x size x size, channels-last in memory) of `images` (uint8 3 x H x W, on one device)
     cut, resized and flipped as `regions` say: one copy of the images into one buffer, one kernel."""
@@ -92,8 +86,6 @@ def resize_batch(images: list[torch.Tensor], regions: list[Region], size: int) -
         geometry,
         out,
         size,
-        taps([r.scale_y for r in regions]),
-        taps([r.scale_x for r in regions]),
         BLOCK=BLOCK,
     )
     return out.permute(0, 3, 1, 2)

@@ -8,10 +8,11 @@ BLOCK = 256  # output pixels per program
 
 
 @triton.jit
-def resize(pixels, meta, geometry, out, size, taps_y, taps_x, BLOCK: tl.constexpr):
+def resize(pixels, meta, geometry, out, size, BLOCK: tl.constexpr):
     """pixels: every decoded image (uint8 3 x H x W) one after another; meta: int64 per entry (start in pixels, H,
     W, region top, left, height, width, flip); geometry: float32 per entry (scale y, x, shift y, x); out: uint8
-    entries x size x size x 3."""
+    entries x size x size x 3. Each entry's program visits only the input pixels its own scale can reach (2 x
+    support + 1, at most), so one large photo does not widen every other entry's loops."""
     entry = tl.program_id(0)
     at = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     inside = at < size * size
@@ -28,6 +29,7 @@ def resize(pixels, meta, geometry, out, size, taps_y, taps_x, BLOCK: tl.constexp
     centre_y = scale_y * (out_y.to(tl.float32) + shift_y + 0.5)
     centre_x = scale_x * (out_x.to(tl.float32) + shift_x + 0.5)
     support_y, support_x = tl.maximum(scale_y, 1.0), tl.maximum(scale_x, 1.0)
+    taps_y, taps_x = (2.0 * support_y).to(tl.int32) + 2, (2.0 * support_x).to(tl.int32) + 2
     first_y = tl.maximum((centre_y - support_y + 0.5).to(tl.int64), 0)  # truncated, as torch's int() is
     first_x = tl.maximum((centre_x - support_x + 0.5).to(tl.int64), 0)
     end_y = tl.minimum((centre_y + support_y + 0.5).to(tl.int64), region_h)

@@ -66,6 +66,33 @@ def test_the_kernel_makes_the_per_image_path_s_pixels_for_training_and_evaluatio
     assert gaps["train"]["flipped"] and gaps["train"]["cropped"] == 6  # the draws reached the kernel
 
 
+# Triton's own compiler, down to the GPU's machine code (ptxas ships with Triton), needs no GPU: what the interpreter
+# cannot say, that the kernel compiles for the GPUs the loader is for, is checked here. A cache of its own: compiled.
+COMPILE = """
+import sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from trainer.resize_kernel import BLOCK, resize
+
+types = {"pixels": "*u8", "meta": "*i64", "geometry": "*fp32", "out": "*u8", "size": "i32", "BLOCK": "constexpr"}
+source = ASTSource(fn=resize, signature=types, constexprs={"BLOCK": BLOCK})
+for arch in map(int, sys.argv[1:]):
+    kernel = triton.compile(source, target=GPUTarget("cuda", arch, 32))
+    print(arch, len(kernel.asm["cubin"]), ".target sm_%d" % arch in kernel.asm["ptx"])
+"""
+
+
+def test_the_kernel_compiles_to_machine_code_for_hopper_and_ampere(tmp_path):
+    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path), "PYTHONPATH": f"{REPO}:{REPO / 'containers'}"}
+    done = subprocess.run(
+        [sys.executable, "-c", COMPILE, "90", "80"], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    built = {arch: (int(size), ptx == "True") for arch, size, ptx in map(str.split, done.stdout.strip().splitlines())}
+    assert set(built) == {"90", "80"} and all(size > 0 and ptx for size, ptx in built.values()), built
+
+
 @pytest.mark.parametrize("height, width", [(300, 400), (400, 300), (50, 50), (57, 1000), (33, 32)])
 def test_evaluation_s_region_is_torchvision_s_resize_then_centre_crop(height, width):
     """Resize(val_resize(32)) of the shorter side, the longer in proportion, then CenterCrop(32): the scales of
