@@ -113,8 +113,8 @@ def loader_run(loader: str, data: str = JPEGS, budget_s: float = 60) -> Run:
 
 def device_check_runs() -> list[Run]:
     """The device check's runs, most wanted first: synthetic compiled (the goal's yardstick, and the compile that the
-    later runs find cached), the GPU loader and the fast one on the JPEGs, the fast one on the shrunk copy, then the
-    model-step variants where time is left."""
+    later runs find cached), the GPU loader and the fast one on the JPEGs, the fast one on the shrunk copy, DALI on
+    the JPEGs (skipped where it is not installed), then the model-step variants where time is left."""
     jpegs = [loader_run("gpu"), loader_run("fast"), loader_run("fast", SHRUNK), loader_run("dali")]
     return [SYNTHETIC_RUNS[1], *jpegs, *MODEL_STEP_RUNS]
 

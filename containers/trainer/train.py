@@ -292,9 +292,9 @@ DALI_THREADS = 6
 
 def loader_workers_for(loader: str, device_type: str, cores: int) -> tuple[int, str]:
     """(workers, why) for `loader` training on a `device_type` device with `cores` CPU cores: the decoding loaders
-    on a GPU get the cores but a quarter kept for the training process (on an H200 with 16 cores, 15 workers slowed
-    the compiled step below what 11 gave: docs/benchmarks/); on the CPU the model's threads need the cores, and the
-    loaders get a quarter of them."""
+    on a GPU get the cores but a quarter kept for the training process (on an H200 with 16 cores, 2026-11-27, issue
+    46: the fast loader's 15 workers gave 0.80 of synthetic data's images/s, 11 gave 0.85, the busy cores slowing
+    the compiled step itself); on the CPU the model's threads need the cores, and the loaders get a quarter."""
     if device_type == "cuda" and loader == "gpu":
         return min(GPU_LOADER_WORKERS, max(1, cores - 2)), "gpu: the workers only read the files, the GPU decodes"
     if device_type == "cuda" and loader == "dali":
