@@ -16,6 +16,7 @@ from benchmarks.device_check import (
     Check,
     figures,
     row_of,
+    run_line,
     run_stopped_at,
     start_run,
     worst_case,
@@ -84,7 +85,7 @@ def test_a_run_past_its_budget_is_stopped_with_its_whole_process_group(tmp_path)
         assert run_stopped_at([sys.executable, "-c", "raise SystemExit(3)"], log, budget_s=30) == 3
 
 
-METRICS = {"status": "complete", "steady_images_per_sec": 4800.0, "data_wait_share": [0.04]}
+METRICS = {"status": "complete", "steady_images_per_sec": 4800.0, "data_wait_share": [0.04], "loader_workers": 4}
 
 
 def test_a_run_s_row_has_its_figures_and_the_mfu_or_says_why_it_has_none(tmp_path):
@@ -93,6 +94,10 @@ def test_a_run_s_row_has_its_figures_and_the_mfu_or_says_why_it_has_none(tmp_pat
     measured = figures(check, run, METRICS, 0, "")
     assert measured["status"] == "measured" and measured["images_per_sec"] == 4800.0
     assert measured["data_wait_share"] == 0.04 and measured["mfu"] == pytest.approx(4800 * 24.3e9 / 989.4e12)
+    # the line it prints (the GPU-workstation guide shows it): the workers --loader-workers auto picked
+    assert run_line(measured | {"seconds": 41.2}) == (
+        "JPEGs, --loader gpu: 4800 images/s, data-wait share 0.04, MFU 11.8%, 4 loader workers (41 s)"
+    )
     # stopped at its budget: the figures of its last whole epoch, if it ended one
     assert figures(check, run, METRICS | {"status": "running"}, None, "")["reason"] == "stopped at its 60 s budget"
     stopped = figures(check, run, None, None, "")
