@@ -328,9 +328,9 @@ def row_of(run: Run, status: str, reason: str, metrics: dict | None = None, peak
     """A run's row: its label, settings, status and why, and from its metrics the steady images/s, the largest rank's
     data-wait share, the MFU, the loader workers the trainer picked and (--loader gpu) the share of batches the GPU
     decoded in one call."""
-    rate = (metrics or {}).get("steady_images_per_sec")
-    waits = (metrics or {}).get("data_wait_share") or []
-    tally = (metrics or {}).get("gpu_decoding") or {}
+    metrics = metrics or {}
+    rate, waits = metrics.get("steady_images_per_sec"), metrics.get("data_wait_share") or []
+    tally = metrics.get("gpu_decoding") or {}
     return {
         "run": run.label,
         "settings": run.settings,
@@ -340,7 +340,7 @@ def row_of(run: Run, status: str, reason: str, metrics: dict | None = None, peak
         "images_per_sec": rate,
         "data_wait_share": max(waits) if waits else None,
         "mfu": mfu(rate, peak) if rate and peak else None,
-        "loader_workers": (metrics or {}).get("loader_workers"),
+        "loader_workers": metrics.get("loader_workers"),
         "decoded_at_once_share": tally["batches_decoded_at_once"] / tally["batches"] if tally.get("batches") else None,
     }
 

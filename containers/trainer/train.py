@@ -126,7 +126,7 @@ def set_up(args) -> core.Run:
         socket.gethostname(),
         device,
     )
-    torch.set_num_threads(args.threads or max(1, len(os.sched_getaffinity(0)) // backend.local_world_size))
+    torch.set_num_threads(args.threads or core.cores_per_process(backend.local_world_size))
     torch.manual_seed(args.seed)
     if backend.rank == 0:
         check_output_folder(args.out)
@@ -278,7 +278,7 @@ def choose_loader_workers(requested: int | str, loader: str, device: torch.devic
     machine's `local_processes` training processes has (says so in the log); a number asked for is that one."""
     if requested != "auto":
         return int(requested)
-    cores = max(1, len(os.sched_getaffinity(0)) // local_processes)
+    cores = core.cores_per_process(local_processes)
     workers, why = loader_workers_for(loader, device.type, cores)
     log.info("loader workers: %d (--loader-workers auto: %d cores a training process; %s)", workers, cores, why)
     return workers

@@ -230,7 +230,7 @@ def start_worker(args, framework: str) -> tuple[int, int, int, str, str]:
     hvd.init()  # Horovod:
     rank, size, local_rank, local_size = hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size()
     console.setup_logging(rank)
-    threads = args.threads or max(1, len(os.sched_getaffinity(0)) // local_size)
+    threads = args.threads or core.cores_per_process(local_size)
     tf.config.threading.set_intra_op_parallelism_threads(threads)  # before TensorFlow's runtime starts
     tf.config.threading.set_inter_op_parallelism_threads(threads)
     device = pick_device(args.device, local_rank)
