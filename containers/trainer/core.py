@@ -16,7 +16,6 @@ Keras's fit drives its own steps: its callbacks (trainer/tf/fit.py) call `after_
 """
 
 import logging
-import os
 import time
 from argparse import Namespace
 from collections.abc import Callable, Iterator
@@ -193,12 +192,6 @@ def check_only(args: Namespace, checks: Checks, replicas: int) -> int:
     if args.init_from:  # once here, so that imagenet's download is made before the workers read it
         console.started_from(checks.start_from(args, classes))
     return len(classes)
-
-
-def cores_per_process(local_processes: int) -> int:
-    """The CPU cores this process may use, shared evenly among the machine's `local_processes` training processes
-    (at least 1): what --threads 0 and --loader-workers auto start from."""
-    return max(1, len(os.sched_getaffinity(0)) // local_processes)
 
 
 def synthetic_classes(num_classes: int) -> list[str]:

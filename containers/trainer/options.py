@@ -271,6 +271,12 @@ def count_or_auto(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"takes a whole number or auto, not {text!r}") from None
 
 
+def cores_per_process(local_processes: int) -> int:
+    """The CPU cores this process may use, shared evenly among the machine's `local_processes` training processes
+    (at least 1): what --threads 0 and --loader-workers auto start from."""
+    return max(1, len(os.sched_getaffinity(0)) // local_processes)
+
+
 def add_check_options(p: argparse.ArgumentParser) -> None:
     """The preflight's options (not settings)."""
     p.add_argument(

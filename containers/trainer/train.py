@@ -47,7 +47,7 @@ from trainer.errors import UsageError
 from trainer.layout import SYNTHETIC
 from trainer.memory import resident_mb
 from trainer.models import build_model, build_on_meta, check_model_name, start_from
-from trainer.options import build_parser, check_args, check_layout, check_output_folder
+from trainer.options import build_parser, check_args, check_layout, check_output_folder, cores_per_process
 from trainer.pipeline import Pipeline, blocks_of, parameter_costs, partition
 from trainer.recipe import SYNTHETIC_STEPS
 from trainer.schedule import lr_factor
@@ -126,7 +126,7 @@ def set_up(args) -> core.Run:
         socket.gethostname(),
         device,
     )
-    torch.set_num_threads(args.threads or core.cores_per_process(backend.local_world_size))
+    torch.set_num_threads(args.threads or cores_per_process(backend.local_world_size))
     torch.manual_seed(args.seed)
     if backend.rank == 0:
         check_output_folder(args.out)
@@ -278,7 +278,7 @@ def choose_loader_workers(requested: int | str, loader: str, device: torch.devic
     machine's `local_processes` training processes has (says so in the log); a number asked for is that one."""
     if requested != "auto":
         return int(requested)
-    cores = core.cores_per_process(local_processes)
+    cores = cores_per_process(local_processes)
     workers, why = loader_workers_for(loader, device.type, cores)
     log.info("loader workers: %d (--loader-workers auto: %d cores a training process; %s)", workers, cores, why)
     return workers

@@ -37,7 +37,7 @@ import tf_keras as keras
 from trainer import checkpoint, console, core, model_files, tracking
 from trainer.errors import UsageError
 from trainer.memory import peak_resident_mb, resident_mb
-from trainer.options import check_output_folder
+from trainer.options import check_output_folder, cores_per_process
 from trainer.tf import checkpoints, data, models
 from trainer.tf.options import build_parser, check_args
 from trainer.throughput import installed_versions
@@ -230,7 +230,7 @@ def start_worker(args, framework: str) -> tuple[int, int, int, str, str]:
     hvd.init()  # Horovod:
     rank, size, local_rank, local_size = hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size()
     console.setup_logging(rank)
-    threads = args.threads or core.cores_per_process(local_size)
+    threads = args.threads or cores_per_process(local_size)
     tf.config.threading.set_intra_op_parallelism_threads(threads)  # before TensorFlow's runtime starts
     tf.config.threading.set_inter_op_parallelism_threads(threads)
     device = pick_device(args.device, local_rank)
