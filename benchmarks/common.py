@@ -1,6 +1,5 @@
 """What every benchmark shares: fresh outputs, timing, repetitions, counting, quiet logs, the JSON file."""
 
-import os
 import platform
 import shlex
 import shutil
@@ -20,6 +19,7 @@ from infra.engines import ENGINES, TrainingConfig
 from infra.engines.contract import Metrics, TrainingSettings
 from infra.engines.launchers import LaunchError
 from infra.engines.pytorch import PyTorchTraining
+from trainer.cores import usable_cores
 from trainer.metrics import installed_versions, library_versions
 
 RESTARTS = "fast+restarts"  # bench loader's run of the fast loader on the JPEGs rewritten with restart markers
@@ -94,7 +94,7 @@ def machine() -> dict:
     record of its own, and the orchestrator's)."""
     versions = {**library_versions(), **installed_versions("prefect", "azure-storage-blob")}
     return {
-        "cores": len(os.sched_getaffinity(0)),
+        "cores": usable_cores(),
         "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
         "platform": platform.platform(),
         "python": platform.python_version(),

@@ -69,6 +69,7 @@ from benchmarks.gpu_plan import (
     write_photo_set,
     write_shrunk_copy,
 )
+from trainer.cores import usable_cores
 
 BUDGET_S = 420  # 7 minutes, all told
 MARGIN_S = 15  # kept back from the budget: starting Python and torch, the last JSON, the runs' processes ending
@@ -241,7 +242,7 @@ def check_without_gpu(check: Check) -> int:
 def prepare_data(check: Check, files: int) -> dict[str, Path] | None:
     """The photo-like JPEGs and their shrunk copy under the work folder (each a step; a copy a stopped check left
     half made is completed); None when one failed."""
-    cores, folders = len(os.sched_getaffinity(0)), photo_folders(check.work, files)
+    cores, folders = usable_cores(), photo_folders(check.work, files)
     if check.step("photos", lambda: write_photo_set(folders[JPEGS], files, cores) | {"cores": cores}) is None:
         return None
     if check.step("shrunk", lambda: write_shrunk_copy(folders[JPEGS], folders[SHRUNK], cores) | {"cores": cores}):

@@ -11,7 +11,6 @@ instead (benchmarks/device_check.py: one round, the trainer alone, within 7 minu
 GPU it says so and exits 2.
 """
 
-import os
 import shlex
 import sys
 import time
@@ -55,6 +54,7 @@ from benchmarks.loader import restart_marked_copy, training_split
 from flows.config import ConfigError, FlowConfig
 from infra.compute.process import train_here
 from trainer import jpeg_crop
+from trainer.cores import usable_cores
 from trainer.dali import INSTALL
 from trainer.options import LOADERS
 
@@ -160,7 +160,7 @@ def measured(plan: list[Run], facts: dict, peak: float | None, complete: bool) -
 def run_data(root: Path, needed: set[str]) -> dict[str, str]:
     """What each kind of run trains on: synthetic data, the photo-like JPEGs (written once), their copy shrunk to
     MAX_SIDE and their copy with restart markers (each made once, where a run needs it)."""
-    cores, folders = len(os.sched_getaffinity(0)), photo_folders(root, PHOTOS)
+    cores, folders = usable_cores(), photo_folders(root, PHOTOS)
     write_photo_set(folders[JPEGS], PHOTOS, cores)
     found = {SYNTHETIC: SYNTHETIC, JPEGS: str(folders[JPEGS])}
     if SHRUNK in needed:

@@ -30,6 +30,7 @@ import torchvision
 from infra.data.photos import make_photo_folders, photo_plan, write_photo
 from infra.data.shrink import mirror_files
 from trainer import gpu_decode, jpeg_crop
+from trainer.cores import usable_cores
 from trainer.data import LOADERS, train_transform
 from trainer.options import build_parser
 
@@ -188,7 +189,7 @@ def software_facts() -> dict:
     whether the fast loader decodes only the crop (jpeg_crop.c built: it needs cc and libjpeg's headers)."""
     return {
         "date": f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC",
-        "cores": len(os.sched_getaffinity(0)),
+        "cores": usable_cores(),
         "platform": platform.platform(),
         "python": platform.python_version(),
         "torch": torch.__version__,

@@ -16,6 +16,7 @@ from typing import Any
 from benchmarks.common import bench_progress, shown, spread, write_json
 from flows.config import FlowConfig
 from infra.core.errors import BadInput
+from trainer.cores import usable_cores
 
 REPO = Path(__file__).resolve().parents[1]
 TOOLS = ("pip", "uv")  # pip: the baseline, what a user does without the Makefile's choice
@@ -122,7 +123,7 @@ def summarise(rounds: list[dict], user: str) -> dict:
     ratio = {"pip_over_uv": spread([r["pip"] / r["uv"] for r in rounds])} if "pip" in rounds[0] else {}
     seconds = {name: spread([r[name] for r in rounds]) for name in rounds[0]}
     root = pwd.getpwnam(user).pw_uid == 0
-    return {"seconds": seconds, **ratio, "user": user, "as_root": root, "cores": len(os.sched_getaffinity(0))}
+    return {"seconds": seconds, **ratio, "user": user, "as_root": root, "cores": usable_cores()}
 
 
 NAMES = {

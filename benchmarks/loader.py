@@ -41,6 +41,7 @@ from infra.data.restart_markers import add_restart_markers
 from infra.data.sample_data import write_photo_sized, written_whole
 from infra.data.shrink import check_max_side, shrunk_copy
 from trainer import data
+from trainer.cores import usable_cores
 from trainer.errors import UsageError
 from trainer.layout import Split, index_folder
 
@@ -64,7 +65,7 @@ def bench_loader(
         raise ConfigError(str(exc)) from None
     under = cfg.workdir.resolve() / "bench" / "loader"
     folder = Path(cfg.data).resolve() if cfg.data else write_photo_sized(under / f"photo-sized-{files}", files=files)
-    split, cores = training_split(folder), len(os.sched_getaffinity(0))
+    split, cores = training_split(folder), usable_cores()
     if len(split.samples) < 2 * cfg.training.batch_size:
         raise ConfigError(
             f"{folder} has {len(split.samples)} training images: timing needs two batches of "
@@ -174,7 +175,7 @@ def copy_name(folder: Path, split: Split, suffix: str) -> str:
 
 def timing(dest: Path, seconds: float, files: int) -> dict:
     """Where a copy lies, the cores that made it, and its ms per file."""
-    return {"folder": str(dest), "cores": len(os.sched_getaffinity(0)), "ms_per_file": seconds * 1e3 / max(files, 1)}
+    return {"folder": str(dest), "cores": usable_cores(), "ms_per_file": seconds * 1e3 / max(files, 1)}
 
 
 def cpu_loaders() -> tuple[str, ...]:

@@ -15,7 +15,6 @@ backward passes) / (step time), averaged over the stages, beside GPipe's (S - 1)
 equal stages; the measured figure also holds the sends and receives and any imbalance between stages.
 """
 
-import os
 from pathlib import Path
 
 from rich.console import Console
@@ -27,6 +26,7 @@ from flows.config import FlowConfig
 from infra.compute.process import train_here
 from infra.engines.contract import Metrics
 from infra.engines.pytorch import PyTorchTraining
+from trainer.cores import usable_cores
 
 # Small enough for 2 CPU cores; the config file's training section overrides any of these.
 PARALLEL_BENCH_DEFAULTS = dict(
@@ -75,7 +75,7 @@ def bench_parallel(
     base = PyTorchTraining(
         **{**PARALLEL_BENCH_DEFAULTS, **cfg.training.model_dump(include=cfg.training.model_fields_set)}
     )
-    base = base.model_copy(update={"threads": base.threads or max(1, len(os.sched_getaffinity(0)) // 2)})
+    base = base.model_copy(update={"threads": base.threads or max(1, usable_cores() // 2)})
     root, plan = cfg.workdir.resolve() / "bench" / "parallel", planned_runs(base, microbatches) + deeper_runs(base)
     results: dict[str, list[Metrics]] = {label: [] for label, _ in plan}
     with bench_progress() as progress:

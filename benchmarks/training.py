@@ -10,7 +10,6 @@ times, so the ceiling says how much of a shortfall shared caches and memory caus
 configuration once; REPEATS rounds, every figure the median with its min-max, ratios computed within a round.
 """
 
-import os
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -34,6 +33,7 @@ from infra.compute.process import train_here
 from infra.engines import TrainingConfig
 from infra.engines.contract import TrainingSettings, read_metrics, trainer_argv
 from infra.engines.launchers import LaunchError
+from trainer.cores import usable_cores
 
 # Small enough for 2 CPU cores; any of these can be set in the config file's training section.
 TRAIN_BENCH_DEFAULTS = dict(
@@ -61,7 +61,7 @@ def bench_training(
     `repeats` rounds; print and return."""
     if unknown := sorted(set(launchers) - set(LAUNCHERS)):
         raise ConfigError(f"--launcher {unknown[0]} is not a launcher: pass horovodrun or torchrun")
-    threads = cfg.training.threads or max(1, len(os.sched_getaffinity(0)) // 2)
+    threads = cfg.training.threads or max(1, usable_cores() // 2)
     bases = {
         f: as_framework({**TRAIN_BENCH_DEFAULTS, "threads": threads}, cfg.training, f)
         for f in dict.fromkeys(frameworks or (cfg.training.framework,))

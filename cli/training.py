@@ -2,7 +2,6 @@
 `smoke`, its dry run), staging the data (`stage`), building the training image (`build`) and scheduling the flow
 (`deploy`)."""
 
-import os
 import shlex
 from datetime import datetime
 from pathlib import Path
@@ -34,6 +33,7 @@ from infra.engines import ENGINES
 from infra.engines.contract import METRICS, SYNTHETIC, Metrics, metrics_from
 from infra.runs.ledger import check_budget
 from infra.runs.workdir import command_line
+from trainer.cores import usable_cores
 
 FrameworkOpt = Annotated[
     str | None, typer.Option(help=f"Training framework (training.framework): {', '.join(ENGINES)}.")
@@ -117,7 +117,7 @@ def train(
 def warn_if_oversubscribed(workers: int) -> None:
     """One line when more workers are to run on this machine than it has cores: allowed (a test of a larger world
     on a laptop), but each worker then gets part of a core and the run is slower than with fewer."""
-    cores = len(os.sched_getaffinity(0))
+    cores = usable_cores()
     if workers > cores:
         say(
             f"warning: {workers} workers on {cores} cores oversubscribe this machine (each worker gets part of a "

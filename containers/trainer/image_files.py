@@ -9,7 +9,6 @@ PIL and numpy are imported inside the functions that decode: listing a data set 
 program on every run) needs neither, and skipping them halves its start-up.
 """
 
-import os
 import re
 import warnings
 from collections.abc import Callable, Sequence
@@ -18,6 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
+from trainer.cores import usable_cores
 from trainer.errors import UsageError
 
 T = TypeVar("T")
@@ -95,7 +95,7 @@ def check_header(path: str) -> None:
 def verify_images(samples: list[tuple[str, int]], rank: int = 0, world_size: int = 1, decode: bool = True) -> int:
     """Decode (or with decode=False, header-check) this worker's share of the images, on all cores."""
     mine = [path for path, _ in samples[rank::world_size]]
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+    with ThreadPoolExecutor(max_workers=usable_cores()) as pool:
         list(pool.map(check_image if decode else check_header, mine))  # PIL decodes without the GIL
     return len(mine)
 
@@ -123,7 +123,7 @@ def find_bad_images(paths: list[str], decode: bool = True) -> list[tuple[str, st
 def on_all_cores(work: Callable[[T], R], items: Sequence[T]) -> list[R]:
     """`work` of each item, in threads on every core (for work that releases the GIL: decoding, hashing). An
     interrupt (Ctrl-C) drops the work not yet started: it waits for at most one item per core, not for the rest."""
-    pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 1)
+    pool = ThreadPoolExecutor(max_workers=usable_cores())
     try:
         return list(pool.map(work, items))
     finally:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin, get_type_hints
 
+from trainer.cores import usable_cores
 from trainer.errors import UsageError
 from trainer.folders import cannot_write_in, nearest_existing
 from trainer.tracking import check_trackers
@@ -274,7 +275,7 @@ def count_or_auto(text: str) -> int | str:
 def cores_per_process(local_processes: int) -> int:
     """The CPU cores this process may use, shared evenly among the machine's `local_processes` training processes
     (at least 1): what --threads 0 and --loader-workers auto start from."""
-    return max(1, len(os.sched_getaffinity(0)) // local_processes)
+    return max(1, usable_cores() // local_processes)
 
 
 def add_check_options(p: argparse.ArgumentParser) -> None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from trainer.cores import usable_cores
 from trainer.errors import UsageError
 from trainer.image_files import BadImage, bad_image_lines
 from trainer.layout import IMAGE_SUFFIXES
@@ -86,7 +87,7 @@ def classify(
     """The `top_k` classes of each image of `paths` that decodes, in order, BATCH at a time; each one that does not
     is named in a line to `skipped`; `advance` is told how many were done after each batch. None decoded: one line."""
     predictions: list[Prediction] = []
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:  # PIL and TensorFlow decode without the GIL
+    with ThreadPoolExecutor(max_workers=usable_cores()) as pool:  # PIL and TensorFlow decode without the GIL
         for start in range(0, len(paths), BATCH):
             kept, images = prepared(classifier, paths[start : start + BATCH], pool, skipped)
             if images:

@@ -26,6 +26,7 @@ from PIL import Image
 from infra.core.errors import BadInput
 from infra.data.sample_data import files_bar, writer_pool
 from trainer import jpeg_crop
+from trainer.cores import usable_cores
 from trainer.errors import UsageError
 from trainer.layout import class_names, split_folders, split_images
 
@@ -76,7 +77,7 @@ def add_restart_markers(data_dir: Path, workers: int | None = None, progress: bo
     removed = remove_leftovers(data_dir)
     paths = list(training_images(data_dir))
     counts, before, after, left = dict.fromkeys((REWRITTEN, ALREADY, NOT_JPEG, LEFT), 0), 0, 0, []
-    workers = workers or len(os.sched_getaffinity(0))
+    workers = workers or usable_cores()
     rewrite = functools.partial(rewrite_files, data_dir)
     try:
         with writer_pool(workers if len(paths) > CHUNK else 1) as pool, files_bar(progress) as bar:

@@ -32,6 +32,8 @@ from typing import NamedTuple
 
 from PIL import Image
 
+from trainer.cores import usable_cores
+
 QUALITY = 90
 MIN_SIDE = 32  # the smallest --max-side (the digits set's side): a smaller one is a typo, not a training choice
 TEMPORARY = ".shrink-tmp"  # the suffix of a file being written; one left by a killed run is removed by the next
@@ -123,7 +125,7 @@ def shrunk_copy(
     chunks = list(_chunks(_relative_files(src, dest) if paths is None else paths))
     counts, before, after = dict.fromkeys((SHRUNK, LINKED, COPIED, KEPT), 0), 0, 0
     mirror = functools.partial(mirror_files, str(src), str(dest), max_side)
-    workers = workers or len(os.sched_getaffinity(0))
+    workers = workers or usable_cores()
     try:
         with writer_pool(workers if len(chunks) > 1 else 1) as pool, files_bar(progress) as bar:
             task = bar.add_task(f"shrinking to {max_side} px", total=sum(map(len, chunks)))

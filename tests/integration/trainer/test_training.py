@@ -21,6 +21,7 @@ from infra.engines.pytorch import PyTorchTraining
 from tests.fakes.training import digests, train_locally
 from trainer import jpeg_crop
 from trainer.checkpoint import load_checkpoint
+from trainer.cores import usable_cores
 from trainer.models import build_model
 from trainer.train import main as engine_main
 
@@ -149,7 +150,7 @@ def test_without_partial_jpeg_decoding_a_worker_trains_on_whole_decodes_and_says
         "the fast loader decodes whole images" in said
     )
     assert "loader: fast (--loader auto: cpu is not a CUDA device)" in said  # the default, on the CPU
-    workers = max(1, len(os.sched_getaffinity(0)) // 4)  # --loader-workers auto, on the CPU
+    workers = max(1, usable_cores() // 4)  # --loader-workers auto, on the CPU
     assert f"loader workers: {workers} (--loader-workers auto: " in said
     metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert (metrics["loader"], metrics["loader_workers"]) == ("fast", workers)

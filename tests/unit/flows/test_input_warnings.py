@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 from tests.fakes.paths import BIN
+from trainer.cores import usable_cores
 
 HOLD = (
     "import sys, time; from pathlib import Path; from infra.runs.workdir import workdir_lock\n"
@@ -55,7 +56,7 @@ def dry_run(tmp_path, workers: int) -> subprocess.CompletedProcess:
 
 
 def test_more_local_workers_than_cores_warn_once_and_run(tmp_path):
-    cores = len(os.sched_getaffinity(0))
+    cores = usable_cores()
     over = dry_run(tmp_path, cores + 1)
     assert over.returncode == 0, over.stderr
     assert over.stderr.splitlines() == [
@@ -68,7 +69,7 @@ def test_more_local_workers_than_cores_warn_once_and_run(tmp_path):
 
 
 def test_train_warns_once_before_its_checks(tmp_path):
-    cores = len(os.sched_getaffinity(0))
+    cores = usable_cores()
     (tmp_path / "file").write_text("")
     args = ["train", "--data", "synthetic", "--model", "resnet18", "--workers", str(cores + 1), "--workdir", tmp_path]
     done = subprocess.run(
