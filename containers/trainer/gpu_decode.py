@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader, get_worker_info
 from torchvision.io import ImageReadMode, decode_jpeg, encode_jpeg
 from torchvision.transforms import v2
 
-from trainer.batch_resize import Box, Region, resize_batch
+from trainer.batch_resize import Box, Region, crop_region, resize_batch
 from trainer.errors import UsageError
 from trainer.jpeg_crop import header_shape
 
@@ -121,17 +121,36 @@ class DeviceSteps:
 
 
 def check_device(device: torch.device) -> None:
-    """Refuse a device that torchvision cannot decode JPEGs on (a torchvision built without nvJPEG, say), before any
-    worker starts: a tiny JPEG decoded there as the batches will be."""
+    """Refuse a device that torchvision cannot decode JPEGs on (a torchvision built without nvJPEG, say), or, on a
+    GPU, that the batch kernel cannot run on, before any worker starts: a tiny JPEG decoded there and made a batch
+    entry, as the batches will be."""
     probe = encode_jpeg(torch.zeros(3, 8, 8, dtype=torch.uint8))
     try:
-        decode_jpeg([probe], device=device, mode=ImageReadMode.RGB)
+        images = decode_jpeg([probe], device=device, mode=ImageReadMode.RGB)
     except (RuntimeError, NotImplementedError) as exc:
-        why = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise UsageError(
-            f"--loader gpu cannot decode JPEGs on {device} ({why}); install a torchvision built with CUDA "
+            f"--loader gpu cannot decode JPEGs on {device} ({first_line(exc)}); install a torchvision built with CUDA "
             "(its nvJPEG decoder), or pass --loader fast"
         ) from None
+    if device.type == "cuda":
+        check_kernel(images)
+
+
+def check_kernel(images: list[torch.Tensor]) -> None:
+    """Refuse a device the batch kernel cannot run on (no Triton, no C compiler for its launcher, no driver): the
+    decoded `images` made a batch. Triton's compile and driver errors are of its own types, hence any Exception."""
+    try:
+        resize_batch(images, [crop_region(None, 8, 8, False, 8) for _ in images], 8)
+    except Exception as exc:
+        raise UsageError(
+            f"--loader gpu cannot run its batch kernel on {images[0].device} ({first_line(exc)}); install the Triton "
+            "that torch's CUDA build requires (pip install triton) and a C compiler (gcc), or pass --loader fast"
+        ) from None
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message, or its type's name."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def new_tally() -> dict[str, int]:
@@ -148,13 +167,15 @@ class DeviceBatches:
         self.loader, self.steps, self.device, self.ahead = loader, steps, device, ahead
         self.sampler = loader.sampler  # the trainer sets its epoch and what a resumed epoch skips
         self.tally = new_tally()
+        self.decoder: Decoder | None = None
 
     def __len__(self) -> int:
         return len(self.loader)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         batches = iter(self.loader)  # in this thread: the workers' seeds drawn where the other loaders draw them
-        with Prefetch(map(Decoder(self.steps, self.device, self.tally), batches), self.ahead) as ready:
+        self.decoder = self.decoder or Decoder(self.steps, self.device, self.tally)  # one stream for every epoch
+        with Prefetch(map(self.decoder, batches), self.ahead) as ready:
             yield from ready
 
 
@@ -171,6 +192,9 @@ class Decoder:
         self.tally["batches"] += 1
         if self.stream is None or self.consumer is None:  # both set on CUDA only
             return decode_batch(batch.samples, self.steps, self.device, self.tally), batch.targets
+        # A thread starts on GPU 0: without this, leaving the stream's block below would make GPU 0 current (and
+        # give every rank a CUDA context there).
+        torch.cuda.set_device(self.device)
         # The decode runs on a stream of its own, so it overlaps the training step; the batch is handed over once
         # that stream is done (synchronised here, in the decode thread), and record_stream keeps the allocator from
         # giving the batch's memory to the decoder again while the step still reads it. pytorch/vision#9606: see
@@ -185,8 +209,21 @@ class Decoder:
 def decode_batch(
     samples: list[Encoded], steps: DeviceSteps, device: torch.device, tally: dict[str, int] | None = None
 ) -> torch.Tensor:
-    """The samples' images on `device`, each decoded, cropped, resized and maybe flipped, as one uint8 batch."""
-    return finish_batch(decode_images(samples, steps.read, device, tally), samples, steps, device)
+    """The samples' images on `device`, each decoded, cropped, resized and maybe flipped, as one uint8 batch; a batch
+    that runs the device out of memory is a UsageError naming its largest image (out_of_memory)."""
+    try:
+        return finish_batch(decode_images(samples, steps.read, device, tally), samples, steps, device)
+    except RuntimeError as exc:
+        if not ran_out_of_memory(exc):
+            raise
+        raise UsageError(out_of_memory(samples, device)) from None
+
+
+def ran_out_of_memory(exc: BaseException) -> bool:
+    """Whether `exc` says the device ran out of memory: torch's OutOfMemoryError, or the RuntimeError torchvision's
+    batched CUDA decode makes of it ("Error while decoding JPEG images: CUDA out of memory. ...": its
+    decode_jpegs_cuda.cpp catches every std::exception and raises its message in a RuntimeError)."""
+    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc)
 
 
 def finish_batch(images: list, samples: list[Encoded], steps: DeviceSteps, device: torch.device) -> torch.Tensor:
@@ -216,7 +253,24 @@ def decode_images(
     tally = new_tally() if tally is None else tally
     tally["images_decoded_on_cpu"] += len(samples) - len(jpegs)
     decoded = iter(decode_jpegs(jpegs, read, device, tally))
-    return [next(decoded) if is_jpeg(s) else worker_image(s).to(device, non_blocking=True) for s in samples]
+    images = [next(decoded) if is_jpeg(s) else worker_image(s).to(device, non_blocking=True) for s in samples]
+    return [image if fits(image, s.box) else redecoded(s, read, device, tally) for image, s in zip(images, samples)]
+
+
+def fits(image: torch.Tensor, box: Box) -> bool:
+    """Whether the crop box a worker drew from the JPEG's header lies inside the decoded image (a decoder that turns
+    images by their EXIF orientation, as newer torchvision's nvJPEG path does, swaps their sides)."""
+    return box is None or (box[0] + box[2] <= image.shape[-2] and box[1] + box[3] <= image.shape[-1])
+
+
+def redecoded(sample: Encoded, read: Callable[[str], torch.Tensor], device: torch.device, tally: dict) -> torch.Tensor:
+    """A JPEG the device decoded to other sides than its header's, decoded by `read` on the CPU as the fast loader
+    decodes it (not turned), so that its crop box lies inside it (counted in `tally`)."""
+    tally["images_decoded_on_cpu"] += 1
+    image = read(sample.path)
+    if not fits(image, sample.box):
+        raise ValueError(f"{sample.path}: its crop {sample.box} lies outside the decoded {tuple(image.shape)} image")
+    return image.to(device)
 
 
 def worker_image(sample: Encoded) -> torch.Tensor:
@@ -237,20 +291,21 @@ def decode_jpegs(
         decoded = on_device([jpeg_data(s) for s in jpegs], device)
         tally["batches_decoded_at_once"] += 1
         return decoded
-    except torch.OutOfMemoryError:
-        raise UsageError(out_of_memory(jpegs, device)) from None
-    except RuntimeError:
+    except RuntimeError as exc:
+        if ran_out_of_memory(exc):  # decode_batch says which image: one by one would not fit either
+            raise
         return [decode_one(sample, read, device, tally) for sample in jpegs]
 
 
-def out_of_memory(jpegs: list[Encoded], device: torch.device) -> str:
-    """What to say when decoding a batch ran `device` out of memory: the largest image of the batch (from the JPEG
+def out_of_memory(samples: list[Encoded], device: torch.device) -> str:
+    """What to say when decoding a batch ran `device` out of memory: the largest JPEG of the batch (from the JPEG
     headers), and the fixes."""
+    jpegs = [s for s in samples if is_jpeg(s)]
     sizes = {s.path: shape[:2] for s in jpegs if (shape := header_shape(bytes(jpeg_data(s).numpy())))}
-    largest = max(sizes, key=lambda path: sizes[path][0] * sizes[path][1], default=jpegs[0].path)
+    largest = max(sizes, key=lambda path: sizes[path][0] * sizes[path][1], default=samples[0].path)
     width, height = sizes.get(largest, (0, 0))
     return (
-        f"{device} ran out of memory decoding a batch of {len(jpegs)} JPEGs; the largest, {largest}, is "
+        f"{device} ran out of memory decoding a batch of {len(samples)} images; the largest, {largest}, is "
         f"{width}x{height} px: stage the photos shrunk (--max-side 500 on trainflow run or stage), or lower "
         "--batch-size"
     )
@@ -262,7 +317,9 @@ def decode_one(
     """One JPEG decoded on `device`, else on the CPU by `read` (PIL's decode, or a message naming the file)."""
     try:
         return on_device(jpeg_data(sample), device)
-    except RuntimeError:
+    except RuntimeError as exc:
+        if ran_out_of_memory(exc):
+            raise
         tally["images_decoded_on_cpu"] += 1
         return read(sample.path).to(device)
 

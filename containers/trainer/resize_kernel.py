@@ -13,7 +13,7 @@ def resize(pixels, meta, geometry, out, size, BLOCK: tl.constexpr):
     W, region top, left, height, width, flip); geometry: float32 per entry (scale y, x, shift y, x); out: uint8
     entries x size x size x 3. Each entry's program visits only the input pixels its own scale can reach (2 x
     support + 1, at most), so one large photo does not widen every other entry's loops."""
-    entry = tl.program_id(0)
+    entry = tl.program_id(0).to(tl.int64)  # the output's offsets pass 2**31 at 14,267 entries of 224 px
     at = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     inside = at < size * size
     row = meta + entry * 8

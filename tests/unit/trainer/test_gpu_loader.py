@@ -370,21 +370,63 @@ def test_without_a_gpu_the_gpu_loader_is_refused_naming_the_fix_and_auto_picks_f
     assert auto == "auto: fast"
 
 
-def test_a_batch_that_runs_the_device_out_of_memory_is_one_line_naming_the_largest_image(tmp_path, monkeypatch):
-    """No GPU here to run out of memory: the decode call raises what torch raises when one does."""
-    root = photo_tree(tmp_path, count=6)
+def whole_samples(root: Path) -> list:
+    """Every training JPEG of `root` as a worker encodes it for the device, its crop the whole image."""
     train_split, _ = data.index_folder(root)
-    samples = [gpu_decode.Encoded(Path(path).read_bytes(), None, False, path) for path, _ in train_split.samples]
+    return [gpu_decode.Encoded(Path(path).read_bytes(), None, False, path) for path, _ in train_split.samples]
 
-    def full(data, device):
-        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
-    monkeypatch.setattr(gpu_decode, "on_device", full)
+# What a GPU raises when a batch does not fit: torchvision's batched decode catches torch's OutOfMemoryError (a
+# std::exception) and raises its message in a RuntimeError (decode_jpegs_cuda.cpp); the kernel's allocations raise
+# torch's own. No GPU here to run out of memory: the calls raise what they raise when one does.
+DECODER_OOM = RuntimeError("Error while decoding JPEG images: CUDA out of memory. Tried to allocate 2.00 GiB")
+TORCH_OOM = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+
+@pytest.mark.parametrize(
+    ("failing", "error"), [("on_device", DECODER_OOM), ("on_device", TORCH_OOM), ("finish_batch", TORCH_OOM)]
+)
+def test_a_batch_that_runs_the_device_out_of_memory_is_one_line_naming_the_largest_image(
+    tmp_path, monkeypatch, failing, error
+):
+    root = photo_tree(tmp_path, count=6)
+    samples = whole_samples(root)
+
+    def full(*args):
+        raise error
+
+    monkeypatch.setattr(gpu_decode, failing, full)
+    steps = data.train_transform(16, 0.25, True, "gpu")
     with pytest.raises(UsageError) as caught:
-        gpu_decode.decode_images(samples, data.read_uint8, torch.device("cpu"))
-    largest = max(train_split.samples, key=lambda s: np.prod(data.decodable(Path(s[0]).read_bytes())))[0]
+        gpu_decode.decode_batch(samples, steps, torch.device("cpu"))
+    largest = max((s.path for s in samples), key=lambda path: np.prod(data.decodable(Path(path).read_bytes())))
     width, height = data.decodable(Path(largest).read_bytes())
     assert str(caught.value) == (
-        f"cpu ran out of memory decoding a batch of 6 JPEGs; the largest, {largest}, is {width}x{height} px: stage "
+        f"cpu ran out of memory decoding a batch of 6 images; the largest, {largest}, is {width}x{height} px: stage "
         "the photos shrunk (--max-side 500 on trainflow run or stage), or lower --batch-size"
+    )
+
+
+def test_an_image_the_device_decodes_turned_is_decoded_on_the_cpu_as_its_crop_was_drawn(tmp_path, monkeypatch):
+    """A decoder that turns images by their EXIF orientation (newer torchvision's nvJPEG path) swaps their sides:
+    the crop boxes, drawn from the headers, would then reach outside them. Such an image is decoded on the CPU."""
+    samples = [s._replace(box=(0, 0, *data.read_uint8(s.path).shape[-2:])) for s in whole_samples(photo_tree(tmp_path))]
+    decode = gpu_decode.on_device
+    monkeypatch.setattr(gpu_decode, "on_device", lambda *args: [image.transpose(-2, -1) for image in decode(*args)])
+    tally = gpu_decode.new_tally()
+    images = gpu_decode.decode_images(samples, data.read_uint8, torch.device("cpu"), tally)
+    square = [s for s in samples if s.box[2] == s.box[3]]  # turned, a square image still fits its box
+    assert tally["images_decoded_on_cpu"] == len(samples) - len(square) > 0
+    for image, sample in zip(images, samples):
+        assert image.shape[-2:] == sample.box[2:] or sample in square
+
+
+def test_a_gpu_whose_batch_kernel_cannot_run_is_refused_naming_the_fix():
+    """Triton cannot launch on this machine (no GPU driver): the refusal names it, and what to install."""
+    with pytest.raises(UsageError) as caught:
+        gpu_decode.check_kernel([torch.zeros(3, 8, 8, dtype=torch.uint8)])
+    assert str(caught.value).startswith("--loader gpu cannot run its batch kernel on cpu (")
+    assert str(caught.value).endswith(
+        "); install the Triton that torch's CUDA build requires (pip install triton) and a C compiler (gcc), or pass "
+        "--loader fast"
     )
