@@ -102,3 +102,8 @@ def writing(path: Path, need: int | None = None, partial: Path | None = None, fi
         written = size_of(partial)
         remove(partial)
         raise disk_full(path, need, written, fix) from None
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message, or its type's name (the orchestrator's twin: infra.core.errors)."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]

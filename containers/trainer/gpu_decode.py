@@ -30,7 +30,7 @@ from torchvision.io import ImageReadMode, decode_jpeg, encode_jpeg
 from torchvision.transforms import v2
 
 from trainer.batch_resize import Box, Region, crop_region, resize_batch
-from trainer.errors import UsageError
+from trainer.errors import UsageError, first_line
 from trainer.jpeg_crop import header_shape
 
 
@@ -146,11 +146,6 @@ def check_kernel(images: list[torch.Tensor]) -> None:
             f"--loader gpu cannot run its batch kernel on {images[0].device} ({first_line(exc)}); install the Triton "
             "that torch's CUDA build requires (pip install triton) and a C compiler (gcc), or pass --loader fast"
         ) from None
-
-
-def first_line(exc: BaseException) -> str:
-    """The first line of an exception's message, or its type's name."""
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def new_tally() -> dict[str, int]:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from trainer.cores import usable_cores
-from trainer.errors import UsageError
+from trainer.errors import UsageError, first_line
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -53,7 +53,7 @@ def opened(path: str, action: str = "decode"):
         )
         raise BadImage(f"image {path} has {why}; shrink it or remove the file", path, why) from None
     except Exception as exc:
-        why = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        why = first_line(exc)
         raise BadImage(
             f"cannot {action} image {path} ({why}); replace or remove the file", path, why.replace(f" '{path}'", "")
         ) from None  # PIL names the file: the list already does
