@@ -105,5 +105,5 @@ def writing(path: Path, need: int | None = None, partial: Path | None = None, fi
 
 
 def first_line(exc: BaseException) -> str:
-    """The first line of an exception's message, or its type's name (the orchestrator's twin: infra.core.errors)."""
+    """The first line of an exception's message, or its type's name (the trainer's and the orchestrator's one)."""
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]

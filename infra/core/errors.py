@@ -12,6 +12,7 @@ Each system's errors derive from these (StorageError, ImageError, PoolError, ...
 
 from azure.core.exceptions import AzureError
 
+from trainer.errors import first_line as first_line  # the orchestrator's too: re-exported (mypy's explicit form)
 from trainer.errors import is_disk_full
 
 
@@ -32,11 +33,6 @@ class BadInput(TrainflowError):
 
     permanent = True
     exit_code = 2
-
-
-def first_line(exc: BaseException) -> str:
-    """The first line of an exception's message (its type's name when it has none)."""
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def is_permanent(exc: BaseException) -> bool:
