@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]  # the benchmark command's own runs
 TRAINFLOW = str(Path(sys.executable).with_name("trainflow"))
 STAGES = ["first", "unchanged", "one changed", "1% changed", "training start-up"]
 

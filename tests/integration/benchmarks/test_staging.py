@@ -14,7 +14,7 @@ from benchmarks.staging import PATHS, per_file
 from infra.data.sample_data import write_imagenet_like
 from infra.services.azurite import connection_string, running_azurite
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]  # the benchmark commands' own runs
 TRAINFLOW = str(Path(sys.executable).with_name("trainflow"))
 FIGURE = {"median", "min", "max", "all"}
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]  # minutes each: every configuration twice (--repeats 2)
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.long]  # minutes each: every configuration twice
 TRAINFLOW = str(Path(sys.executable).with_name("trainflow"))
 FIGURE = {"median", "min", "max", "all"}
 REPEATS = 2  # the commands' default is 3; two rounds check the same arithmetic in less time

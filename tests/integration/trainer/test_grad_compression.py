@@ -8,7 +8,7 @@ from infra.engines.launchers import LaunchError
 from infra.engines.pytorch import PyTorchTraining
 from tests.fakes.training import digests, train_locally
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.long]  # trainings compared by accuracy
 HALF_A_POINT = 0.005  # of val top-1, a fraction: 1.8 of the 359 val images
 
 

@@ -13,7 +13,7 @@ from flows.config import DIGITS_TRAINING
 from infra.data.sample_data import write_digits
 from tests.fakes.paths import REPO
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("loaders")]  # top1 trains once
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.long, pytest.mark.xdist_group("loaders")]
 # Of val top-1, a fraction: 5.4 of the 359 val images. One loader's own seeds spread its top-1 over 1.39 points
 # (fast, seeds 0-2, measured 2026-11-24: 0.9805, 0.9833, 0.9944; pil 0.9916, 0.9916, 0.9889), and which images a run
 # gets right also follows the machine's floating-point kernels: one run of each cannot tell half a point apart.

@@ -94,6 +94,7 @@ def pytorch_demo(digits, tmp_path_factory) -> dict:
 
 
 @pytest.mark.slow  # the demo three times: PyTorch's (once), then each framework's, about 2-3 minutes each
+@pytest.mark.long  # accuracies compared
 # One framework each for the two-worker runs under horovodrun (the demo: Keras's fit; a killed run: TensorFlow's loop):
 # the two train the very same parameters step for step (test_the_loop_and_model_fit_train_the_very_same_parameters),
 # so running both through each would spend the suite's minutes on one result twice.
