@@ -138,3 +138,16 @@ def test_the_install_page_s_time_is_the_measured_one():
     [minutes] = re.findall(r"took about (\d+) minutes", text)
     measured = json.loads((DOCS / "benchmarks" / "install-demo.json").read_text())
     assert int(minutes) == round(measured["seconds"]["demo"]["median"] / 60) and not measured["as_root"]
+
+
+def test_the_long_tier_is_the_modules_contributing_names_and_make_test_leaves_it_out():
+    """The `long` row of contributing's tier table names each module that marks tests `long` (the Keras demo's
+    comparison by what it compares), and `make test` deselects the mark unless TEST_MARKS says otherwise."""
+    row = next(line for line in (DOCS / "contributing.md").read_text().splitlines() if line.startswith("| long |"))
+    marking = {
+        path.name for path in (REPO / "tests" / "integration").rglob("test_*.py") if "mark.long" in path.read_text()
+    }
+    named = set(re.findall(r"(test_\w+\.py)", row)) | ({"test_tf_training.py"} if "Keras demo" in row else set())
+    assert marking == named
+    makefile = (REPO / "Makefile").read_text()
+    assert "TEST_MARKS ?= not long" in makefile and '-m "$(TEST_MARKS)"' in makefile
