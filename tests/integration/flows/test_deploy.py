@@ -127,11 +127,15 @@ def test_ui_deploy_schedule_client_runs_and_a_cancelled_run(tmp_path, digits):
 
 
 def cancel_a_training_run(api: str, deployment, work: Path) -> None:
-    """Start a long run, cancel it (as the UI's Cancel button does) once its workers train: they stop, the pool goes."""
+    """Pause the schedule (the UI's toggle), start a long run, cancel it (as the UI's Cancel button does) once its
+    workers train: they stop, the pool goes. Paused, the schedule's runs already due are deleted (Prefect's pause
+    endpoint does so): on a loaded machine a run takes longer than the cron's minute, and the due runs, all older
+    than the long one, came first, one at a time."""
+    asyncio.run(client_call(api, "pause_deployment", deployment.id))
     cfg = {**deployment.parameters["cfg"]}
     cfg["training"] = {**cfg["training"], "epochs": 100, "steps_per_epoch": 0}
     run = asyncio.run(client_call(api, "create_flow_run_from_deployment", deployment.id, parameters={"cfg": cfg}))
-    wait_for(lambda: workers_of(run.id), 180, "the long run's workers")
+    wait_for(lambda: workers_of(run.id), 300, "the long run's workers")  # after the scheduled run that is running
     asyncio.run(client_call(api, "set_flow_run_state", run.id, Cancelling(), force=True))
     state = wait_for(lambda: final_state(api, run.id), 120, "the run to be cancelled")
     assert state.is_cancelled(), state
