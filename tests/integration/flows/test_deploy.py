@@ -126,12 +126,34 @@ def test_ui_deploy_schedule_client_runs_and_a_cancelled_run(tmp_path, digits):
                     os.killpg(proc.pid, signal.SIGKILL)
 
 
+async def pause_and_clear(api: str, deployment_id) -> None:
+    from prefect.client.orchestration import PrefectClient
+    from prefect.client.schemas.filters import (
+        DeploymentFilter,
+        DeploymentFilterId,
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+    )
+    from prefect.client.schemas.objects import StateType
+
+    async with PrefectClient(api=api) as client:
+        await client.pause_deployment(deployment_id)
+        due = await client.read_flow_runs(
+            deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])),
+            flow_run_filter=FlowRunFilter(
+                state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.SCHEDULED]))
+            ),
+        )
+        for run in due:
+            await client.delete_flow_run(run.id)
+
+
 def cancel_a_training_run(api: str, deployment, work: Path) -> None:
-    """Pause the schedule (the UI's toggle), start a long run, cancel it (as the UI's Cancel button does) once its
-    workers train: they stop, the pool goes. Paused, the schedule's runs already due are deleted (Prefect's pause
-    endpoint does so): on a loaded machine a run takes longer than the cron's minute, and the due runs, all older
-    than the long one, came first, one at a time."""
-    asyncio.run(client_call(api, "pause_deployment", deployment.id))
+    """Pause the schedule and delete its runs not yet started (the UI's toggle and Delete), start a long run, cancel
+    it (as the UI's Cancel button does) once its workers train: they stop, the pool goes. On a loaded machine a run
+    takes longer than the cron's minute: the runs due meanwhile, older than the long one, would come first."""
+    asyncio.run(pause_and_clear(api, deployment.id))
     cfg = {**deployment.parameters["cfg"]}
     cfg["training"] = {**cfg["training"], "epochs": 100, "steps_per_epoch": 0}
     run = asyncio.run(client_call(api, "create_flow_run_from_deployment", deployment.id, parameters={"cfg": cfg}))
