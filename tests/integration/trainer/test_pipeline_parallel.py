@@ -137,6 +137,7 @@ def test_a_checkpoint_resumes_with_any_layout(tmp_path):
     )
 
 
+@pytest.mark.long  # a memory figure compared, minutes on 2 cores
 def test_stages_of_a_large_model_need_a_share_of_a_data_parallel_worker_s_memory(tmp_path):
     """wide_resnet101_2 (126.9M parameters: fp32 parameters, gradients and momentum 1.5 GB) at 32 px, 2 steps, the
     same global batch, against the smallest data-parallel worker: the largest of 2 stages needs at most 0.75 of its
