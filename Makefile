@@ -22,7 +22,9 @@ PIP := $(BIN)/pip install -q
 INSTALLER ?= uv
 # uv compiles the venv's modules to bytecode as pip does (it does not by default): every command, worker and test
 # imports Prefect, torch or TensorFlow, and where PYTHONDONTWRITEBYTECODE is set nothing compiled would be kept.
-INSTALL := $(if $(filter uv,$(INSTALLER)),$(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python,$(PIP))
+# --system-certs: uv trusts the machine's certificate store, as pip does (by default it reads only its own roots, and a
+# network whose proxy's CA is in the system store, as corporate ones are, refuses it: "invalid peer certificate").
+INSTALL := $(if $(filter uv,$(INSTALLER)),$(BIN)/uv pip install -q --system-certs --compile-bytecode --python $(BIN)/python,$(PIP))
 
 # The venv in layers, each a stamp file in it, each installed when a target needs it (README: Install):
 #   base        PyTorch, torchvision, Prefect, the Azure SDKs, MLflow: all the local default runs (make demo)
@@ -40,7 +42,7 @@ WANTS_TF := $(or $(WITH_TF),$(filter keras tensorflow,$(FRAMEWORK)),$(filter set
 TOOLS_VENV ?= .venv-tools
 CHECKOV ?= checkov==3.3.30
 
-.PHONY: setup setup-tensorflow setup-horovod docker-setup tools demo lint test test-long bench device-check docs clean
+.PHONY: setup setup-tensorflow setup-horovod docker-setup tools demo lint check test test-long bench device-check docs clean
 # Everything `make test` needs, at once (the venv's layers are one chain of pip processes; npm, apt and the tools'
 # venv wait on the network and the disk meanwhile): measured from a clean clone, see the README.
 SETUP_PARTS := $(DEV_LAYER) node_modules/.installed docker-setup tools
@@ -123,8 +125,16 @@ lint: $(DEV_LAYER)
 # suite fits CI's 90 minutes on a 2-core machine: `make test-long` runs them, `make test TEST_MARKS=` everything.
 TEST_WORKERS ?= 2
 TEST_MARKS ?= not long
+# Every phase of every test and every costly fixture set-up, with its worker and start, as JSON lines
+# (tests/timeline.py): `python -m tests.timeline .test-timeline.jsonl` says where the run's time went.
+TEST_TIMELINE ?= .test-timeline.jsonl
 test: setup lint
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25 -m "$(TEST_MARKS)" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25 -m "$(TEST_MARKS)" \
+	  $(if $(TEST_TIMELINE),--timeline $(TEST_TIMELINE)) $(PYTEST_ARGS)
+
+# The inner loop, before each commit: the checks of `lint` and the unit tests (no service, no launcher, no image).
+check: lint
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) tests/unit $(PYTEST_ARGS)
 
 test-long:
 	$(MAKE) --no-print-directory test TEST_MARKS=long

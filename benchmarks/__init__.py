@@ -20,4 +20,5 @@ BENCHES = {
     "parallel": "benchmarks.parallel:bench_parallel",
     "flow": "benchmarks.overhead:bench_flow",
     "install": "benchmarks.install:bench_install",
+    "script": "benchmarks.script:bench_script",
 }

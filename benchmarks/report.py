@@ -13,14 +13,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")  # files only, no display
-import matplotlib.pyplot as plt
-
 from benchmarks.common import RESTARTS, shown
 from benchmarks.install import NAMES, lines
+from benchmarks.script import script_lines
 from flows.config import ConfigError
+from infra.core.plots import new_figure, save_svg
 
 
 @dataclass
@@ -207,6 +204,19 @@ def install_chart(r: dict) -> Chart:
     )
 
 
+def script_chart(r: dict) -> Chart:
+    """The script's own images/s by hand and through `trainflow run --script`; the ratio, the fixed overhead and the
+    uploads."""
+    s = r["settings"]
+    return Chart(
+        f"your own script by hand and through `trainflow run --script`: {s['entry']} {' '.join(s['args'])}, "
+        f"{s['workers']} workers ({s['launcher']})",
+        "the script's own images/s (higher is better)",
+        list(r["images_per_sec"].items()),
+        script_lines(r),
+    )
+
+
 CHARTS = {
     "loader": loader_chart,
     "staging": staging_chart,
@@ -217,8 +227,9 @@ CHARTS = {
     "scale": scale_chart,
 }
 """The charts of the benchmarks `trainflow bench all` runs."""
-ALL_CHARTS = {**CHARTS, "frameworks": frameworks_chart, "install": install_chart}
-"""And of those that run only alone (`trainflow bench frameworks`, `trainflow bench install`)."""
+ALL_CHARTS = {**CHARTS, "frameworks": frameworks_chart, "install": install_chart, "script": script_chart}
+"""And of those that run only alone (`trainflow bench frameworks`, `trainflow bench install`, `trainflow bench
+script`)."""
 
 
 def draw(chart: Chart, path: Path) -> None:
@@ -226,7 +237,7 @@ def draw(chart: Chart, path: Path) -> None:
     figures = [figure_of(value) for _, value in chart.bars]
     medians = [f["median"] for f in figures]
     whiskers = [[m - f["min"] for m, f in zip(medians, figures)], [f["max"] - m for m, f in zip(medians, figures)]]
-    fig, ax = plt.subplots(figsize=(10, 0.45 * len(figures) + 1.4))
+    fig, [ax] = new_figure(1, 1, size=(10, 0.45 * len(figures) + 1.4))
     ax.barh(range(len(figures)), medians, xerr=whiskers, color="#4c72b0", ecolor="#333333", capsize=3)
     ax.set_yticks(range(len(figures)), [label for label, _ in chart.bars])
     ax.invert_yaxis()
@@ -234,9 +245,7 @@ def draw(chart: Chart, path: Path) -> None:
     ax.set_xlabel(f"{chart.unit}\nbar: median; whisker: min to max", fontsize=9)
     ax.set_title(chart.title, fontsize=10)
     fig.tight_layout()
-    with plt.rc_context({"svg.hashsalt": "trainflow"}):  # the same figures give the same file: no random ids, no date
-        fig.savefig(path, format="svg", metadata={"Date": None})
-    plt.close(fig)
+    save_svg(fig, path)
 
 
 def section(name: str, chart: Chart, plot: Path) -> list[str]:
@@ -337,6 +346,10 @@ def write_index(folder: Path, entries: list[tuple[Path, dict]]) -> Path:
         "Figures measured before their JSON was kept, each with its date and command as it was written:",
         "",
         *(f"- [{earlier_title(page)}]({page.name})" for page in sorted(folder.glob("earlier-*.md"))),
+        "",
+        "The test suite's own time (`make test`, by `python -m tests.timeline`: CONTRIBUTING says how):",
+        "",
+        *(f"- [{earlier_title(page)}]({page.name})" for page in sorted(folder.glob("suite-*.md"), reverse=True)),
         "",
         "| date | measurement | command |",
         "|---|---|---|",

@@ -248,3 +248,19 @@ def bench_flow(
 ) -> None:
     """The same job directly (torchrun) and through the whole flow with every earlier step cached: the flow's \
 overhead."""  # the backslash: one line in `trainflow bench --help`, as before
+
+
+@bench("script")  # each `trainflow run --script` it times starts its own services in a workdir of its own
+def bench_script(
+    config: ConfigOpt = None,
+    workdir: WorkdirOpt = None,
+    json_out: JsonOpt = None,
+    repeats: RepeatsOpt = REPEATS,
+    iterations: Annotated[int, typer.Option(min=1, help="The example's --iterations (each timed).")] = 10,
+    batches_per_iter: Annotated[int, typer.Option(min=1, help="The example's --batches-per-iter.")] = 10,
+    batch_size: Annotated[int, typer.Option(min=1, help="The example's --batch-size (per worker).")] = 32,
+    image_size: Annotated[int, typer.Option(min=8, help="The example's --image-size.")] = 64,
+    workers: Annotated[int, typer.Option(min=1, help="Workers of both launches.")] = 2,
+) -> None:
+    """Your own script (the Horovod synthetic example) through `trainflow run` and by hand: img/s, fixed \
+overhead, the upload after a one-line edit."""

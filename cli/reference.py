@@ -146,7 +146,8 @@ def command_line_problems(line: str) -> list[str]:
         path = f"{path} {word}"
     if path == "trainflow" and len(words) > 1 and words[1] not in ("--help",):
         return [f"trainflow has no command {words[1]!r}"]
-    flags = {word.split("=", 1)[0] for word in words[1:] if word.startswith("--")} - {"--help"}
+    own = words[: words.index("--")] if "--" in words else words  # after --: a script's own arguments
+    flags = {word.split("=", 1)[0] for word in own[1:] if word.startswith("--")} - {"--help"}
     return [f"`{path}` has no option {flag}" for flag in sorted(flags) if flag not in known.get(path, [])]
 
 
@@ -159,7 +160,7 @@ def command_section(path: str, command: TyperCommand | TyperGroup, ctx: Context)
     """One command: its usage, its whole help and a table of its arguments and options."""
     sub = Context(command, info_name=path, parent=None)
     params = visible_params(command)
-    arguments = [str(p.name).upper() for p in params if isinstance(p, TyperArgument)]
+    arguments = [p.metavar or str(p.name).upper() for p in params if isinstance(p, TyperArgument)]
     nested = ["COMMAND [ARGS]..."] if isinstance(command, TyperGroup) else []
     usage = " ".join([path, "[OPTIONS]", *arguments, *nested])
     rows = [parameter_row(p, sub) for p in params]
@@ -212,11 +213,11 @@ def model_sections(model: type[BaseModel], where: str, title: str = "Top level")
         kinds = one_of_sections(field) if section_type(field) else []
         if kinds and path in COLUMNS:
             below.append((None, path, field))
-        elif kinds:
+        elif len(kinds) > 1:
             tag = str(field.discriminator)  # the setting that picks one: framework, backend
             below += [(kind, path, f"{path} ({tag}: {kind.model_fields[tag].default})") for kind in kinds]
-        elif section_type(field):
-            below.append((field.annotation, path, path))
+        elif section := section_type(field):  # one section, or an optional one (script)
+            below.append((section, path, path))
         else:
             rows.append(setting_row(path, field, described(model, name)))
     doc = "" if title == "Top level" else f"{cell(model.__doc__)}\n\n"
@@ -314,7 +315,9 @@ def section_lines(model: type[BaseModel], default: BaseModel, depth: int, notes:
     lines = []
     for name, field in model.model_fields.items():
         given = getattr(default, name)
-        if isinstance(given, BaseModel):
+        if given is None and (optional := section_type(field)):  # a section unset by default: its settings commented
+            lines += optional_section_lines(name, optional, described(model, name), depth)
+        elif isinstance(given, BaseModel):
             kinds = one_of_sections(field)
             lines.append(f"{'  ' * depth}{name}:")
             lines += section_lines(type(given), given, depth + 1, kind_notes(field, type(given), kinds))
@@ -367,6 +370,17 @@ def other_kinds_lines(field: FieldInfo, chosen: type[BaseModel], kinds: list, de
             given = setting.get_default(call_default_factory=True)
             written = value_lines(name, given, comment(setting.description, setting.annotation), depth)
             lines += [f"{'  ' * depth}# {line[2 * depth :]}" for line in written]
+    return lines
+
+
+def optional_section_lines(name: str, section: type[BaseModel], description: str | None, depth: int) -> list[str]:
+    """A section that is unset by default (script), commented out: its settings with their defaults, a required one
+    with what it takes."""
+    lines = [f"{'  ' * depth}# {name}:".ljust(COMMENT_AT) + f"  # {comment(description)}; unset by default"]
+    for setting_name, setting in section.model_fields.items():
+        given = "<required>" if setting.is_required() else setting.get_default(call_default_factory=True)
+        written = value_lines(setting_name, given, comment(setting.description, setting.annotation), depth + 1)
+        lines += [f"{'  ' * depth}# {line[2 * depth :]}" for line in written]
     return lines
 
 

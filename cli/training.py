@@ -168,6 +168,35 @@ def stage(
     print(f"file server copy of {result['dataset']}: {result['sync']['path']}")
 
 
+ScriptOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--script",
+        help="A folder with a training script of your own, run instead of trainflow's trainer: `--script DIR -- "
+        "ENTRY [ARG...]` (script.source; ENTRY a file of DIR or -m MODULE).",
+        show_default=False,
+    ),
+]
+MetricOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--metric",
+        help="NAME=REGEX: a metric read from rank 0's lines, the regex's one group its value (script.metrics).",
+        show_default=False,
+    ),
+]
+EnvOpt = Annotated[
+    list[str] | None,
+    typer.Option("--env", help="KEY=VALUE for every rank of the script (script.env).", show_default=False),
+]
+CommandArg = Annotated[
+    list[str] | None,
+    typer.Argument(
+        metavar="[-- ENTRY [ARG...]]", help="After --: the script's ENTRY and its arguments.", show_default=False
+    ),
+]
+
+
 @friendly_errors
 def run(
     config: ConfigOpt = None,
@@ -175,16 +204,67 @@ def run(
     workdir: WorkdirOpt = None,
     framework: FrameworkOpt = None,
     launcher: LauncherOpt = None,
+    workers: Annotated[int | None, typer.Option(help=setting_help("workers"))] = None,
     init_from: InitFromOpt = None,
     max_side: MaxSideOpt = None,
     bad_files: BadFilesOpt = None,
+    script: ScriptOpt = None,
+    metric: MetricOpt = None,
+    env: EnvOpt = None,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print what each step would do or skip; change nothing.")
     ] = False,
+    entry: CommandArg = None,
 ) -> None:
-    """The whole flow: build, stage, pool, train, collect; prints the summary."""
-    overrides = {"framework": framework, "launcher": launcher, "init_from": init_from, "bad_files": bad_files}
-    run_flow(configure(config, data, workdir, overrides, max_side=max_side, tell_recipe=True), dry_run)
+    """The whole flow: build, stage, pool, train, collect; prints the summary. With --script, your own training
+    script instead of trainflow's trainer."""
+    overrides = {
+        "framework": framework,
+        "launcher": launcher,
+        "workers": workers,
+        "init_from": init_from,
+        "bad_files": bad_files,
+    }
+    section = script_section(script, entry or [], metric or [], env or [])
+    sections = {"pool": {"slots_per_node": workers} if workers else {}, **({"script": section} if section else {})}
+    recipe = not section  # a script brings its own settings: no recipe of trainflow's trainer fills them
+    cfg = configure(config, data, workdir, overrides, recipe, max_side, tell_recipe=recipe, **sections)
+    run_flow(cfg, dry_run)
+
+
+def script_section(source: Path | None, command: list[str], metrics: list[str], env: list[str]) -> dict | None:
+    """The script section the command line gives (None: none), from --script, the words after --, --metric and
+    --env; an ENTRY without --script, or the other way round, is refused."""
+    if source is None:
+        if command or metrics or env:
+            named = "ENTRY after --" if command else "--metric" if metrics else "--env"
+            raise ConfigError(f"{named} is for a script of your own: pass --script DIR as well")
+        return None
+    if not command:
+        raise ConfigError(
+            f"--script {source} needs the entry to run after --: `--script {source} -- train.py [ARG...]`"
+        )
+    entry, args = (
+        (f"-m {command[1]}", command[2:]) if command[0] == "-m" and len(command) > 1 else (command[0], command[1:])
+    )
+    return {
+        "source": source,
+        "entry": entry,
+        "args": args,
+        "metrics": pairs(metrics, "--metric", "NAME=REGEX"),
+        "env": pairs(env, "--env", "KEY=VALUE"),
+    }
+
+
+def pairs(given: list[str], option: str, form: str) -> dict[str, str]:
+    """NAME=VALUE options as a mapping; one without `=` or a name is refused."""
+    found = {}
+    for item in given:
+        name, equals, value = item.partition("=")
+        if not equals or not name.strip():
+            raise ConfigError(f"{option} {item!r} is not {form}")
+        found[name.strip()] = value
+    return found
 
 
 @friendly_errors
@@ -218,8 +298,23 @@ def run_flow(cfg: FlowConfig, dry_run: bool) -> None:
     from infra.storage.transfers import print_summary_table
 
     print_summary_table(step_rows(result["done"], result["step_seconds"]), title="what each step did")
-    print_summary(metrics_from(METRICS.validate_python, result["metrics"], result["out"]), Path(result["out"]))
+    if cfg.script:
+        print_script_summary(result["metrics"], Path(result["out"]))
+    else:
+        print_summary(metrics_from(METRICS.validate_python, result["metrics"], result["out"]), Path(result["out"]))
     print(f"results on the file share: {result['results']['share']}")
+
+
+def print_script_summary(summary: dict, out: Path) -> None:
+    """A script run in a few lines: what ran, its metrics' last values, a regex that never matched."""
+    finals = ", ".join(f"{name} {value:.4g}" for name, value in summary["final"].items()) or "no metrics read"
+    Console(highlight=False).print(
+        f"\n[bold]{summary['entry']}[/] ({summary['framework']}) on {summary['world_size']} workers "
+        f"({summary['launcher']}): {finals}, {summary.get('wall_seconds') or 0:.0f} s\nresults: {out}",
+        soft_wrap=True,
+    )
+    if summary["unmatched"]:
+        say(f"warning: --metric {', '.join(summary['unmatched'])} never matched a line of rank 0; check the regex")
 
 
 def print_plan(cfg: FlowConfig) -> None:

@@ -17,6 +17,7 @@ from typing import Annotated, Any, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from infra.compute import BACKENDS, JobConfig, PoolConfig, ProcessPoolConfig, backend_of, refuse_backend_sections
 from infra.core.errors import BadInput, first_line
@@ -25,6 +26,7 @@ from infra.data.manifest import check_dataset_name
 from infra.data.shrink import check_max_side
 from infra.engines import TrainingConfig, default_training
 from infra.engines.contract import SYNTHETIC
+from infra.engines.script import SCRIPT_REFUSED, ScriptConfig, check_placeholders
 from infra.images.registry import ImageConfig
 from infra.runs.ledger import CostConfig
 from infra.runs.lineage import check_weights, weights_file
@@ -32,6 +34,7 @@ from infra.runs.tracking import TrackingConfig
 from infra.storage.config import StorageConfig
 from infra.storage.fileshare import FileShareConfig
 from trainer.errors import UsageError
+from trainer.layout import FILES_LAYOUT, IMAGENET_LAYOUT
 from trainer.model_files import IMAGENET
 
 ENV_PREFIX = "TRAINFLOW_"
@@ -75,6 +78,9 @@ class FlowConfig(BaseModel):
     Unset: the images are staged as they are."""
     training: TrainingConfig = Field(default_factory=default_training)
     """How the trainer runs (every option of containers/trainer/train.py, the launcher and the workers)."""
+    script: ScriptConfig | None = None
+    """A training script of your own, run instead of trainflow's trainer (`trainflow run --script DIR -- ENTRY`);
+    unset: trainflow's trainer. Training's framework, launcher and workers say how it runs."""
     storage: StorageConfig = StorageConfig()
     """Blob storage for the data set."""
     fileshare: FileShareConfig = FileShareConfig()
@@ -133,6 +139,29 @@ class FlowConfig(BaseModel):
             )
         return self
 
+    @model_validator(mode="after")
+    def _script_can_run(self) -> "FlowConfig":
+        # the script section checked itself; here what it needs of the rest: data for ${{data}}, the process pool
+        if self.script is None:
+            return self
+        if self.data is None:  # a script's data is only what --data names
+            self.data = SYNTHETIC
+        if self.max_side:
+            raise ValueError(
+                "max_side shrinks the images trainflow's trainer reads; a script reads its data as it is: leave "
+                "max_side unset (or shrink the images yourself)"
+            )
+        if not backend_of(self.pool).runs_scripts:
+            raise ValueError(
+                f"script: the {self.pool.backend} pool runs trainflow's trainer only in this version of trainflow; "
+                "run your script on the process pool (pool.backend: process)"
+            )
+        try:
+            check_placeholders(self.script, self.data)
+        except BadInput as exc:
+            raise PydanticCustomError(SCRIPT_REFUSED, "{line}", {"line": str(exc)}) from None
+        return self
+
     @field_validator("max_side")
     @classmethod
     def _max_side_is_a_size(cls, value):
@@ -164,6 +193,11 @@ class FlowConfig(BaseModel):
             return self.dataset
         base = re.sub(r"[^a-z0-9-]+", "-", Path(self.data or "digits").name.lower()).strip("-")
         return base or "dataset"
+
+    def data_layout(self) -> str:
+        """How the data folder is laid out, as the program reads it: the ImageNet layout (trainflow's trainer), or any
+        files (a user's script)."""
+        return FILES_LAYOUT if self.script else IMAGENET_LAYOUT
 
     def export_dir(self) -> Path:
         """The file server's export folder."""
@@ -365,7 +399,8 @@ def one_of_sections(field) -> list:
     """The types of a setting that is one of several (a union, its members unwrapped from Annotated), else []."""
     if get_origin(field.annotation) not in (Union, types.UnionType):
         return []
-    return [get_args(kind)[0] if get_origin(kind) is Annotated else kind for kind in get_args(field.annotation)]
+    kinds = [kind for kind in get_args(field.annotation) if kind is not type(None)]  # an optional section: its own
+    return [get_args(kind)[0] if get_origin(kind) is Annotated else kind for kind in kinds]
 
 
 def checked_sections(values: dict, source: str, model: type[BaseModel] | None = None, where: tuple = ()) -> dict:
@@ -530,6 +565,8 @@ def explain(err: Mapping[str, Any]) -> str:
     """One invalid setting: where it is, its value (unless it may be a secret), what is wrong."""
     where = ".".join(str(p) for p in err["loc"])
     message = err["msg"].removeprefix("Value error, ")
+    if err["type"] == SCRIPT_REFUSED:  # the script's own problem, in its own words (a file, a line, an entry)
+        return message
     if not where or (err["type"] == "value_error" and isinstance(err["input"], dict)):  # a rule across settings
         return f"invalid config: {message}"
     if err["type"] == ENV_NAME_ERROR:

@@ -10,6 +10,7 @@ from infra.core.jsonfiles import read_json, write_json
 from infra.data.manifest import check_names, relative_paths
 from infra.data.sample_data import write_digits
 from trainer.errors import UsageError
+from trainer.layout import IMAGENET_LAYOUT
 
 
 def with_data(cfg: FlowConfig, training: bool = False) -> FlowConfig:
@@ -80,7 +81,8 @@ def remember_source(cfg: FlowConfig) -> None:
 
 def check_data_names(cfg: FlowConfig) -> int | None:
     """Refuse a local data folder whose file names cannot be staged; its training images, counted on the way (None
-    for staged or synthetic data, which have nothing to check here)."""
+    for staged or synthetic data, which have nothing to check here, and for a script's files, which are not counted
+    in images)."""
     if not cfg.data or cfg.data in LOCAL_DATA_FREE:
         return None
     train = 0
@@ -91,8 +93,8 @@ def check_data_names(cfg: FlowConfig) -> int | None:
             train += path.startswith("train/")
             yield path
 
-    check_names(counted(relative_paths(Path(cfg.data))))
-    return train
+    check_names(counted(relative_paths(Path(cfg.data), cfg.data_layout())))
+    return train if cfg.data_layout() == IMAGENET_LAYOUT else None
 
 
 def check_batch(cfg: FlowConfig, images: int | None) -> None:

@@ -13,27 +13,28 @@ from tasks.track_run import step_durations
 
 PLOT = "plot.svg"
 
-PLOT_SERIES = (
-    ("train_loss", "train loss", "#d62728"),
-    ("val_top1", "val top-1", "#1f77b4"),
-    ("images_per_sec", "images/s", "#2ca02c"),
+# The plot's panels, one per quantity: its title, its y axis, and the series drawn in it (key of epoch_rows, legend
+# label, colour, factor from the stored value to the axis's unit).
+PLOT_PANELS = (
+    ("loss", "training loss (cross-entropy)", [("train_loss", "train", "#d62728", 1.0)]),
+    (
+        "accuracy",
+        "validation accuracy (%)",
+        [("val_top1", "top-1", "#1f77b4", 100.0), ("val_top5", "top-5", "#9ecae1", 100.0)],
+    ),
+    ("throughput", "training throughput (images/s)", [("images_per_sec", "all workers", "#2ca02c", 1.0)]),
 )
 
 
 def summary_markdown(summary: dict, durations: dict[str, float]) -> str:
     """The run in a few lines: data, model, workers, speed, accuracy, and the time of each step."""
     m = summary["metrics"]
-    top1 = m.get("final_val_top1")
     lines = [
         f"# Training run `{summary['run_id']}`",
         "",
         f"- data set: `{summary['dataset']}`",
-        f"- model: `{m['model']}` ({m.get('framework', 'pytorch')})",
-        f"- world size: {m['world_size']} ({m['backend']}) on the {summary['pool']['backend']} pool",
-        f"- throughput: {m['images_per_sec']:.1f} images/s",
-        *data_wait_lines(m.get("data_wait_share")),
+        *(script_lines if m.get("kind") == "script" else trainer_lines)(m, summary["pool"]["backend"]),
         *tracking_lines(summary.get("tracking")),
-        f"- final val top-1: {'n/a (no val/ split)' if top1 is None else f'{top1:.2%}'}",
         f"- image: `{summary['image'] or 'none (process pool)'}`",
         f"- results: `{summary['results']['share']}`",
         *bad_files_lines(m, summary["results"]["share"]),
@@ -43,6 +44,30 @@ def summary_markdown(summary: dict, durations: dict[str, float]) -> str:
     ]
     lines += ["| " + " | ".join(row.values()) + " |" for row in step_rows(summary.get("done", []), durations)]
     return "\n".join(lines + attempt_lines(summary.get("attempts") or []) + ledger_lines(summary.get("ledger"))) + "\n"
+
+
+def trainer_lines(m: dict, pool: str) -> list[str]:
+    """The trainer's run: model, world size, speed, accuracy."""
+    top1 = m.get("final_val_top1")
+    return [
+        f"- model: `{m['model']}` ({m.get('framework', 'pytorch')})",
+        f"- world size: {m['world_size']} ({m['backend']}) on the {pool} pool",
+        f"- throughput: {m['images_per_sec']:.1f} images/s",
+        *data_wait_lines(m.get("data_wait_share")),
+        f"- final val top-1: {'n/a (no val/ split)' if top1 is None else f'{top1:.2%}'}",
+    ]
+
+
+def script_lines(m: dict, pool: str) -> list[str]:
+    """A script's run: what ran, on how many workers, and the last value of each metric read from it."""
+    finals = ", ".join(f"{name} {value:.4g}" for name, value in m.get("final", {}).items()) or "none read"
+    unmatched = [f"- never matched: {', '.join(m['unmatched'])}"] if m.get("unmatched") else []
+    return [
+        f"- script: `{' '.join([m['entry'], *m['args']])}` ({m['framework']}) from `{m['source']}`",
+        f"- world size: {m['world_size']} ({m['launcher']}) on the {pool} pool, {m.get('wall_seconds') or 0:.0f} s",
+        f"- metrics: {finals}",
+        *unmatched,
+    ]
 
 
 def step_rows(done: list[dict], seconds: dict[str, float]) -> list[dict[str, str]]:
@@ -114,24 +139,30 @@ def epoch_rows(metrics: dict) -> list[dict]:
     ]
 
 
-def svg_plot(rows: list[dict], width: int = 480, height: int = 160) -> str:
-    """Loss, val top-1 and images/s per epoch as one small SVG, each series scaled to its own range."""
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height + 20}">']
-    for i, (key, label, colour) in enumerate(PLOT_SERIES):
-        values = [r[key] for r in rows if r.get(key) is not None]
-        if not values:
-            continue
-        low, span = min(values), (max(values) - min(values)) or 1.0
-        step = (width - 20) / max(1, len(values) - 1)
-        points = " ".join(
-            f"{10 + j * step:.1f},{10 + (height - 20) * (1 - (v - low) / span):.1f}" for j, v in enumerate(values)
-        )
-        parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="2" points="{points}"/>')
-        parts.append(
-            f'<text x="{10 + i * 150}" y="{height + 15}" fill="{colour}" font-size="12">'
-            f"{label} {min(values):.3g}-{max(values):.3g}</text>"
-        )
-    return "\n".join(parts + ["</svg>"])
+def svg_plot(rows: list[dict]) -> str:
+    """The epochs as an SVG chart: a panel per quantity (loss, validation accuracy, throughput) against the epoch,
+    each with its axes, its unit and a legend; a panel with no value says so."""
+    from matplotlib.ticker import MaxNLocator  # here: matplotlib only where a plot is drawn, not at every command
+
+    from infra.core.plots import new_figure, svg_text
+
+    fig, axes = new_figure(1, len(PLOT_PANELS), size=(11, 3.2))
+    for ax, (title, axis, series) in zip(axes, PLOT_PANELS):
+        for key, label, colour, factor in series:
+            points = [(r["epoch"], r[key] * factor) for r in rows if r.get(key) is not None]
+            if points:
+                ax.plot(*zip(*points), marker="o", color=colour, label=label)
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("epoch")
+        ax.set_ylabel(axis, fontsize=9)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize=8)
+        else:
+            ax.text(0.5, 0.5, "no epoch recorded", ha="center", va="center", transform=ax.transAxes)
+    fig.tight_layout()
+    return svg_text(fig, text=True)
 
 
 def write_plot(out: Path, metrics: dict) -> None:
@@ -144,7 +175,7 @@ def publish_report_task(summary: dict) -> dict[str, float]:
     """Prefect step: the run's artifacts (summary with the ledger the results step wrote, epochs table, plot, link
     to the results); returns the seconds of each step of this flow run."""
     rows = epoch_rows(summary["metrics"])
-    plot = svg_plot(rows)
+    plot = (Path(summary["out"]) / PLOT).read_text()  # drawn once, by the results step (write_plot)
     durations = step_durations([flow_run.get_id() or "local"])
     summary = {**summary, "ledger": read_json(Path(summary["out"]) / LEDGER)}
     create_markdown_artifact(key="run-summary", markdown=summary_markdown(summary, durations))

@@ -25,8 +25,8 @@ def train_flow(cfg: FlowConfig) -> dict:
         ctx = walk(cfg, RUN)
     summary = run_summary(ctx)
     durations = publish_report_task(summary)
-    model = ctx.run.out / ctx.cfg.training.MODEL_FILE
-    finish_tracking_task(ctx.tracked, ctx.trained["metrics"], model)  # after the report has drawn plot.svg
+    finish_tracking_task(ctx.tracked, ctx.trained["metrics"], ctx.run.out, ctx.trained["model_file"])  # after the
+    # report has drawn plot.svg
     return {**summary, "step_seconds": durations}
 
 
@@ -42,6 +42,7 @@ def run_summary(ctx: Context) -> dict:
         "scripts": ctx.scripts,
         "metrics": trained["metrics"],
         "command": trained["command"],
+        "program": trained["program"],
         "attempts": trained["attempts"],
         "receipt": ctx.receipt,
         "results": ctx.results,

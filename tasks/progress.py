@@ -1,6 +1,7 @@
 """Live progress of the training step in the Prefect UI, from the trainer's `Progress` events (trainer/records.py,
 every training.log_every steps, on every backend: they are lines of the job's stream): a progress artifact that
-moves as steps pass, described by a markdown line with the step, the images/s and the ETA."""
+moves as steps pass, described by a markdown line with the step, the images/s and the ETA. For a user's script, the
+line holds the latest value of each metric read from its lines as they come."""
 
 import time
 from collections.abc import Callable, Iterator
@@ -72,6 +73,7 @@ class ProgressArtifact:
         self.first: tuple[float, int] | None = None
         self.updated = float("-inf")
         self.last: StepSeen | None = None
+        self.metrics: dict[str, float] = {}  # a user's script's latest values, by name
         # prefect's async_dispatch types the result as UUID or a coroutine: called from the (sync) training step it
         # runs the sync version, a UUID
         self.id = cast(UUID, create_progress_artifact(0.0, key=KEY, description="**training**: starting"))
@@ -88,20 +90,34 @@ class ProgressArtifact:
             eta = eta_seconds(self.first, now, seen.step, seen.total)
             update_progress_artifact(self.id, seen.percent, description=progress_markdown(seen, eta))
 
+    def see_metrics(self, values: dict[str, float]) -> None:
+        """Take the metrics a user's script printed (the latest of each is shown, if `interval` has passed)."""
+        self.metrics.update(values)
+        now = self.clock()
+        if now - self.updated >= self.interval:
+            self.updated = now
+            percent = self.last.percent if self.last else 0.0
+            update_progress_artifact(self.id, percent, description=f"**training**: {metrics_text(self.metrics)}")
+
     def finish(self) -> None:
         """The job completed: 100%."""
         done = (
             f"epoch {self.last.epochs}/{self.last.epochs}, step {self.last.total}/{self.last.total}"
             if self.last
-            else ""
+            else metrics_text(self.metrics)
         )
         update_progress_artifact(self.id, 100.0, description=f"**training**: complete {done}".strip())
 
 
+def metrics_text(metrics: dict[str, float]) -> str:
+    """A script's latest metrics in a line: "loss 0.4312, iou 0.612"."""
+    return ", ".join(f"{name} {value:.4g}" for name, value in metrics.items())
+
+
 @contextmanager
-def training_progress(epochs: int) -> Iterator[Callable[[Event], None]]:
-    """A progress artifact for the training step; yields what takes each event of the job; 100% when the block
-    completes."""
+def training_progress(epochs: int) -> Iterator[ProgressArtifact]:
+    """A progress artifact for the training step, moved by the job's events (`see`) or a script's metrics
+    (`see_metrics`); 100% when the block completes."""
     artifact = ProgressArtifact(epochs)
-    yield artifact.see
+    yield artifact
     artifact.finish()

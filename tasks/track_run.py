@@ -17,6 +17,9 @@ from prefect.client.schemas.sorting import TaskRunSort
 
 from infra.compute import backend_of
 from infra.core.jsonfiles import read_json
+from infra.engines import TrainingConfig
+from infra.engines.program import Program
+from infra.engines.script import OUTPUTS, SUMMARY, ScriptConfig, ScriptProgram
 from infra.runs.attempts import read_attempts
 from infra.runs.ledger import LEDGER, LedgerSettings, cost_basis, estimate_key, ledger_summary, record_ledger
 from infra.runs.lineage import GUIDE, RECEIPT
@@ -78,6 +81,27 @@ def tracked_training(training, tracked: dict | None):
     return training.model_copy(update={"tracking_uri": tracked["engine_uri"], "tracking_run_id": tracked["run_id"]})
 
 
+class ProgramSettings(Protocol):
+    """What the program of a run is made from: its training section and, for a user's script, its script section."""
+
+    @property
+    def training(self) -> TrainingConfig: ...
+
+    @property
+    def script(self) -> ScriptConfig | None: ...
+
+    @property
+    def workdir(self) -> Path: ...
+
+
+def program_of(cfg: ProgramSettings, run_id: str, tracked: dict | None) -> Program:
+    """The program the run executes (infra/engines/program.py), logging into the tracked MLflow run: the user's
+    script where the config names one, else trainflow's trainer."""
+    if cfg.script is not None:  # what the environment lacks of its requirements goes under the workdir, once
+        return ScriptProgram(cfg.script, cfg.training, run_id, tracked, cfg.workdir / "envs")
+    return tracked_training(cfg.training, tracked)
+
+
 def step_durations(flow_runs: list[str]) -> dict[str, float]:
     """Seconds each task of these flow runs took, by task name, summed over the flow runs (from the Prefect API;
     a task a killed flow run left running counts nothing)."""
@@ -107,14 +131,13 @@ def record_cost_task(cfg: LedgerSettings, out: Path, device: str, backend_attemp
 
 
 @task(name="finish-tracking", retries=2, retry_delay_seconds=5, cache_policy=NO_CACHE)
-def finish_tracking_task(tracked: dict | None, metrics: dict, model: Path) -> None:
+def finish_tracking_task(tracked: dict | None, metrics: dict, out: Path, model_file: str | None) -> None:
     """Prefect step: the final numbers and the cost over every attempt (the ledger's summary), the model (its file
-    in the results folder), the plot, the ledger, the receipt and the folder's README to the MLflow run, which
-    ends."""
+    in the results folder `out`, where the program writes one), a script's summary and outputs, the plot, the
+    ledger, the receipt and the folder's README to the MLflow run, which ends."""
     if tracked:
-        out = model.parent
-        names = (model.name, "plot.svg", LEDGER, RECEIPT, GUIDE)
-        files = [out / name for name in names if (out / name).exists()]
+        names = (model_file or "", SUMMARY, OUTPUTS, "plot.svg", LEDGER, RECEIPT, GUIDE)
+        files = [out / name for name in names if name and (out / name).exists()]
         finish_run(tracked, {**metrics, **cost_metrics(read_json(out / LEDGER))}, files, bool(tracked["engine_uri"]))
 
 

@@ -15,9 +15,10 @@ from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
-from infra.compute import Pool, RunConfig, RunPaths, backend_of, run_job
-from infra.engines.contract import SYNTHETIC, read_metrics
-from infra.runs.attempts import timed_attempt
+from infra.compute import JobConfig, Pool, RunConfig, RunPaths, backend_of, run_job
+from infra.engines.contract import SYNTHETIC
+from infra.engines.program import Program
+from infra.runs.attempts import read_attempts, timed_attempt
 from infra.runs.record import RECORD, RunSettings, read_record
 from infra.storage.blobstore import open_store
 from infra.storage.config import StorageConfig
@@ -68,22 +69,36 @@ def create_pool_task(pool: Pool, keep_runs: set[str]) -> dict:
 
 
 @task(name="run-training", retries=1, retry_delay_seconds=5, retry_condition_fn=unless_permanent, cache_policy=NO_CACHE)
-def run_training_task(pool: Pool, training, out: Path, timeout_s: float, resumed: bool = False) -> dict:
-    """Prefect step: run the job on the pool, each rank's lines into the run's log; a retry (or a re-run that
-    `resumed` an unfinished run) resumes from checkpoints. Returns the run's metrics, the job's command and the
-    attempts the backend made itself."""
+def run_training_task(pool: Pool, program: Program, out: Path, job_cfg: JobConfig, resumed: bool = False) -> dict:
+    """Prefect step: run the program's job on the pool, each rank's lines into the run's log; a retry (or a re-run
+    that `resumed` an unfinished run) resumes from checkpoints. Returns what the program gave back (the trainer's
+    metrics, a script's summary), what ran, the job's command and the attempts the backend made itself."""
     if resumed:
         get_run_logger().info("resuming run %s, left unfinished, from its newest checkpoint in %s", pool.run_id, out)
-    job = pool.job(training, timeout_s)
+    job = pool.job(program.at_attempt(len(read_attempts(out)) + 1), job_cfg.timeout_s)
     try:
         with (
             timed_attempt(out, flow_run.get_id() or "local"),  # its time counts in the ledger, however it ends
-            training_progress(training.epochs) as progress,  # live in the UI (tasks/progress.py)
+            training_progress(program.epochs) as progress,  # live in the UI (tasks/progress.py)
         ):
-            run_job(job, out / "logs", get_run_logger().info, timeout_s, progress)
+            log = get_run_logger().info
+
+            def echo(line: str) -> None:  # each line logged; a script's metrics in it move the progress
+                log(line)
+                if found := program.metrics_in(line):
+                    progress.see_metrics(found)
+
+            run_job(job, out / "logs", echo, job_cfg.timeout_s, progress.see, job_cfg.silent_s)
     finally:
         attempts_artifact(job.attempts())
-    return {"metrics": read_metrics(out).to_json(), "command": job.describe(), "attempts": job.attempts()}
+    return {
+        "metrics": program.outcome(out),
+        "program": program.describe(),
+        "model_file": program.MODEL_FILE,
+        "to_blob": program.to_blob(out),
+        "command": job.describe(),
+        "attempts": job.attempts(),
+    }
 
 
 def attempts_artifact(attempts: list[dict]) -> None:
@@ -111,11 +126,11 @@ def collect_results_task(
     storage: StorageConfig,
     azurite_port: int | None,
     workdir: Path,
-    model_file: str = "model.pt",
+    to_blob: list[str] = ["model.pt"],  # noqa: B006 - never changed: a Prefect task's parameters are kept as given
 ) -> dict:
-    """Prefect step: the run folder, every file of it, to the file share under results/<run id>/, the model (the
-    framework's `model_file`) to Blob. The record goes last, saying complete as it will once this last step has
-    ended: a copy whose run.json says complete is whole."""
+    """Prefect step: the run folder, every file of it, to the file share under results/<run id>/, and the files
+    `to_blob` names (relative to the folder: the trainer's model, a script's outputs) to Blob. The record goes last,
+    saying complete as it will once this last step has ended: a copy whose run.json says complete is whole."""
     share = open_share(share_cfg, workdir)
     files = sorted(p for p in out.rglob("*") if p.is_file() and p != out / RECORD)
     for path in files:
@@ -123,6 +138,7 @@ def collect_results_task(
     share.write_text(f"results/{run_id}/{RECORD}", json.dumps({**read_record(out), "status": "complete"}))
     store = open_store(storage, azurite_port, "results")
     store.ensure_container()  # a run on synthetic data has staged nothing there
-    blob = f"results/{run_id}/{model_file}"
-    store.upload_file(out / model_file, blob)
-    return {"files": len(files) + 1, "share": share.url(f"results/{run_id}"), "model_blob": blob}
+    blobs = [f"results/{run_id}/{rel}" for rel in to_blob]
+    for rel, blob in zip(to_blob, blobs):
+        store.upload_file(out / rel, blob)
+    return {"files": len(files) + 1, "share": share.url(f"results/{run_id}"), "blobs": blobs}

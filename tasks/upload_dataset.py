@@ -26,6 +26,7 @@ from infra.storage.transfers import Transfer, in_parallel, step_plan, transfer_p
 from tasks.retry import unless_permanent
 from trainer.errors import UsageError
 from trainer.image_files import bad_image_lines, bad_images_error, find_bad_images, write_bad_list
+from trainer.layout import IMAGENET_LAYOUT
 from trainer.staged.manifest import Manifest
 from trainer.staged.names import FORMAT
 
@@ -36,10 +37,13 @@ def cache_path(workdir: Path, name: str) -> Path:
 
 
 @contextmanager
-def scan_dataset(data_dir: Path, workdir: Path, name: str, keep: bool = True) -> Iterator[mf.Index]:
+def scan_dataset(
+    data_dir: Path, workdir: Path, name: str, keep: bool = True, layout: str = IMAGENET_LAYOUT
+) -> Iterator[mf.Index]:
     """Index the folder: unchanged files (same size and mtime as in the last scan) keep their hash and image check;
-    new or changed files are hashed and decoded once, here, where they enter. With `keep` the index is kept for
-    the next run as soon as the scan is done (a run that then fails on bad files does not decode them again)."""
+    new or changed files are hashed and decoded once, here, where they enter (the files layout's are not decoded:
+    they need not be images). With `keep` the index is kept for the next run as soon as the scan is done (a run that
+    then fails on bad files does not decode them again)."""
     cache = cache_path(workdir, name)
     with Progress(
         SpinnerColumn(),
@@ -49,8 +53,14 @@ def scan_dataset(data_dir: Path, workdir: Path, name: str, keep: bool = True) ->
         transient=True,
     ) as progress:
         bar = progress.add_task(f"list, hash and check {data_dir}", total=None)
-        with mf.scanned(data_dir, cache, find_bad_images, keep, lambda n: progress.advance(bar, n)) as (index, _):
+        check = find_bad_images if layout == IMAGENET_LAYOUT else no_check
+        with mf.scanned(data_dir, cache, check, keep, lambda n: progress.advance(bar, n), layout) as (index, _):
             yield index
+
+
+def no_check(paths: list[str]) -> list[tuple[str, str]]:
+    """The files layout's check of new files: none is refused for what it holds (a script reads any file)."""
+    return []
 
 
 def bad_files_error(index: mf.Index, bad: list[tuple[str, str]], data_dir: Path, workdir: Path, name: str) -> BadInput:
@@ -110,7 +120,13 @@ class UploadPlan:
 
 
 def decide_upload(
-    cfg: StorageConfig, name: str, index: mf.Index, previous: dict | None, stored: set[str], max_side: int | None = None
+    cfg: StorageConfig,
+    name: str,
+    index: mf.Index,
+    previous: dict | None,
+    stored: set[str],
+    max_side: int | None = None,
+    layout: str = IMAGENET_LAYOUT,
 ) -> UploadPlan:
     """The shards of the index, given the stored manifest's metadata and shard blobs: the step and the dry run
     share it. The previous shard count is kept while sizes allow (files stay in their shards). A data set shrunk at
@@ -126,8 +142,10 @@ def decide_upload(
         "shard_count": count,
         "files": files,
         "bytes": total,
-        "verified": {"check": "decode", "bad": index.bad()},
+        "verified": {"check": "decode" if layout == IMAGENET_LAYOUT else "none", "bad": index.bad()},
         **({"max_side": max_side} if max_side else {}),
+        # a manifest that names no layout is in the ImageNet layout (every one staged before the files layout)
+        **({"layout": layout} if layout != IMAGENET_LAYOUT else {}),
     }
     return UploadPlan(index, header, stored, previous)
 
@@ -149,14 +167,20 @@ def sent_log(workdir: Path, name: str) -> Path:
 
 
 def plan_upload(
-    store: BlobStore, cfg: StorageConfig, name: str, index: mf.Index, workdir: Path, max_side: int | None = None
+    store: BlobStore,
+    cfg: StorageConfig,
+    name: str,
+    index: mf.Index,
+    workdir: Path,
+    max_side: int | None = None,
+    layout: str = IMAGENET_LAYOUT,
 ) -> UploadPlan:
     """Read the container's state (the manifest's metadata, the shard names) and plan the shards. Unless the stored
     manifest already describes this data set, the stored shards it needs are probed: an upload that did not finish
     left them, and a killed Azurite can come back listing a shard whose data it no longer finds."""
     store.ensure_container()
     listed = store.names(mf.dataset_prefix(name) + "shards/")
-    plan = decide_upload(cfg, name, index, store.metadata(mf.manifest_blob(name)), set(listed), max_side)
+    plan = decide_upload(cfg, name, index, store.metadata(mf.manifest_blob(name)), set(listed), max_side, layout)
     log = sent_log(workdir, name)
     if plan.unchanged():  # Blob lists this data set's manifest, so it kept every shard: the sent log has done its work
         log.unlink(missing_ok=True)
@@ -211,6 +235,7 @@ def upload_dataset(
     workdir: Path,
     bad_files: str = "fail",
     max_side: int | None = None,
+    layout: str = IMAGENET_LAYOUT,
 ) -> Transfer:
     """Index (hash and check new files), pack and upload the missing shards in parallel, write the manifest, drop
     shards no manifest uses. Bad images fail the step with one error listing them all (`bad_files: fail`), or are
@@ -218,12 +243,12 @@ def upload_dataset(
     transfer = Transfer("data set -> blob")
     with ExitStack() as stack:
         with transfer.timed("list + hash + check"):
-            index = stack.enter_context(scan_dataset(data_dir, workdir, name))
+            index = stack.enter_context(scan_dataset(data_dir, workdir, name, layout=layout))
         bad = index.bad()
         if bad and bad_files == "fail":
             raise bad_files_error(index, bad, data_dir, workdir, name)
         with transfer.timed("pack + upload"):
-            plan = plan_upload(store, cfg, name, index, workdir, max_side)
+            plan = plan_upload(store, cfg, name, index, workdir, max_side, layout)
             todo, transfer.plan = plan.todo(name), {**plan.row(name), "shards": plan.accounting(name)}
             counts = [sum(n for n, _ in todo.values()), sum(b for _, b in todo.values())]
             transfer.skipped_files, transfer.skipped_bytes = (
@@ -300,9 +325,11 @@ def upload_dataset_task(
     workdir: Path,
     bad_files: str = "fail",
     max_side: int | None = None,
+    layout: str = IMAGENET_LAYOUT,
 ) -> dict:
-    """Prefect step: upload the data set; returns the transfer summary."""
-    transfer = upload_dataset(open_store(cfg, azurite_port), cfg, data_dir, name, workdir, bad_files, max_side)
+    """Prefect step: upload the data set (in its `layout`); returns the transfer summary."""
+    store = open_store(cfg, azurite_port)
+    transfer = upload_dataset(store, cfg, data_dir, name, workdir, bad_files, max_side, layout)
     return {**transfer.row(), "plan": transfer.plan}
 
 

@@ -50,8 +50,11 @@ def plan_scripts(share: FileShare | None, files: dict[str, Path]) -> tuple[dict[
         return hashes, step_plan(
             "upload-scripts", "skip", f"version {version} is already on the share", version=version
         )
+    previous = previous_hashes(share)
+    changed = sum(1 for rel, digest in hashes.items() if previous.get(rel, ("", ""))[1] != digest)
+    kept = f", {len(files) - changed} copied from the share's latest version" if changed < len(files) else ""
     return hashes, step_plan(
-        "upload-scripts", "run", f"upload {len(files)} files as version {version}", version=version
+        "upload-scripts", "run", f"upload {changed} of {len(files)} files as version {version}{kept}", version=version
     )
 
 
@@ -93,8 +96,9 @@ def previous_hashes(share: FileShare) -> dict[str, tuple[str, str]]:
 
 
 @task(name="upload-scripts", retries=3, retry_delay_seconds=[2, 10, 30], retry_condition_fn=unless_permanent)
-def upload_scripts_task(cfg: FileShareConfig, workdir: Path) -> dict:
-    """Prefect step: upload the scripts; returns the transfer summary, the version's folder and its URL."""
+def upload_scripts_task(cfg: FileShareConfig, workdir: Path, files: dict[str, Path]) -> dict:
+    """Prefect step: upload the scripts (relative path -> file); returns the transfer summary, the version's folder
+    and its URL."""
     share = open_share(cfg, workdir)
-    transfer, folder, plan = upload_scripts(share, package_files(cfg.extra_files))
+    transfer, folder, plan = upload_scripts(share, files)
     return {**transfer.row(), "path": share.url(folder), "version": folder, "plan": plan}

@@ -21,16 +21,22 @@ from pathlib import Path
 from trainer.errors import UsageError
 
 SYNTHETIC = "synthetic"  # --data synthetic: batches generated on the device, no files (every framework's trainer)
-# Photo formats that PIL cannot read, and how to make JPEGs of them.
+# The layouts of a data set: the ImageNet layout above (trainflow's trainer reads it), or any files under the folder (a
+# user's script reads them): staging lists, checks and stages each by its own rules.
+IMAGENET_LAYOUT, FILES_LAYOUT = "imagenet", "files"
+LAYOUTS = (IMAGENET_LAYOUT, FILES_LAYOUT)
+# Photo formats that PIL cannot read, and how to make JPEGs of them. `mogrify` is ImageMagick 6's name, as Debian and
+# Ubuntu ship it; ImageMagick 7 names it `magick mogrify`.
 CONVERT = {
     suffix: f"a {name} image, which trainflow cannot read: convert it to JPEG first ({how})"
     for suffixes, name, how in (
         (
             (".heic", ".heif"),
             "HEIC",
-            "`heif-convert IN.heic OUT.jpg`, or ImageMagick: `magick mogrify -format jpg *.heic`",
+            "`heif-convert IN.heic OUT.jpg`, or ImageMagick's `mogrify -format jpg *.heic`, "
+            "`magick mogrify` in its version 7",
         ),
-        ((".avif",), "AVIF", "ImageMagick: `magick mogrify -format jpg *.avif`"),
+        ((".avif",), "AVIF", "ImageMagick's `mogrify -format jpg *.avif`, `magick mogrify` in its version 7"),
     )
     for suffix in suffixes
 }
@@ -248,10 +254,28 @@ def _class_dirs(split_dir: Path) -> list[Path]:
     return [path for path, kind in _visible(split_dir) if kind == "folder"]
 
 
-def _image_files(folder: Path, above: frozenset = frozenset()) -> list[Path]:
+def folder_files(data_dir: Path) -> Iterator[str]:
+    """Every file of a data set in the files layout (a user's script reads it: images/ and masks/, COCO JSON,
+    TFRecords, CSV), by the rules above for names, hidden files, links and special files, one folder at a time."""
+    kind = entry_kind(data_dir)
+    if kind != "folder":
+        what = "is a file, not a folder" if kind in ("file", "special") else "does not exist"
+        raise UsageError(f"data folder {data_dir} {what}; point --data at the folder your script reads")
+    found = _image_files(data_dir, images=False)
+    if not found:
+        raise UsageError(f"data folder {data_dir} holds no files (hidden ones are left out); add your data to it")
+    yield from map(str, found)
+
+
+def layout_files(data_dir: Path, layout: str) -> Iterator[str]:
+    """The files of a data set in `layout` (LAYOUTS): the ImageNet layout's images, or every file."""
+    return folder_files(data_dir) if layout == FILES_LAYOUT else folder_images(data_dir)
+
+
+def _image_files(folder: Path, above: frozenset = frozenset(), images: bool = True) -> list[Path]:
     """Every image under a class folder, recursively (links followed); anything else not hidden is an error.
     `above` holds the real paths of the folders walked down to here: a link to one of them, or to a folder
-    holding one, would never end."""
+    holding one, would never end. With `images` false, every file (the files layout)."""
     above = above | {os.path.realpath(folder)}
     files, subfolders = [], []
     for path, kind in _visible(folder):
@@ -263,8 +287,13 @@ def _image_files(folder: Path, above: frozenset = frozenset()) -> list[Path]:
             subfolders.append(path)
         elif kind == "special":  # never opened: a FIFO would block every command that reads it
             raise UsageError(
-                f"{path} is a {special_name(path)}, not an image file; remove it or move it out of the data folder"
+                f"{path} is a {special_name(path)}, not {'an image' if images else 'a data'} file; remove it or move "
+                "it out of the data folder"
             )
+        elif not images and os.access(path, os.R_OK):
+            files.append(path)
+        elif not images:
+            raise UsageError(f"cannot read {path} (permission denied); fix its permissions or remove it")
         elif path.suffix.lower() in CONVERT:
             raise UsageError(f"{path} is {CONVERT[path.suffix.lower()]}; remove the originals from the data folder")
         elif path.suffix.lower() not in IMAGE_SUFFIXES:
@@ -273,7 +302,7 @@ def _image_files(folder: Path, above: frozenset = frozenset()) -> list[Path]:
             raise UsageError(f"cannot read {path} (permission denied); fix its permissions or remove it")
         else:
             files.append(path)
-    return files + [f for sub in subfolders for f in _image_files(sub, above)]
+    return files + [f for sub in subfolders for f in _image_files(sub, above, images)]
 
 
 def _holds_any(folder: Path, others: frozenset) -> bool:

@@ -65,11 +65,13 @@ class Checkpointed:
 @dataclass(frozen=True)
 class Failure:
     """Why a rank stops: its input ("input": exit status 2, and another attempt would fail alike), a fault the
-    message names ("fault": a full disk, say; a re-run resumes), or an unexpected error ("unexpected": a traceback
-    follows in the log)."""
+    message names ("fault": a full disk, say; a re-run resumes), an unexpected error ("unexpected": a traceback
+    follows in the log), or, of a user's script (scriptrun/rank.py says which), its usage error or syntax error
+    ("usage": the run's input, never retried) or its own failure ("script": another attempt would meet the same
+    bug)."""
 
     message: str
-    cause: Literal["input", "fault", "unexpected"] = "input"
+    cause: Literal["input", "fault", "unexpected", "usage", "script"] = "input"
     kind: Literal["failure"] = "failure"
 
 

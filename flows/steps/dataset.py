@@ -65,9 +65,9 @@ def planned_upload(ctx: Context) -> dict:
     would write is the context's."""
     cfg, name = ctx.cfg, ctx.cfg.dataset_name()
     tmp = Path(ctx.stack.enter_context(tempfile.TemporaryDirectory()))
-    with scan_dataset(source(ctx), cfg.workdir, name, keep=False) as index:
+    with scan_dataset(source(ctx), cfg.workdir, name, keep=False, layout=cfg.data_layout()) as index:
         previous, stored = synced_state(FileServer(cfg.export_dir()).current_manifest(name), name)
-        upload = decide_upload(cfg.storage, name, index, previous, stored, cfg.max_side)
+        upload = decide_upload(cfg.storage, name, index, previous, stored, cfg.max_side, cfg.data_layout())
         path, row = mf.write_manifest(index, upload.header, tmp / "manifest.jsonl"), upload.row(name)
     ctx.manifest = ctx.stack.enter_context(Manifest.load(path, tmp / "manifest.db"))
     return row
@@ -97,7 +97,7 @@ def uploaded(ctx: Context) -> dict:
     if shrunk and cfg.max_side:
         shrink_task(ctx.folder, shrunk, cfg.max_side)
     return upload_dataset_task(
-        cfg.storage, ctx.port, source(ctx), name, cfg.workdir, cfg.training.bad_files, cfg.max_side
+        cfg.storage, ctx.port, source(ctx), name, cfg.workdir, cfg.training.bad_files, cfg.max_side, cfg.data_layout()
     )
 
 

@@ -5,7 +5,7 @@ from flows.config import FlowConfig
 from flows.steps.context import Context
 from infra.compute import backend_of, slots
 from infra.storage.transfers import step_plan
-from tasks.track_run import tracked_training
+from tasks.track_run import program_of
 from tasks.train_on_pool import create_pool_task, delete_pool_task, plan_pool, run_training_task
 
 
@@ -17,7 +17,7 @@ def in_image(cfg: FlowConfig) -> bool:
 def plan(ctx: Context) -> list[dict]:
     """The pool as it would be made, and the job's command (the engine logging into the tracked run)."""
     cfg = ctx.cfg
-    job = plan_pool(cfg, ctx.run, ctx.image).job(tracked_training(cfg.training, ctx.tracked), cfg.job.timeout_s)
+    job = plan_pool(cfg, ctx.run, ctx.image).job(program_of(cfg, ctx.run_id, ctx.tracked), cfg.job.timeout_s)
     pool = f"{cfg.pool.backend} pool, {slots(cfg.pool)} slots for {cfg.training.workers} workers"
     return [step_plan("create-pool", "run", pool), step_plan("run-training", "run", job.describe())]
 
@@ -28,17 +28,17 @@ def run(ctx: Context) -> None:
     try:
         ctx.pool = create_pool_task(pool, set())
         ctx.did(step_plan("create-pool", "run", f"{cfg.pool.backend} pool, {slots(cfg.pool)} slots"))
-        training = tracked_training(cfg.training, ctx.tracked)
-        ctx.trained = run_training_task(pool, training, ctx.run.out, cfg.job.timeout_s, ctx.resumed)
+        program = program_of(cfg, ctx.run_id, ctx.tracked)
+        ctx.trained = run_training_task(pool, program, ctx.run.out, cfg.job, ctx.resumed)
         ctx.did(step_plan("run-training", "run", trained_how(ctx)))
     finally:
         delete_pool_task(pool)
 
 
 def trained_how(ctx: Context) -> str:
-    """The training step in words: the workers and launcher, resumed or afresh."""
-    training = ctx.cfg.training
-    how = f"{training.model} on {training.workers} workers ({training.launcher})"
+    """The training step in words: what ran, on how many workers and by which launcher, resumed or afresh."""
+    training, ran = ctx.cfg.training, ctx.trained["program"]
+    how = f"{ran.get('model') or ran['entry']} on {training.workers} workers ({training.launcher})"
     return f"{how}, resumed run {ctx.run_id} from its last checkpoint" if ctx.resumed else how
 
 

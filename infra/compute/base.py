@@ -19,10 +19,12 @@ from typing import Generic, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from infra.compute.silence import watched
 from infra.core.errors import TrainflowError
 from infra.engines import TrainingConfig
 from infra.engines.contract import SYNTHETIC, Metrics, TrainingSettings, read_metrics
 from infra.engines.launchers import LaunchError, route_output
+from infra.engines.program import Program
 from infra.images.registry import ImageConfig
 from infra.storage.fileshare import FileShareConfig, local_root
 from trainer.records import Event
@@ -45,6 +47,9 @@ class JobConfig(BaseModel):
 
     timeout_s: float = Field(172800, ge=0)
     """Seconds before the job is stopped and fails (0: no limit). ResNet-50 on ImageNet takes about a day on 8 GPUs."""
+    silent_s: float = Field(0, ge=0)
+    """Seconds with no line from any rank after which the job is stopped as hung, naming when each rank last printed;
+    with it set, Horovod's stall warning stops it too (0: never)."""
 
 
 @dataclass(frozen=True)
@@ -108,7 +113,7 @@ class Pool(Protocol):
 
     def delete_leftovers(self, keep: set[str]) -> list[str]: ...
 
-    def job(self, training: TrainingSettings, timeout_s: float) -> Job: ...
+    def job(self, program: Program, timeout_s: float) -> Job: ...
 
 
 class PoolSection(BaseModel):
@@ -168,6 +173,8 @@ class Backend(Protocol[S]):
     """Its nodes run the pushed training image."""
     reads_local_files: bool
     """Its workers read this machine's files at their paths (training.init_from's model file)."""
+    runs_scripts: bool
+    """It runs a user's own script (the script section), not only trainflow's trainer."""
     settings: type[S]
     """Its pool section: the settings under `pool:` when pool.backend names it."""
 
@@ -242,6 +249,14 @@ class LocalBackend(Generic[S]):
         return {}
 
 
+def built_in(program: Program, backend: str) -> TrainingSettings:
+    """The program as trainflow's trainer, which the pools that run only it take (a script on them is refused with
+    its config: this is the type's word for it)."""
+    if not isinstance(program, TrainingSettings):
+        raise PoolError(f"the {backend} pool runs trainflow's trainer only; run a script on the process pool")
+    return program
+
+
 class OneAttempt:
     """A job that makes one attempt: a retry is the Prefect task's, which resumes from the checkpoints."""
 
@@ -274,9 +289,10 @@ def run_job(
     echo: Callable[[str], None],
     timeout_s: float,
     on_event: Callable[[Event], None] = lambda event: None,
+    silent_s: float = 0,
 ) -> int:
     """Check and submit `job`, stream its output into log_dir, its log lines to `echo` and the trainer's events to
-    `on_event`, and wait; cancel it past `timeout_s` (0: none)."""
+    `on_event`, and wait; cancel it past `timeout_s`, or once silent for `silent_s` (0: never)."""
     job.check()
     job.submit()
     timed_out = threading.Event()
@@ -289,14 +305,18 @@ def run_job(
     if timer:
         timer.daemon = True
         timer.start()
+    silence = watched(silent_s, job.cancel)
+    lines = silence.lines(job.lines()) if silence else job.lines()
     try:
-        return route_output(job.lines(), lambda: wait_for(job), log_dir, echo, on_event)
+        return route_output(lines, lambda: wait_for(job), log_dir, echo, on_event)
     except LaunchError as exc:
         if timed_out.is_set():
             raise JobTimedOut(
                 f"the job ran past its timeout of {timeout_s:g} s and was stopped; "
                 f"raise job.timeout_s or train for less. {exc}"
             ) from None
+        if silence and silence.why:
+            raise silence.error(exc) from None
         raise
     except BaseException:  # cancelled (Prefect cancellation, Ctrl-C): stop the workers too
         job.cancel()
@@ -304,6 +324,8 @@ def run_job(
     finally:
         if timer:
             timer.cancel()
+        if silence:
+            silence.done.set()
 
 
 def train_on_pool(pool: Pool, training, out: Path, echo: Callable[[str], None], timeout_s: float = 0) -> Metrics:

@@ -20,6 +20,7 @@ from infra.compute.base import (
     PoolSection,
     RunConfig,
     RunPaths,
+    built_in,
     merged_lines,
     owner_alive,
 )
@@ -39,6 +40,7 @@ from infra.compute.docker_nodes import (
     torchrun_layout,
 )
 from infra.engines.contract import SYNTHETIC, TrainingSettings
+from infra.engines.program import Program
 from infra.images.registry import DockerEngine
 
 
@@ -120,7 +122,8 @@ class DockerPool:
         """The trainer of the scripts version under /scripts, the data at /data (or synthetic), results at /results."""
         return NodePaths(f"{SCRIPTS}/{self.run.scripts.name}", SYNTHETIC if self.run.synthetic else DATA, RESULTS)
 
-    def job(self, training: TrainingSettings, timeout_s: float = 0) -> "ContainerJob":
+    def job(self, program: Program, timeout_s: float = 0) -> "ContainerJob":
+        training = built_in(program, "docker")
         commands = commands_on_nodes(training, self.names, self.pool.slots_per_node, self.node_paths())
         return ContainerJob(self, commands)
 
@@ -187,6 +190,7 @@ class DockerBackend(LocalBackend[DockerPoolConfig]):
     name = "docker"
     needs_image = True
     reads_local_files = False  # its nodes see the mounted data, scripts and results folders only
+    runs_scripts = False  # its nodes run trainflow's trainer only, for now
     settings = DockerPoolConfig
 
     def check_world(self, pool: DockerPoolConfig, training: TrainingSettings) -> None:

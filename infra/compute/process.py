@@ -30,9 +30,10 @@ from infra.compute.base import (
     train_on_pool,
 )
 from infra.core.errors import BadInput
-from infra.engines.contract import PACKAGE, Metrics, TrainingSettings, preflight, trainer_argv
+from infra.engines.contract import PACKAGE, Metrics, TrainingSettings
 from infra.engines.installed import missing_part
 from infra.engines.launchers import LaunchError, local_command
+from infra.engines.program import Program
 from infra.services.supervise import spawn
 
 MARKER = "pool.json"
@@ -96,8 +97,8 @@ class ProcessPool:
         """The workers run on this machine: the scripts version's trainer, the data and results folders as they are."""
         return NodePaths(str(self.run.scripts), str(self.run.data), str(self.run.out))
 
-    def job(self, training: TrainingSettings, timeout_s: float = 0) -> "ProcessJob":
-        return ProcessJob(self, training)
+    def job(self, program: Program, timeout_s: float = 0) -> "ProcessJob":
+        return ProcessJob(self, program)
 
 
 def remove_pool(folder: Path) -> None:
@@ -122,23 +123,27 @@ def leftover_runs(root: Path) -> set[str]:
 
 @dataclass
 class ProcessJob(OneAttempt):
-    """The launcher as a local process group on a process pool; the trainer's preflight runs first."""
+    """The launcher as a local process group on a process pool; the program's preflight runs first."""
 
     pool: ProcessPool
-    training: TrainingSettings
+    program: Program
     proc: subprocess.Popen | None = field(default=None, repr=False)
 
     @property
     def command(self) -> list[str]:
-        """torchrun or horovodrun starting training.workers local workers (the preflight decoded the images)."""
-        paths, training = self.pool.node_paths(), self.training
-        workers = training.model_copy(update={"verify_images": False}) if training.preflight_images else training
-        return local_command(
-            training.launcher, training.workers, trainer_argv(workers, paths.data, paths.out, paths.scripts)
-        )
+        """torchrun or horovodrun starting the program's workers as local processes."""
+        paths, program = self.pool.node_paths(), self.program
+        return local_command(program.launcher, program.workers, program.rank_argv(paths.data, paths.out, paths.scripts))
+
+    @property
+    def environment(self) -> dict[str, str]:
+        """The variables the program gives every rank."""
+        paths = self.pool.node_paths()
+        return self.program.environment(paths.data, paths.out, paths.scripts)
 
     def describe(self) -> str:
-        return " ".join(self.command)
+        names = sorted(self.environment)
+        return " ".join(self.command) + (f" (sets {', '.join(names)})" if names else "")
 
     def check(self) -> None:
         if not Path(self.command[0]).exists():
@@ -146,10 +151,11 @@ class ProcessJob(OneAttempt):
                 f"{self.command[0]} is missing; run `make setup-horovod` to install Horovod", permanent=True
             )
         paths = self.pool.node_paths()
-        preflight(self.training, paths.data, Path(paths.out), paths.scripts)
+        self.program.preflight(paths.data, Path(paths.out), paths.scripts)
 
     def submit(self) -> None:
-        self.proc = spawn(self.command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+        env = {**os.environ, **self.environment}
+        self.proc = spawn(self.command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, env=env)
         self.pool.record_process(self.proc.pid)
 
     @property
@@ -191,6 +197,7 @@ class ProcessBackend(LocalBackend[ProcessPoolConfig]):
 
     name = "process"
     settings = ProcessPoolConfig
+    runs_scripts = True  # its ranks run in this environment: the script's folder, the rank shim and the launcher
 
     def nodes(self, pool: ProcessPoolConfig) -> int:
         return 1

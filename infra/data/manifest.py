@@ -34,7 +34,7 @@ from infra.core.diskspace import Need, check_needs, existing, writing
 from infra.core.errors import BadInput, TrainflowError
 from trainer.errors import UsageError
 from trainer.image_files import on_all_cores
-from trainer.layout import check_name, folder_images
+from trainer.layout import IMAGENET_LAYOUT, check_name, layout_files
 from trainer.scripts import sha256_file
 from trainer.staged.manifest import (  # those marked F401 are re-exported: the orchestrator's manifest names are here
     ROWS_PER_BATCH,
@@ -63,12 +63,12 @@ SCHEMA = (
 )
 
 
-def relative_paths(data_dir: Path) -> Iterator[str]:
-    """Every image of the data set, relative to data_dir, as the trainer lists them (its rules, its errors), one
-    class folder at a time."""
+def relative_paths(data_dir: Path, layout: str = IMAGENET_LAYOUT) -> Iterator[str]:
+    """Every file of the data set in its `layout`, relative to data_dir, as the trainer lists them (its rules, its
+    errors): the ImageNet layout's images one class folder at a time, or every file (trainer/layout.py)."""
     prefix = str(data_dir).rstrip("/") + "/"
     try:
-        for path in folder_images(data_dir):
+        for path in layout_files(data_dir, layout):
             yield path.removeprefix(prefix)
     except UsageError as exc:
         raise BadInput(str(exc)) from None
@@ -166,14 +166,15 @@ class Index:
         cache: Path | None,
         check: Callable[[list[str]], list[tuple[str, str]]],
         progress: Callable[[int], None] = lambda n: None,
+        layout: str = IMAGENET_LAYOUT,
     ) -> int:
-        """Index the folder (the trainer's layout rules); returns how many files were new or changed."""
+        """Index the folder (the trainer's rules for its layout); returns how many files were new or changed."""
         if cache and cache.exists():  # read only: a dry run changes nothing
             self.db.execute("ATTACH DATABASE ? AS cache", (f"file:{urllib.parse.quote(str(cache))}?mode=ro",))
         else:
             self.db.execute("ATTACH DATABASE ':memory:' AS cache")
             self.db.execute(SCHEMA.replace("files", "cache.files", 1))
-        fresh, paths = 0, relative_paths(data_dir)
+        fresh, paths = 0, relative_paths(data_dir, layout)
         while batch := list(itertools.islice(paths, ROWS_PER_BATCH)):
             fresh += self.add(data_dir, batch, check)
             progress(len(batch))
@@ -278,16 +279,18 @@ def read_fresh(root: Path, fresh: list[tuple[str, int, int]], check) -> list[tup
 
 
 @contextmanager
-def scanned(data_dir: Path, cache: Path, check, keep: bool, progress=lambda n: None) -> Iterator[tuple[Index, int]]:
-    """A fresh index of the folder and how many files were new or changed; with `keep` it becomes the cache of
-    the next scan once the block succeeds (the dry run keeps nothing)."""
+def scanned(
+    data_dir: Path, cache: Path, check, keep: bool, progress=lambda n: None, layout: str = IMAGENET_LAYOUT
+) -> Iterator[tuple[Index, int]]:
+    """A fresh index of the folder in its `layout` and how many files were new or changed; with `keep` it becomes
+    the cache of the next scan once the block succeeds (the dry run keeps nothing)."""
     if keep:
         cache.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".index-", dir=cache.parent if keep else None) as tmp:
         index = Index(Path(tmp) / cache.name)
         try:
             with writing(cache if keep else index.path, partial=index.path):
-                fresh = index.scan(data_dir, cache, check, progress)
+                fresh = index.scan(data_dir, cache, check, progress, layout)
             if keep:  # the hashes and checks are kept even if the caller then fails (on bad images, say)
                 os.replace(index.path, cache)
                 index.path = cache

@@ -20,7 +20,7 @@ import-linter contracts in pyproject.toml).
 import subprocess
 import sys
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
@@ -76,6 +76,41 @@ class TrainingSettings(BaseModel):
     def trainer_args(self) -> list[str]:
         """The trainer's command-line options for these settings (the orchestrator's own settings excluded)."""
         raise NotImplementedError
+
+    # The program a run executes (infra/engines/program.py): here trainflow's own trainer.
+    def at_attempt(self, attempt: int) -> Self:
+        """The program for an attempt of its run: the trainer resumes from its checkpoints on its own."""
+        return self
+
+    def rank_argv(self, data: str, out: str, scripts: str) -> list[str]:
+        """What each rank runs after the interpreter, where the preflight has checked everything first: the trainer
+        with its options, its images decoded once by the preflight already."""
+        workers = self.model_copy(update={"verify_images": False}) if self.preflight_images else self
+        return trainer_argv(workers, data, out, scripts)
+
+    def environment(self, data: str, out: str, scripts: str) -> dict[str, str]:
+        """Every rank's variables beyond the launcher's: none (the trainer takes its options)."""
+        return {}
+
+    def preflight(self, data: str, out: Path, scripts: str) -> None:
+        """The trainer's own checks in one process, before any worker."""
+        preflight(self, data, out, scripts)
+
+    def describe(self) -> dict[str, Any]:
+        """What the run executes: the trainer and its model."""
+        return {"entry": self.ENTRY, "model": getattr(self, "model", "")}
+
+    def outcome(self, out: Path) -> dict[str, Any]:
+        """What the finished trainer gave back: its metrics.json."""
+        return read_metrics(out).to_json()
+
+    def metrics_in(self, line: str) -> dict[str, float]:
+        """None: the trainer's progress comes as its events."""
+        return {}
+
+    def to_blob(self, out: Path) -> list[str]:
+        """The model goes to Blob too."""
+        return [self.MODEL_FILE]
 
 
 def read_metrics(out: Path) -> Metrics:

@@ -28,6 +28,20 @@ class LaunchError(TrainflowError):
     """Training did not finish; the message says which rank and why."""
 
 
+class RankRefused(LaunchError):
+    """A rank stopped on its input (a trainer's bad data, a script's usage error): another attempt would too."""
+
+    permanent = True
+    exit_code = 2
+
+
+# The causes of a user's script's Failure (trainer/records.py, said by scriptrun/rank.py) that another attempt would
+# meet again: its usage error is the run's input (exit 2), an exception its own (exit 1); neither is retried
+# (rank.py says "fault" for an exit status the user listed as worth a retry). The trainer's own causes keep their
+# rule: retried once (its preflight refuses bad input before any worker).
+REFUSED, NOT_RETRIED = "usage", "script"
+
+
 # Horovod's background thread wakes every cycle to negotiate which gradients are ready, even when none is: at its 1 ms
 # default it burns 0.07 CPU s per s per idle rank here, 0.03 at 5 ms (README "Scaling"); 5 ms is a small delay
 # next to a step of hundreds of ms, and the CPU goes to the training threads on machines with few cores.
@@ -111,8 +125,17 @@ def route_output(
     for rank, lines in logs.items():
         (log_dir / f"rank{rank}.log").write_text("".join(lines))
     if code != 0:
-        raise LaunchError(describe_failure(code, logs, log_dir, ended.first(), ended.status))
+        raise launch_error(describe_failure(code, logs, log_dir, ended.first(), ended.status), logs)
     return code
+
+
+def launch_error(message: str, logs: dict[int, list[str]]) -> LaunchError:
+    """The error of a failed run: refused (exit 2, never retried) when a rank stopped on its input, not retried when
+    a script failed on its own, else worth another attempt."""
+    causes = {event.cause for lines in logs.values() for event in map(read_event, lines) if isinstance(event, Failure)}
+    if REFUSED in causes:
+        return RankRefused(message)
+    return LaunchError(message, permanent=NOT_RETRIED in causes or None)
 
 
 @dataclass
@@ -145,6 +168,12 @@ class Casualties:
         return self.roots + self.died
 
 
+def script_tail(lines: list[str], count: int = 8) -> str:
+    """A script's last lines before it failed (its traceback's end), for the one message of its failure."""
+    said = [line for line in lines if not read_event(line)]
+    return "; its last lines:\n" + "".join(said[-count:])
+
+
 def describe_failure(
     code: int,
     logs: dict[int, list[str]],
@@ -157,13 +186,14 @@ def describe_failure(
     status, and its last lines, else any rank's error, else every rank's last lines."""
     failures = [(rank, e) for rank, lines in logs.items() for e in map(read_event, lines) if isinstance(e, Failure)]
     errors = [(rank, failure.message) for rank, failure in failures]
-    inputs = [(rank, failure.message) for rank, failure in failures if failure.cause != "unexpected"]
+    inputs = [(rank, failure.message) for rank, failure in failures if failure.cause not in ("unexpected", NOT_RETRIED)]
     if not inputs and died:
         rank = died[0]
         own = [message for r, message in errors if r == rank]
-        if own:
-            return f"rank {rank} failed: {own[0]}"
         tail = "".join(logs.get(rank, [])[-5:]) or "(no output)\n"
+        if own:
+            scripted = any(r == rank and f.cause == NOT_RETRIED for r, f in failures)
+            return f"rank {rank} failed: {own[0]}" + (script_tail(logs[rank]) if scripted else "")
         rank_status = (status or {}).get(rank, code)
         if rank_status >= 0:
             return f"rank {rank} failed: it died without an error (exit status {rank_status}); its last lines:\n{tail}"

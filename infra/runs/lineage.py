@@ -19,6 +19,7 @@ from pathlib import Path
 
 from infra.core.errors import BadInput
 from infra.core.jsonfiles import read_json, write_json
+from infra.engines.script import SUMMARY
 from infra.runs.attempts import ATTEMPTS, brief, read_attempts
 from infra.runs.ledger import LEDGER, ledger_summary
 from infra.runs.record import RECORD, RunSettings, fingerprint, standing
@@ -41,6 +42,10 @@ FILES = {  # what the folder's README says of each file it holds, in this order
     ATTEMPTS: "each attempt at training: when it started, when it was last seen alive, how it ended",
     "bad-files.tsv": "the images left out because they cannot be decoded (path, reason)",
     "images-checked.json": "the preflight's check of every image, which the workers read instead of decoding",
+    "script.json": "your script's run: its entry and arguments, how it ran, and the metrics read from its lines and "
+    "TensorBoard files",
+    "outputs": "what your script wrote to ${{output}} (TRAINFLOW_OUTPUT_DIR), also in Blob",
+    "work": "your script's working folder: a copy of its scripts version, with what it wrote there",
     GUIDE: "this list",
 }
 METRICS_COMPARED = (
@@ -59,6 +64,10 @@ METRICS_COMPARED = (
     "resumed_from_steps",
     "parameters_in_sync",
 )
+
+# What `runs` and `runs diff` show of a user's script's run (script.json): what ran, from where, with which
+# requirements, and the last value of each metric read from it.
+SCRIPT_COMPARED = ("entry", "args", "source", "requirements", "launcher", "world_size", "wall_seconds", "final")
 
 
 def manifest_hash(data: str) -> str | None:
@@ -134,7 +143,11 @@ def write_guide(out: Path, model_file: str) -> None:
 def run_row(folder: Path) -> dict:
     """One past run as `trainflow runs` shows it: status, when, model, data, accuracy, time, cost over every
     attempt, receipt. A run with no ledger yet (running, or stopped) shows its status and attempts as they stand."""
-    record, metrics = read_json(folder / RECORD), read_json(folder / "metrics.json")
+    record, metrics, script = (
+        read_json(folder / RECORD),
+        read_json(folder / "metrics.json"),
+        read_json(folder / SUMMARY),
+    )
     receipt, cost = read_json(folder / RECEIPT), ledger_summary(read_json(folder / LEDGER))
     tries = cost.get("attempts") or [brief(a) for a in read_attempts(folder)]
     updated = datetime.fromtimestamp((folder / RECORD).stat().st_mtime)  # as it started, then as it ended
@@ -145,11 +158,12 @@ def run_row(folder: Path) -> dict:
         "damaged": damaged,
         "updated": updated.isoformat(sep=" ", timespec="seconds"),
         "framework": receipt.get("framework") or metrics.get("framework"),
-        "model": metrics.get("model"),
+        "model": metrics.get("model") or script_label(script),
         "dataset": receipt.get("dataset"),
-        "world_size": metrics.get("world_size"),
+        "world_size": metrics.get("world_size") or script.get("world_size"),
         "val_top1": metrics.get("final_val_top1"),
-        "seconds": metrics.get("wall_seconds"),
+        "seconds": metrics.get("wall_seconds") or script.get("wall_seconds"),
+        "script": {key: script.get(key) for key in SCRIPT_COMPARED} if script else None,
         "training_seconds": cost.get("training_seconds", sum(t["seconds"] for t in tries) or None),
         "attempts": tries,
         "node_hours": cost.get("node_hours"),
@@ -159,6 +173,13 @@ def run_row(folder: Path) -> dict:
         "lost_gpu_hours": cost.get("lost_gpu_hours"),
         "receipt": receipt or None,
     }
+
+
+def script_label(script: dict) -> str | None:
+    """A user's script's run in the model column: its entry and arguments, marked as a script (None for none)."""
+    if not script.get("entry"):
+        return None
+    return f"script: {' '.join([script['entry'], *script.get('args', [])])}"
 
 
 def damaged_files(folder: Path) -> list[str]:
@@ -254,13 +275,14 @@ def flat(values, prefix: str = "") -> dict:
 
 def compared(folder: Path) -> dict:
     """What `runs diff` compares of a run: its receipt, its config and the metrics that sum it up."""
-    metrics = read_json(folder / "metrics.json")
+    metrics, script = read_json(folder / "metrics.json"), read_json(folder / SUMMARY)
     receipt = read_json(folder / RECEIPT)
     receipt.pop("cost", None)  # the ledger's summary: its totals are compared as ledger.*
     return {
         **flat(receipt, "receipt"),
         **flat(read_json(folder / CONFIG), "config"),
         **flat({k: metrics.get(k) for k in METRICS_COMPARED if k in metrics}, "metrics"),
+        **flat({k: script[k] for k in SCRIPT_COMPARED if k in script}, "script"),
         **flat(read_json(folder / LEDGER).get("total", {}), "ledger"),
     }
 

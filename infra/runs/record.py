@@ -48,8 +48,16 @@ def settings_fingerprint(cfg: RunSettings, *more) -> str:
 
 
 def run_inputs(cfg: RunSettings, scripts: str, data: Path) -> str:
-    """The fingerprint of what a run trains: its settings, data set version and scripts version."""
-    return settings_fingerprint(cfg, str(data), scripts)
+    """The fingerprint of what a run trains: its settings, data set version and scripts version (and how a user's
+    script is called: its entry, arguments and variables)."""
+    return settings_fingerprint(cfg, str(data), scripts, *script_section(cfg))
+
+
+def script_section(cfg: RunSettings) -> list[dict]:
+    """The script section of a run that runs a user's script, as one item; none for trainflow's trainer (whose
+    fingerprints stay as they were)."""
+    script = cfg.model_dump(mode="json").get("script")
+    return [script] if script else []
 
 
 def input_values(cfg: RunSettings, scripts: str, data: Path) -> dict:
@@ -61,6 +69,7 @@ def input_values(cfg: RunSettings, scripts: str, data: Path) -> dict:
         "dataset": cfg.dataset_name(),
         "data version": str(data),
         "scripts version": scripts,
+        **dict(zip(["script"], script_section(cfg))),
     }
 
 

@@ -120,9 +120,13 @@ def new_run(cfg: TrackingConfig, workdir: Path, uri: str, name: str, params: dic
     return {"uri": uri, "experiment_id": experiment, "run_id": run_id}
 
 
+MLFLOW_BATCH = 1000  # the most metrics one log_batch call takes (MLflow's REST API limit)
+
+
 def finish_run(tracked: dict, metrics: dict, files: list[Path], engine_logged: bool) -> None:
-    """Log the final numbers, the epochs (unless the engine logged them while it trained) and `files` as artifacts;
-    end the run."""
+    """Log the final numbers, the epochs (unless the engine logged them while it trained), a script's series (the
+    metrics read from its lines and TensorBoard files, each value at its step) and `files` as artifacts; end the
+    run."""
     with store_writes(tracked["uri"]):
         log_results(tracked, metrics, files, engine_logged)
 
@@ -134,6 +138,7 @@ def log_results(tracked: dict, metrics: dict, files: list[Path], engine_logged: 
     mlflow, run_id, step = client(tracked["uri"]), tracked["run_id"], metrics.get("global_step", 0)
     rows = [] if engine_logged else [(row["step"], epoch_metrics(row)) for row in metrics.get("epochs", [])]
     rows.append((step, {name: metrics.get(key) for name, key in FINAL.items()}))
+    rows += [(at, {name: value}) for name, series in metrics.get("series", {}).items() for at, value in series]
     now = int(time.time() * 1000)
     batch = [
         Metric(key, float(value), now, at)
@@ -141,9 +146,13 @@ def log_results(tracked: dict, metrics: dict, files: list[Path], engine_logged: 
         for key, value in values.items()
         if isinstance(value, (int, float))
     ]
-    mlflow.log_batch(run_id, metrics=batch)
+    for start in range(0, len(batch), MLFLOW_BATCH):
+        mlflow.log_batch(run_id, metrics=batch[start : start + MLFLOW_BATCH])
     for path in files:
-        mlflow.log_artifact(run_id, str(path))
+        if path.is_dir():  # a script's outputs/, whole
+            mlflow.log_artifacts(run_id, str(path), path.name)
+        else:
+            mlflow.log_artifact(run_id, str(path))
     mlflow.set_terminated(run_id, "FINISHED")
 
 

@@ -30,7 +30,19 @@ def left_behind(folder) -> list[str]:
 @pytest.mark.timeout(1500)
 def test_the_script_takes_every_picture_from_a_real_run_and_stops_what_it_started(tmp_path):
     images, work = tmp_path / "images", tmp_path / "work"
-    command = [sys.executable, "-m", "cli.screenshots", "--workdir", str(work), "--out", str(images), "--steps", "3"]
+    command = [
+        sys.executable,
+        "-m",
+        "cli.screenshots",
+        "--workdir",
+        str(work),
+        "--out",
+        str(images),
+        "--steps",
+        "3",
+        "--epochs",
+        "2",
+    ]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=1400)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert sorted(p.name for p in images.iterdir()) == sorted([*SHOTS, *PLOTS.values()])
@@ -39,5 +51,6 @@ def test_the_script_takes_every_picture_from_a_real_run_and_stops_what_it_starte
             assert (image.format, image.size) == ("PNG", (WIDTH, HEIGHT)), name
             colours = image.convert("RGB").getcolors(maxcolors=WIDTH * HEIGHT)
             assert len(colours) > FEWEST_COLOURS, f"{name}: {len(colours)} colours, a blank page?"
-    assert "<polyline" in (images / "run-plot.svg").read_text()
+    plot = (images / "run-plot.svg").read_text()  # the run's chart: a panel per quantity
+    assert plot.count('id="axes_') == 3 and all(f">{title}<" in plot for title in ("loss", "accuracy", "throughput"))
     assert not left_behind(work), left_behind(work)

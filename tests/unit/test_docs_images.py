@@ -41,4 +41,4 @@ def test_the_screenshots_are_in_docs_images_at_the_viewports_size():
         with Image.open(DOCS / "images" / name) as image:
             assert (image.format, image.size) == ("PNG", (WIDTH, HEIGHT)), name
     for name in PLOTS.values():
-        assert "<polyline" in (DOCS / "images" / name).read_text(), name
+        assert (DOCS / "images" / name).read_text().count('id="axes_') == 3, name  # the run's chart, its 3 panels

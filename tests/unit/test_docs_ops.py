@@ -154,6 +154,26 @@ def test_the_deploy_line_calls_deploy_sh_as_its_usage_says_with_parameters_of_th
     assert f"`{first}`" in text(AZURE_MD)
 
 
+def test_the_guide_registers_every_provider_the_template_deploys_and_checks_azure_ml_s_own_quota():
+    """An empty subscription has few resource providers registered; the guide registers each namespace of the
+    template's resources (Microsoft.Authorization is registered in every subscription), and checks the quota of Azure
+    ML compute (`az ml compute list-usage`), not the VMs' (`az vm list-usage`)."""
+    deployed = set(re.findall(r"^resource \w+ '(Microsoft\.\w+)/", BICEP, re.M)) - {"Microsoft.Authorization"}
+    loop = next(line for line in code_lines(AZURE_MD) if "az provider register" in line)
+    registered = {f"Microsoft.{name}" for name in re.search(r"for p in ([\w ]+);", loop).group(1).split()}
+    assert deployed and registered == deployed
+    assert "az ml compute list-usage" in text(AZURE_MD) and "az vm list-usage" not in text(AZURE_MD)
+    assert "az extension add --name ml" in text(AZURE_MD)  # list-usage and job stream are the ml extension's
+
+
+def test_the_nfs_share_s_size_the_guide_gives_is_the_template_s():
+    size = re.search(r"@minValue\((\d+)\)\nparam nfsShareGiB int = (\d+)", BICEP)
+    assert size and f"(`nfsShareGiB`, {int(size.group(2)):,} GiB by default, {size.group(1)} at least)" in text(
+        AZURE_MD
+    )
+    assert "sku: { name: 'Premium_LRS' }\n  kind: 'FileStorage'" in BICEP  # a premium share: billed as provisioned
+
+
 def test_the_names_the_guides_give_are_the_codes():
     from infra.compute.azureml import specs
     from infra.compute.azureml.settings import AzureMLPoolConfig

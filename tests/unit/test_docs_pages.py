@@ -115,9 +115,25 @@ def command_problem(line: str, page_prose: str) -> str | None:
 def test_every_command_of_a_page_s_code_blocks_is_a_real_one(page):
     page_prose = prose(page).replace("CODE", "") + " ".join(re.findall(r"`([^`]*)`", CODE.sub("", page.read_text())))
     blocks = [block for lang, block in CODE.findall(page.read_text()) if lang in ("sh", "bash", "shell")]
-    commands = [line.split(" #")[0].strip() for block in blocks for line in block.splitlines()]
+    lines = [line for block in blocks for line in block.replace("\\\n", " ").splitlines()]  # continued lines joined
+    commands = [line.split(" #")[0].strip() for line in lines]
     problems = [(c, p) for c in commands if c and not c.startswith("#") and (p := command_problem(c, page_prose))]
     assert problems == []
+
+
+@pytest.mark.parametrize("page", COMMAND_PAGES, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_trainflow_command_a_page_s_sentences_name_is_a_real_one(page):
+    """A `trainflow ...` span of a page's prose names a command and options it has (a printed title, `...: ...`, and
+    an elided `trainflow ...` are not command lines)."""
+    spans = re.findall(r"`(trainflow [^`]*)`", CODE.sub("", page.read_text()))
+    lines = [span for span in spans if "..." not in span and ": " not in span]
+    assert [(line, problems) for line in lines if (problems := command_line_problems(line))] == []
+    # and a sentence saying commands take no `--option` is true of each command it names
+    text = " ".join(CODE.sub("", page.read_text()).split())
+    for sentence in re.findall(r"[^.]*\btakes? no `--[\w-]+`[^.]*", text):
+        option = re.search(r"takes? no `(--[\w-]+)`", sentence).group(1)
+        for command in re.findall(r"`(trainflow [\w ]+)`", sentence):
+            assert command_line_problems(f"{command} {option}"), f"{page.name}: {command} takes {option}: {sentence}"
 
 
 def test_the_steps_table_names_the_pools_that_build_the_image():

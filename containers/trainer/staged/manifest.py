@@ -10,7 +10,7 @@ from pathlib import Path
 
 from trainer.errors import writing
 from trainer.staged.names import FORMAT, FileEntry
-from trainer.staged.rules import checked_rows, header_problem, parsed, untrusted
+from trainer.staged.rules import checked_rows, header_layout, header_problem, parsed, untrusted
 
 ROWS_PER_BATCH = 10_000  # rows moved between the manifest file and its index at a time
 
@@ -50,7 +50,7 @@ class Manifest:
         manifest = cls(db, header)
         try:
             with writing(manifest.path):
-                manifest.insert(checked_rows(lines, name))
+                manifest.insert(checked_rows(lines, name, str(header_layout(header))))
         except sqlite3.IntegrityError:  # the primary key: one path on two rows
             manifest.close()
             raise untrusted(name, None, "lists one path on two rows") from None

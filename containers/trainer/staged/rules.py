@@ -1,7 +1,8 @@
 """What a staged manifest may say: every row and the header checked before anything is written.
 
 The rules are those of staging's own output (infra/data/manifest.py writes it): a path is relative, "/"-separated,
-normalised and under train/<class>/ or val/<class>/, as trainer/layout.py lists a data folder; a size is a count; a
+normalised and, in the ImageNet layout (the header's `layout`: none, or "files" for a user's script), under
+train/<class>/ or val/<class>/, as trainer/layout.py lists a data folder; a size is a count; a
 digest a SHA-256; a version or shard id a hexadecimal hash. Python's tarfile data filter (PEP 706) refuses the same
 absolute paths, `..` and drive letters."""
 
@@ -10,7 +11,7 @@ import re
 from collections.abc import Iterable, Iterator
 
 from trainer.errors import UntrustedInput, UsageError
-from trainer.layout import check_name
+from trainer.layout import IMAGENET_LAYOUT, LAYOUTS, check_name
 from trainer.staged.names import MANIFEST_FILE, manifest_blob
 
 SPLITS = ("train", "val")  # the folders a staged path starts with (trainer/layout.py's layout)
@@ -38,12 +39,13 @@ def parsed(line: bytes | str, name: str | None, number: int):
         raise untrusted(name or "?", number, "is not JSON") from None
 
 
-def checked_rows(lines: Iterable[bytes | str], name: str) -> Iterator[list]:
-    """The manifest's file rows (after its header), each checked by `row_problem`; lines are numbered from 2."""
+def checked_rows(lines: Iterable[bytes | str], name: str, layout: str = IMAGENET_LAYOUT) -> Iterator[list]:
+    """The manifest's file rows (after its header), each checked by `row_problem` for the data set's `layout`; lines
+    are numbered from 2."""
     for number, line in enumerate(lines, start=2):
         if line.strip():
             row = parsed(line, name, number)
-            if problem := row_problem(row):
+            if problem := row_problem(row, layout):
                 raise untrusted(name, number, problem)
             yield row
 
@@ -56,9 +58,11 @@ def header_problem(header: dict, name: str) -> str | None:
         return f"has version {header.get('version')!r}, not a hexadecimal id"
     if any(not is_count(header.get(key)) for key in ("shard_count", "files", "bytes")):
         return "lacks a count (shard_count, files, bytes)"
+    if header_layout(header) not in LAYOUTS:
+        return f"has layout {header.get('layout')!r}, not one of {', '.join(LAYOUTS)}"
     verified = header.get("verified") or {}
     bad = verified.get("bad", []) if isinstance(verified, dict) else None
-    if not isinstance(bad, list) or any(not is_bad_file(entry) for entry in bad):
+    if not isinstance(bad, list) or any(not is_bad_file(entry, header_layout(header)) for entry in bad):
         return "lists a bad file that is not a [path, reason] of the data set"
     return None
 
@@ -67,17 +71,25 @@ def is_count(value: object) -> bool:
     return type(value) is int and value >= 0
 
 
-def is_bad_file(entry: object) -> bool:
+def header_layout(header: dict) -> object:
+    """The layout a manifest's header says its data set has: the ImageNet layout where it says none (every manifest
+    before the files layout)."""
+    return header.get("layout", IMAGENET_LAYOUT)
+
+
+def is_bad_file(entry: object, layout: object = IMAGENET_LAYOUT) -> bool:
     """A `verified.bad` entry: [path, reason] with a path that passes path_problem."""
-    return isinstance(entry, list) and len(entry) == 2 and isinstance(entry[1], str) and not path_problem(entry[0])
+    if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[1], str)):
+        return False
+    return not path_problem(entry[0], str(layout))
 
 
-def row_problem(row: object) -> str | None:
+def row_problem(row: object, layout: str = IMAGENET_LAYOUT) -> str | None:
     """What makes a manifest row unusable, or None: [path, size, sha256, shard], each as staging writes it."""
     if not (isinstance(row, list) and len(row) == 4):
         return "is not a [path, size, sha256, shard] row"
     path, size, sha256, shard = row
-    if problem := path_problem(path):
+    if problem := path_problem(path, layout):
         return f"names {path!r}, which {problem}"
     if not is_count(size):
         return f"gives {path!r} the size {size!r}, not a byte count"
@@ -88,10 +100,10 @@ def row_problem(row: object) -> str | None:
     return None
 
 
-def path_problem(path: object) -> str | None:
+def path_problem(path: object, layout: str = IMAGENET_LAYOUT) -> str | None:
     """What keeps a staged path from being written inside a version folder, or None. A path is relative,
-    "/"-separated and normalised, free of NUL, backslashes and drive letters, and names a visible file under
-    train/<class>/ or val/<class>/, as staging lists them (trainer/layout.py)."""
+    "/"-separated and normalised, free of NUL, backslashes and drive letters, and names a visible file: in the
+    ImageNet layout under train/<class>/ or val/<class>/, as staging lists them (trainer/layout.py)."""
     if not isinstance(path, str) or not path:
         return "is not a file name"
     if "\0" in path or "\\" in path or DRIVE.match(path):
@@ -105,7 +117,7 @@ def path_problem(path: object) -> str | None:
         return "is not a normalised path (an empty or . component)"
     if any(part.startswith(".") for part in parts):
         return "names a hidden file or folder, which staging never stages"
-    if parts[0] not in SPLITS or len(parts) < 3:
+    if layout == IMAGENET_LAYOUT and (parts[0] not in SPLITS or len(parts) < 3):
         return "is not under train/<class>/ or val/<class>/"
     try:
         check_name(path)

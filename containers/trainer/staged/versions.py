@@ -64,7 +64,8 @@ def write_member(dest: Path, path: str, data: bytes) -> None:
     `dest` and the file must not exist (no link is followed), whatever the folder already holds."""
     target = dest / path
     target.parent.mkdir(parents=True, exist_ok=True)
-    if not os.path.realpath(target.parent).startswith(os.path.join(os.path.realpath(dest), "")):
+    folder, root = os.path.realpath(target.parent), os.path.realpath(dest)  # a file at the top is in the root itself
+    if folder != root and not folder.startswith(os.path.join(root, "")):
         raise UntrustedInput(
             f"{path!r} resolves outside the version folder {dest}: a link was put in it while it was written; "
             f"find what else writes to {dest.parent}"

@@ -35,6 +35,7 @@ class AzureMLBackend:
     name = "azureml"
     needs_image = True
     reads_local_files = False
+    runs_scripts = False  # its jobs run trainflow's trainer only, for now
     settings = AzureMLPoolConfig
 
     def check(self, cfg: RunConfig[AzureMLPoolConfig]) -> None:

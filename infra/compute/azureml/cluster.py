@@ -17,8 +17,8 @@ from infra.compute.azureml.specs import (
     registry_connection_spec,
     sync_spec,
 )
-from infra.compute.base import PoolError, RunPaths
-from infra.engines.contract import TrainingSettings
+from infra.compute.base import PoolError, RunPaths, built_in
+from infra.engines.program import Program
 from infra.images.registry import ImageConfig, registry_password
 
 
@@ -120,8 +120,9 @@ class AzureMLPool:
         """Nothing: the cluster is shared by every run and scales down by itself."""
         return []
 
-    def job(self, training: TrainingSettings, timeout_s: float = 0) -> "AzureMLJob":
+    def job(self, program: Program, timeout_s: float = 0) -> "AzureMLJob":
         """The run's training job: attempt after attempt, each resuming from the checkpoints of the one before."""
+        training = built_in(program, "azureml")
         return AzureMLJob(
             self,
             lambda n: job_spec(training, self.pool, self.run, self.image, timeout_s, n),

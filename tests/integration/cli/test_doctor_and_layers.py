@@ -107,7 +107,8 @@ def test_make_demo_installs_only_the_base_and_azurite_without_root():
 def test_the_layers_are_installed_by_uv_from_the_lock_unless_pip_is_asked_for():
     uv, pip = make_plan(".venv/.base"), make_plan(".venv/.base", "INSTALLER=pip")
     assert ".venv/bin/pip install -q -c containers/requirements/constraints.txt uv\n" in uv
-    uv_install = ".venv/bin/uv pip install -q --compile-bytecode --python .venv/bin/python"  # compiled, as pip does
+    # compiled, as pip does; trusting the system's certificate store, as pip does
+    uv_install = ".venv/bin/uv pip install -q --system-certs --compile-bytecode --python .venv/bin/python"
     assert f"{uv_install} -c containers/requirements/constraints.txt" in uv
     assert "uv" not in pip.replace(".venv", "") and "pip install -q -c containers/requirements/constraints.txt" in pip
 

@@ -72,16 +72,16 @@ def test_whole_flow_on_the_process_pool_then_a_cached_rerun_and_a_dry_run(prefec
     assert metrics["trainer"] == str((scripts / "trainer").resolve())  # the version on the share, not the checkout
     assert (shared / "model.pt").exists() and (shared / "logs" / "rank1.log").read_text()
     assert list((shared / "checkpoints").iterdir())
-    assert result["results"]["model_blob"] == f"results/{result['run_id']}/model.pt"
+    assert result["results"]["blobs"] == [f"results/{result['run_id']}/model.pt"]
     model = tmp_path / "work" / "runs" / result["run_id"] / "model.pt"
-    assert blob_sha256(cfg, result["results"]["model_blob"], tmp_path / "read-back") == sha256_file(model)
+    assert blob_sha256(cfg, result["results"]["blobs"][0], tmp_path / "read-back") == sha256_file(model)
     assert result["pool"]["backend"] == "process" and not (tmp_path / "work" / "pools" / result["run_id"]).exists()
     artifacts = artifacts_of(result["run_id"])
     assert {"run-summary", "epochs", "training-plot", "results"} <= set(artifacts)
     summary = artifacts["run-summary"].data
     for needle in ("digits", "resnet18", "world size: 2", "images/s", "val top-1", "run-training"):
         assert needle in summary, needle
-    assert "<polyline" in artifacts["training-plot"].data
+    assert artifacts["training-plot"].data.count('id="axes_') == 3  # the run's chart: a panel per quantity
     assert json.loads(artifacts["epochs"].data)[0]["epoch"] == 1
     again = train_flow(cfg)  # unchanged scripts and data: nothing moves, straight to training
     assert [step["files"] for step in again["steps"]] == [0, 0, 0]

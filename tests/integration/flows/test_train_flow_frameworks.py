@@ -28,7 +28,7 @@ def test_the_whole_flow_trains_with_the_framework_and_every_record_names_it(
     assert metrics["parameters_in_sync"] and metrics["final_val_top1"] is not None
     assert result["framework"] == receipt["framework"] == framework
     folder = cfg.workdir / "runs" / result["run_id"]
-    assert (folder / "model.keras").is_file() and result["results"]["model_blob"].endswith("/model.keras")
+    assert (folder / "model.keras").is_file() and result["results"]["blobs"][0].endswith("/model.keras")
     assert f"`resnet18` ({framework})" in artifacts_of(result["run_id"])["run-summary"].data
     client, run = mlflow_run(cfg.workdir, result["run_id"])
     assert run.data.tags["framework"] == run.data.params["training.framework"] == framework

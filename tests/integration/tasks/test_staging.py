@@ -389,3 +389,21 @@ def test_the_node_side_fetch_refuses_a_tampered_manifest_with_one_line_and_exit_
 
     bad_name = subprocess.run([*args[:-1], "../../escaped"], capture_output=True, text=True, timeout=60)
     assert bad_name.returncode == 2 and "data set name '../../escaped' is not a name" in bad_name.stderr
+
+
+def test_a_data_set_in_the_files_layout_stages_as_it_is_and_reruns_move_nothing(staged, tmp_path):
+    store, cfg, _, work = staged
+    data = tmp_path / "masks-set"
+    for i in range(5):
+        write_image(data / "images" / f"{i}.png", "RGB", size=16)
+        write_image(data / "masks" / f"{i}.png", "L", size=16)
+    (data / "coco.json").write_text('{"images": []}')
+    first = upload_dataset(store, cfg, data, "pets", work, layout="files")
+    assert first.files == 11
+    server = FileServer(work / "fileserver")
+    _, current = sync_to_file_server(store, server, "pets", work)
+    assert tree(current) == tree(data)
+    again = upload_dataset(store, cfg, data, "pets", work, layout="files")
+    assert (again.files, again.skipped_files) == (0, 11)
+    with pytest.raises(BadInput, match="has no train/<class>/ folders"):  # the trainer's layout refuses it
+        upload_dataset(store, cfg, data, "other", work)

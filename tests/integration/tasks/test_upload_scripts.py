@@ -10,6 +10,7 @@ import pytest
 from azure.storage.fileshare import generate_share_sas
 
 from infra.core.errors import BadInput
+from infra.engines.script_files import script_files
 from infra.storage.azure_files import AzureFileShare
 from infra.storage.fileshare import LocalFolderShare
 from tasks.upload_scripts import LATEST, package_files, upload_scripts
@@ -107,3 +108,21 @@ def test_a_planted_python_cache_on_the_share_is_never_executed(tmp_path):
     pyc.write_bytes(importlib._bootstrap_external._code_to_timestamp_pyc(planted, stat.st_mtime, stat.st_size))
     done = trainer_help(root)
     assert done.returncode == 0 and "planted code ran" not in done.stderr + done.stdout
+
+
+def test_a_users_scripts_folder_ships_as_a_version_and_a_one_line_edit_uploads_one_file(share, tmp_path):
+    source = tmp_path / "mine"
+    (source / "src").mkdir(parents=True)
+    (source / "train.py").write_text("from src import model\n")
+    (source / "src" / "model.py").write_text("LAYERS = 2\n")
+    (source / ".gitignore").write_text("runs/\n")
+    (source / "runs").mkdir()
+    (source / "runs" / "old.ckpt").write_text("left out")
+    first, folder, _ = upload_scripts(share, script_files(source))
+    assert first.files == 3 and share.read_text(f"{folder}/src/model.py") == "LAYERS = 2\n"
+    assert not share.exists(f"{folder}/runs/old.ckpt")
+    (source / "src" / "model.py").write_text("LAYERS = 3\n")
+    edited, new_folder, plan = upload_scripts(share, script_files(source))
+    assert new_folder != folder and (edited.files, edited.skipped_files) == (1, 2)
+    assert plan["detail"].startswith("upload 1 of 3 files as version ")  # the dry run's words for the delta
+    assert plan["detail"].endswith(", 2 copied from the share's latest version")

@@ -228,3 +228,26 @@ def test_a_variable_that_names_no_setting_is_refused_with_the_setting_it_likely_
 )
 def test_the_projects_other_variables_are_never_read_as_settings(name):
     assert load_config(None, {}, environ={name: "/somewhere"}) == load_config(None, {}, environ={})
+
+
+def guide_config(page: str = "own-script.md") -> str:
+    """The YAML block of a guide."""
+    return (REPO / "docs" / "guides" / page).read_text().split("```yaml\n", 1)[1].split("```", 1)[0]
+
+
+def test_the_own_script_guides_config_file_runs_the_script_on_the_process_pool(tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO)  # the guide names the example by its path in the checkout
+    (tmp_path / "script.yaml").write_text(guide_config())
+    cfg = load_config(tmp_path / "script.yaml", {}, environ={})
+    assert cfg.script is not None and cfg.script.source == REPO / "containers" / "examples" / "pytorch-segmentation"
+    assert cfg.script.entry_argv() == ["train.py"] and cfg.script.metrics == {"iou": "iou=([0-9.]+)"}
+    assert cfg.data == "synthetic"  # a script's data is only what it names
+
+
+def test_a_script_on_a_pool_that_runs_only_the_trainer_is_refused_before_anything_starts(monkeypatch, tmp_path):
+    monkeypatch.chdir(REPO)
+    values = {"script": {"source": "containers/examples/pytorch-segmentation", "entry": "train.py"}}
+    with pytest.raises(ConfigError, match=r"the docker pool runs trainflow's trainer only .*on the process pool"):
+        load_config(None, {**values, "pool": {"backend": "docker"}}, environ={})
+    with pytest.raises(ConfigError, match=r"nowhere: no such folder; give the folder that holds your training script"):
+        load_config(None, {"script": {"source": str(tmp_path / "nowhere"), "entry": "train.py"}}, environ={})

@@ -1,5 +1,6 @@
 """The run report's pieces: the epochs' rows, the plot, the summary with its attempts and the images left out."""
 
+import re
 from pathlib import Path
 
 from flows.report import epoch_rows, step_rows, summary_markdown, svg_plot
@@ -23,7 +24,12 @@ def test_report_pieces():
     rows = epoch_rows(METRICS)
     assert rows[1] == {"epoch": 2, "train_loss": 1.0, "val_top1": 0.5, "images_per_sec": 120.0}
     plot = svg_plot(rows)
-    assert plot.count("<polyline") == 3 and "val top-1 0.25-0.5" in plot
+    texts = re.findall(r"<text[^>]*>([^<]*)", plot)  # letters kept as text: what a reader sees
+    assert plot.count('id="axes_') == 3 and texts.count("epoch") == 3  # a panel per quantity, each against the epoch
+    for label in ("training loss (cross-entropy)", "validation accuracy (%)", "training throughput (images/s)"):
+        assert label in texts  # each axis says its unit
+    assert {"train", "top-1", "all workers"} <= set(texts) and "top-5" not in texts  # legends of what was measured
+    assert svg_plot([]).count("no epoch recorded") == 3
     summary = {
         "run_id": "r1",
         "dataset": "digits",

@@ -13,8 +13,9 @@ from prefect.states import Completed, Failed
 
 from flows.report import publish_report_task
 from infra.compute import JobTimedOut, PoolError
+from infra.compute.silence import JobHung
 from infra.core.errors import BadInput, TrainflowError
-from infra.engines.launchers import LaunchError
+from infra.engines.launchers import LaunchError, RankRefused
 from infra.images.registry import ImageError
 from infra.storage.errors import MissingSecret, StorageError
 from infra.storage.fileserver import FileServerError
@@ -58,6 +59,8 @@ TRANSIENT = [
 PERMANENT = [
     BadInput("training.epochs must be >= 1"),
     JobTimedOut("the job ran past its timeout of 8 s"),
+    JobHung("the job was stopped as hung: no line from any rank for 600 s"),
+    RankRefused("rank 0 failed: train.py: error: unrecognized arguments: --bad"),
     StorageError("blob storage refused the credentials", permanent=True),
     MissingSecret("set AZURE_STORAGE_KEY"),
     FileServerError("the file server is full"),

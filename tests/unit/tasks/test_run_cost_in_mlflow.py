@@ -25,7 +25,7 @@ def test_a_resumed_run_ends_its_killed_attempts_mlflow_run_and_its_last_run_hold
     tries = [attempt(1, "killed", 1800.0), attempt(2, "completed", 5400.0)]
     write_json(out / LEDGER, make_ledger(CPU_NODE, {"run-training": 0.0}, [], tries))
     (out / "model.pt").write_bytes(b"weights")
-    finish_tracking_task.fn(last, {"global_step": 10}, out / "model.pt")
+    finish_tracking_task.fn(last, {"global_step": 10}, out, "model.pt")
     run = mlflow.get_run(last["run_id"])
     assert run.info.status == "FINISHED"
     assert {k: run.data.metrics[k] for k in ("training_seconds", "attempts", "node_hours", "cost")} == {

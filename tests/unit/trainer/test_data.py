@@ -464,3 +464,21 @@ def test_a_hidden_folder_of_images_in_a_split_is_refused_as_no_class(tmp_path, s
     for read in (data.index_folder, lambda folder: list(layout.folder_images(folder))):
         with pytest.raises(UsageError, match=rf"{split}/\.\.\.dots holds 1 image, but its name starts with"):
             read(tmp_path)
+
+
+def test_the_files_layout_lists_every_visible_file_and_refuses_what_cannot_be_read(tmp_path):
+    for rel in ("images/0.png", "masks/0.png", "meta.csv", ".git/HEAD", "images/.DS_Store"):
+        (tmp_path / "d" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "d" / rel).write_text("x")
+    root = tmp_path / "d"
+    assert sorted(p.removeprefix(f"{root}/") for p in layout.folder_files(root)) == [
+        "images/0.png",
+        "masks/0.png",
+        "meta.csv",
+    ]
+    os.mkfifo(root / "masks" / "stream.png")
+    with pytest.raises(UsageError, match=r"stream.png is a named pipe \(FIFO\), not a data file"):
+        list(layout.folder_files(root))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UsageError, match="holds no files"):
+        list(layout.folder_files(tmp_path / "empty"))

@@ -205,3 +205,38 @@ def test_a_folder_mounted_under_another_name_is_checked_against_its_complete_mar
     folder.rename(mounted)
     assert expected_version(mounted) == folder.name and version_problem(mounted, folder.name) is None
     assert expected_version(tmp_path) is None  # not a scripts version (a checkout's containers/): not checked
+
+
+@pytest.mark.parametrize(
+    "path, problem",
+    [
+        ("../x.csv", r"climbs out of the data set"),
+        ("/etc/passwd", r"is an absolute path"),
+        ("images/.hidden.png", r"hidden file"),
+        ("masks//a.png", r"not a normalised path"),
+    ],
+)
+def test_the_files_layout_takes_any_relative_path_and_still_refuses_one_that_leaves(path, problem):
+    assert re.search(problem, rules.path_problem(path, "files") or "")
+    assert rules.path_problem("meta.csv", "files") is None and rules.path_problem("images/deep/0.png", "files") is None
+    assert rules.path_problem("meta.csv") == "is not under train/<class>/ or val/<class>/"
+
+
+def test_a_manifest_in_the_files_layout_says_so_and_an_unknown_layout_is_refused():
+    rows = [["images/0.png", 3, SHA, SHARD], ["meta.csv", 3, SHA, SHARD]]
+    manifest = Manifest.read(manifest_lines(rows, layout="files"), ":memory:", "pets")
+    assert [row[0] for row in manifest.rows()] == ["images/0.png", "meta.csv"]
+    with pytest.raises(UntrustedInput, match="line 2 of its manifest.jsonl names 'images/0.png', which is not under"):
+        Manifest.read(manifest_lines(rows), ":memory:", "pets")  # no layout: the ImageNet layout's rules
+    with pytest.raises(UntrustedInput, match="has layout 'any', not one of imagenet, files"):
+        Manifest.read(manifest_lines(rows, layout="any"), ":memory:", "pets")
+
+
+def test_a_file_at_the_top_of_the_version_folder_is_written_and_a_link_there_is_not_followed(tmp_path):
+    dest = tmp_path / "v"
+    dest.mkdir()
+    versions.write_member(dest, "meta.csv", b"id\n")
+    assert (dest / "meta.csv").read_bytes() == b"id\n"
+    (dest / "planted.csv").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(FileExistsError):
+        versions.write_member(dest, "planted.csv", b"x")

@@ -8,6 +8,7 @@ import pytest
 from flows.config import load_config
 from infra.core.errors import BadInput
 from infra.core.jsonfiles import read_json, write_json
+from infra.engines.script import SUMMARY
 from infra.runs.attempts import ATTEMPTS
 from infra.runs.ledger import LEDGER, make_ledger
 from infra.runs.lineage import (
@@ -205,3 +206,25 @@ def test_the_run_folder_says_which_file_is_what(tmp_path):
     listed = [line.split("`")[1] for line in lines if line.startswith("- ")]
     assert listed == ["model.keras", "metrics.json", "plot.svg", LEDGER, RECEIPT, "logs", GUIDE, "extra.txt"]
     assert "- `model.keras`: the trained model" in lines[4] and "checkpoints" not in "\n".join(lines)
+
+
+def script_run(tmp_path, run_id: str, args: list[str], final: dict) -> None:
+    """A run folder of a user's script as the flow leaves it: its record and script.json."""
+    folder = tmp_path / "runs" / run_id
+    write_json(folder / RECORD, {"status": "complete", "run_id": run_id})
+    summary = {"kind": "script", "entry": "train.py", "args": args, "source": "/src", "requirements": ["numpy"]}
+    write_json(
+        folder / SUMMARY, {**summary, "launcher": "torchrun", "world_size": 2, "wall_seconds": 9.5, "final": final}
+    )
+
+
+def test_script_runs_are_listed_beside_the_trainers_and_diffed_by_what_ran_and_their_metrics(tmp_path):
+    script_run(tmp_path, "run-s", ["--epochs", "2"], {"loss": 0.5})
+    script_run(tmp_path, "run-t", ["--epochs", "3"], {"loss": 0.25})
+    receipt_of(tmp_path, "run-a")
+    rows = {row["run_id"]: row for row in list_runs(tmp_path / "runs")}
+    assert rows["run-s"]["model"] == "script: train.py --epochs 2" and rows["run-s"]["world_size"] == 2
+    assert rows["run-s"]["seconds"] == 9.5 and rows["run-s"]["script"]["requirements"] == ["numpy"]
+    assert rows["run-a"]["script"] is None
+    diff = {r["field"]: (r["a"], r["b"]) for r in diff_runs(tmp_path / "runs" / "run-s", tmp_path / "runs" / "run-t")}
+    assert diff == {"script.args": (["--epochs", "2"], ["--epochs", "3"]), "script.final.loss": (0.5, 0.25)}
