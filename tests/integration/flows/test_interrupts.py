@@ -46,15 +46,17 @@ class Command:
         )
         self.lines: list[str] = []
 
-    def wait_for(self, text: str, seconds: float = 240) -> None:
-        """Read output until a line holds `text`."""
+    def wait_for(self, *texts: str, seconds: float = 240) -> None:
+        """Read output until each of `texts` has been in a line (in any order)."""
         deadline = time.monotonic() + seconds
+        awaited = set(texts)
         for line in self.proc.stdout:
             self.lines.append(line)
-            if text in line:
+            awaited = {text for text in awaited if text not in line}
+            if not awaited:
                 return
-            assert time.monotonic() < deadline, f"no {text!r} within {seconds} s:\n{''.join(self.lines[-30:])}"
-        pytest.fail(f"ended before {text!r}:\n{''.join(self.lines[-30:])}")
+            assert time.monotonic() < deadline, f"no {awaited!r} within {seconds} s:\n{''.join(self.lines[-30:])}"
+        pytest.fail(f"ended before {awaited!r}:\n{''.join(self.lines[-30:])}")
 
     def family(self) -> list[psutil.Process]:
         """Every process it started (services and launchers run in sessions of their own, but are its children)."""
