@@ -126,11 +126,13 @@ lint: $(DEV_LAYER)
 TEST_WORKERS ?= 2
 TEST_MARKS ?= not long
 # Every phase of every test and every costly fixture set-up, with its worker and start, as JSON lines
-# (tests/timeline.py): `python -m tests.timeline .test-timeline.jsonl` says where the run's time went.
+# (tests/timeline.py): `python -m tests.timeline .test-timeline.jsonl` says where the run's time went. One word,
+# --timeline=PATH: an xdist worker parses its arguments before it loads the plugin, and would take a PATH word
+# outside the checkout for a test path (its rootdir then has no pyproject.toml, and no plugin).
 TEST_TIMELINE ?= .test-timeline.jsonl
 test: setup lint
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25 -m "$(TEST_MARKS)" \
-	  $(if $(TEST_TIMELINE),--timeline $(TEST_TIMELINE)) $(PYTEST_ARGS)
+	  $(if $(TEST_TIMELINE),--timeline=$(TEST_TIMELINE)) $(PYTEST_ARGS)
 
 # The inner loop, before each commit: the checks of `lint` and the unit tests (no service, no launcher, no image).
 check: lint

@@ -39,6 +39,8 @@ COPY --from=horovod /tmp/wheels/ /tmp/wheels/
 RUN pip install --no-index --find-links /tmp/wheels -r /opt/trainflow/requirements/image.txt /tmp/wheels/horovod-*/horovod-*.whl \
  && rm -rf /tmp/wheels && horovodrun --check-build
 COPY trainer/ /opt/trainflow/trainer/
+# The rank shim a user's own script runs under (its lines prefixed with the rank); the scripts come mounted.
+COPY scriptrun/ /opt/trainflow/scriptrun/
 COPY --from=jpeg /opt/trainflow/lib/ /opt/trainflow/lib/
 WORKDIR /opt/trainflow
 ENV TRAINFLOW_JPEG_CROP_DIR=/opt/trainflow/lib

@@ -43,6 +43,8 @@ RUN NCCL=$(python -c 'import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])')
  && pip install /tmp/wheels/horovod-*/horovod-*.whl && rm -rf /tmp/wheels \
  && horovodrun --check-build
 COPY trainer/ /opt/trainflow/trainer/
+# The rank shim a user's own script runs under (its lines prefixed with the rank); the scripts come mounted.
+COPY scriptrun/ /opt/trainflow/scriptrun/
 RUN python /opt/trainflow/trainer/jpeg_crop.py /opt/trainflow/lib
 WORKDIR /opt/trainflow
 # NCCL: warnings only; no InfiniBand unless the nodes have it (Azure ND-series: set NCCL_IB_DISABLE=0);

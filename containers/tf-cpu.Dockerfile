@@ -39,6 +39,8 @@ RUN apt-get update && apt-get install -y --no-install-recommends openssh-server 
 COPY --from=venv /opt/venv/ /opt/venv/
 RUN horovodrun --check-build
 COPY trainer/ /opt/trainflow/trainer/
+# The rank shim a user's own script runs under (its lines prefixed with the rank); the scripts come mounted.
+COPY scriptrun/ /opt/trainflow/scriptrun/
 WORKDIR /opt/trainflow
 # Workers share their data loaders through /dev/shm: run with --shm-size (the pool gives 1 GB) or --ipc=host.
 # TRAINFLOW_TRAINER: the TensorFlow trainer (training.framework tensorflow); the Keras one is trainer/tf/fit.py beside it.

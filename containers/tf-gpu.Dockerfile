@@ -39,6 +39,8 @@ RUN NCCL=$(python -c 'import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])')
  && pip install --no-deps /tmp/wheels/horovod-*/horovod-*.whl && rm -rf /tmp/wheels \
  && horovodrun --check-build
 COPY trainer/ /opt/trainflow/trainer/
+# The rank shim a user's own script runs under (its lines prefixed with the rank); the scripts come mounted.
+COPY scriptrun/ /opt/trainflow/scriptrun/
 WORKDIR /opt/trainflow
 # NCCL: as in gpu.Dockerfile (warnings only; no InfiniBand unless NCCL_IB_DISABLE=0 on nodes that have it; not on the
 # loopback and Docker bridges). Run with --ipc=host or --shm-size=16g: NCCL and the data loaders use /dev/shm.

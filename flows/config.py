@@ -154,7 +154,7 @@ class FlowConfig(BaseModel):
         if not backend_of(self.pool).runs_scripts:
             raise ValueError(
                 f"script: the {self.pool.backend} pool runs trainflow's trainer only in this version of trainflow; "
-                "run your script on the process pool (pool.backend: process)"
+                "run your script on the process pool (pool.backend: process) or the docker pool (pool.backend: docker)"
             )
         try:
             check_placeholders(self.script, self.data)

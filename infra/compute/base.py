@@ -69,16 +69,6 @@ class RunPaths:
         return str(self.data) == SYNTHETIC
 
 
-@dataclass(frozen=True)
-class NodePaths:
-    """Where a backend's workers find the scripts version (the folder that holds trainer/), the data and the
-    results folder."""
-
-    scripts: str
-    data: str
-    out: str
-
-
 class Job(Protocol):
     """The one interface every backend's job has."""
 

@@ -14,13 +14,11 @@ from typing import Literal
 
 from infra.compute.base import (
     LocalBackend,
-    NodePaths,
     OneAttempt,
     PoolError,
     PoolSection,
     RunConfig,
     RunPaths,
-    built_in,
     merged_lines,
     owner_alive,
 )
@@ -30,6 +28,7 @@ from infra.compute.docker_nodes import (
     NODE_ENV,
     OWNER,
     RESULTS,
+    RUNTIME,
     SCRIPTS,
     ContainerNodes,
     Mount,
@@ -39,8 +38,9 @@ from infra.compute.docker_nodes import (
     start_nodes,
     torchrun_layout,
 )
+from infra.core.errors import BadInput
 from infra.engines.contract import SYNTHETIC, TrainingSettings
-from infra.engines.program import Program
+from infra.engines.program import NodePaths, Program
 from infra.images.registry import DockerEngine
 
 
@@ -119,13 +119,20 @@ class DockerPool:
         return gone
 
     def node_paths(self) -> NodePaths:
-        """The trainer of the scripts version under /scripts, the data at /data (or synthetic), results at /results."""
-        return NodePaths(f"{SCRIPTS}/{self.run.scripts.name}", SYNTHETIC if self.run.synthetic else DATA, RESULTS)
+        """The scripts version under /scripts, the data at /data (or synthetic), results at /results, trainflow's
+        node-side code in the image; checked on the nodes."""
+        data = SYNTHETIC if self.run.synthetic else DATA
+        scripts = f"{SCRIPTS}/{self.run.scripts.name}"
+        return NodePaths(scripts, data, RESULTS, RUNTIME, self.pool.nodes, checked=False)
+
+    def host_paths(self) -> NodePaths:
+        """The same folders as this machine sees them (the mounts' sources)."""
+        return NodePaths(str(self.run.scripts), str(self.run.data), str(self.run.out), nodes=self.pool.nodes)
 
     def job(self, program: Program, timeout_s: float = 0) -> "ContainerJob":
-        training = built_in(program, "docker")
-        commands = commands_on_nodes(training, self.names, self.pool.slots_per_node, self.node_paths())
-        return ContainerJob(self, commands)
+        paths = self.node_paths()
+        commands = commands_on_nodes(program, self.names, self.pool.slots_per_node, paths)
+        return ContainerJob(self, program, commands, {**program.environment(paths), **NODE_ENV})
 
 
 @dataclass
@@ -133,7 +140,9 @@ class ContainerJob(OneAttempt):
     """The launcher commands on a docker pool, the i-th on node i. A node whose command fails stops the others."""
 
     pool: DockerPool
+    program: Program
     commands: list[list[str]]
+    env: dict[str, str]
     execs: list[str] = field(default_factory=list, repr=False)
     streams: list[Iterator[bytes]] = field(default_factory=list, repr=False)
 
@@ -145,14 +154,19 @@ class ContainerJob(OneAttempt):
         return self.pool.nodes
 
     def describe(self) -> str:
-        return " | ".join(" ".join([f"node{i}:", *argv]) for i, argv in enumerate(self.commands))
+        names = sorted(set(self.env) - set(NODE_ENV))
+        commands = " | ".join(" ".join([f"node{i}:", *argv]) for i, argv in enumerate(self.commands))
+        return commands + (f" (sets {', '.join(names)})" if names else "")
 
     def check(self) -> None:
-        """Nothing to check here: the trainer checks its input on the nodes, where the data is."""
+        """The program's set-up on this machine (the folders mounted into the nodes), then the requirements it
+        names, checked in the image on node0; a trainer checks its input on the nodes, where the data is."""
+        if requirements := self.program.prepare(self.pool.host_paths()):
+            check_image_requirements(self.nodes, requirements, self.pool.image)
 
     def submit(self) -> None:
         for index, command in enumerate(self.commands):
-            exec_id, stream = self.nodes.start(index, command, NODE_ENV)
+            exec_id, stream = self.nodes.start(index, command, self.env)
             self.execs.append(exec_id)
             self.streams.append(stream)
 
@@ -184,13 +198,27 @@ class ContainerJob(OneAttempt):
             )
 
 
+def check_image_requirements(nodes: ContainerNodes, requirements: list[str], image: str) -> None:
+    """Refuse requirements the image does not meet, with pip's own line: pip on node0 installing them from no index
+    succeeds, installing nothing, exactly when the image already holds them."""
+    lines, status = nodes.exec_lines(["python", "-m", "pip", "install", "--no-index", "--dry-run", "-q", *requirements])
+    said = [line.strip() for line in lines if line.strip()]
+    if status() != 0:
+        errors = [line for line in said if line.startswith("ERROR")] or said or ["pip refused them"]
+        raise BadInput(
+            f"the image {image} does not hold the script's requirements {', '.join(requirements)} ({errors[0]}); "
+            "the docker pool runs a script in the framework's image as it is: leave out what it lacks, or run on "
+            "the process pool (pool.backend: process), which installs it"
+        )
+
+
 class DockerBackend(LocalBackend[DockerPoolConfig]):
     """Containers of the training image as nodes, on this machine's Docker engine."""
 
     name = "docker"
     needs_image = True
     reads_local_files = False  # its nodes see the mounted data, scripts and results folders only
-    runs_scripts = False  # its nodes run trainflow's trainer only, for now
+    runs_scripts = True  # the image holds the rank shim (scriptrun/); the scripts version is mounted at /scripts
     settings = DockerPoolConfig
 
     def check_world(self, pool: DockerPoolConfig, training: TrainingSettings) -> None:

@@ -20,9 +20,9 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from docker.errors import APIError, NotFound
 
-from infra.compute.base import NodePaths, owner
-from infra.engines.contract import trainer_argv
+from infra.compute.base import owner
 from infra.engines.launchers import horovodrun_options, torchrun_options
+from infra.engines.program import NodePaths, Program
 from infra.images.registry import DockerEngine, ImageError
 
 LABEL = "trainflow.run"
@@ -31,6 +31,7 @@ SSH_PORT = 2222
 TORCH_PORT = 29500  # torchrun's rendezvous on node0 (each pool has a network of its own)
 NODE_ENV = {"GLOO_SOCKET_IFNAME": "eth0"}  # the nodes' network, not loopback, for Gloo's connections
 DATA, RESULTS, SCRIPTS = "/data", "/results", "/scripts"  # the file server, the results, the scripts share
+RUNTIME = "/opt/trainflow"  # the image's trainflow folder: its trainer/ and scriptrun/ (containers/*.Dockerfile)
 KEYS = "/etc/trainflow/ssh"
 # The node's start-up: install this run's key, trust the other nodes, and serve SSH in the foreground.
 NODE_START = (
@@ -176,16 +177,15 @@ def remove_nodes(engine: DockerEngine, run_id: str) -> int:
     return len(containers)
 
 
-def horovod_on_nodes(training, hosts: str, paths: NodePaths) -> list[str]:
-    """horovodrun on node0: training.workers workers on `hosts` (name:slots,...), Gloo over the nodes'
-    network (eth0)."""
+def horovod_on_nodes(program: Program, hosts: str, paths: NodePaths) -> list[str]:
+    """horovodrun on node0: the program's workers on `hosts` (name:slots,...), Gloo over the nodes' network (eth0)."""
     return [
         "horovodrun",
-        *horovodrun_options(training.workers, hosts, "eth0"),
+        *horovodrun_options(program.workers, hosts, "eth0"),
         "-p",
         str(SSH_PORT),
         "python",
-        *trainer_argv(training, paths.data, paths.out, paths.scripts),
+        *program.rank_argv(paths),
     ]
 
 
@@ -202,10 +202,10 @@ def torchrun_layout(workers: int, slots: int) -> tuple[int, int]:
     return nodes, workers // nodes
 
 
-def torchrun_on_nodes(training, slots: int, paths: NodePaths) -> list[list[str]]:
+def torchrun_on_nodes(program: Program, slots: int, paths: NodePaths) -> list[list[str]]:
     """One torchrun per node (the i-th for node i), meeting at node0; Gloo over the nodes' network (eth0)."""
-    nodes, per_node = torchrun_layout(training.workers, slots)
-    trainer = trainer_argv(training, paths.data, paths.out, paths.scripts)
+    nodes, per_node = torchrun_layout(program.workers, slots)
+    trainer = program.rank_argv(paths)
     return [
         [
             "python",
@@ -218,8 +218,8 @@ def torchrun_on_nodes(training, slots: int, paths: NodePaths) -> list[list[str]]
     ]
 
 
-def commands_on_nodes(training, names: list[str], slots: int, paths: NodePaths) -> list[list[str]]:
+def commands_on_nodes(program: Program, names: list[str], slots: int, paths: NodePaths) -> list[list[str]]:
     """The launcher commands, the i-th run on node i: horovodrun on node0 alone, or torchrun on each node."""
-    if training.launcher == "horovodrun":
-        return [horovod_on_nodes(training, ",".join(f"{name}:{slots}" for name in names), paths)]
-    return torchrun_on_nodes(training, slots, paths)
+    if program.launcher == "horovodrun":
+        return [horovod_on_nodes(program, ",".join(f"{name}:{slots}" for name in names), paths)]
+    return torchrun_on_nodes(program, slots, paths)

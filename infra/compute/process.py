@@ -19,7 +19,6 @@ from typing import Literal
 
 from infra.compute.base import (
     LocalBackend,
-    NodePaths,
     OneAttempt,
     PoolError,
     PoolSection,
@@ -33,7 +32,7 @@ from infra.core.errors import BadInput
 from infra.engines.contract import PACKAGE, Metrics, TrainingSettings
 from infra.engines.installed import missing_part
 from infra.engines.launchers import LaunchError, local_command
-from infra.engines.program import Program
+from infra.engines.program import NodePaths, Program
 from infra.services.supervise import spawn
 
 MARKER = "pool.json"
@@ -132,14 +131,13 @@ class ProcessJob(OneAttempt):
     @property
     def command(self) -> list[str]:
         """torchrun or horovodrun starting the program's workers as local processes."""
-        paths, program = self.pool.node_paths(), self.program
-        return local_command(program.launcher, program.workers, program.rank_argv(paths.data, paths.out, paths.scripts))
+        program = self.program
+        return local_command(program.launcher, program.workers, program.rank_argv(self.pool.node_paths()))
 
     @property
     def environment(self) -> dict[str, str]:
         """The variables the program gives every rank."""
-        paths = self.pool.node_paths()
-        return self.program.environment(paths.data, paths.out, paths.scripts)
+        return self.program.environment(self.pool.node_paths())
 
     def describe(self) -> str:
         names = sorted(self.environment)
@@ -150,8 +148,7 @@ class ProcessJob(OneAttempt):
             raise LaunchError(
                 f"{self.command[0]} is missing; run `make setup-horovod` to install Horovod", permanent=True
             )
-        paths = self.pool.node_paths()
-        self.program.preflight(paths.data, Path(paths.out), paths.scripts)
+        self.program.preflight(self.pool.node_paths())
 
     def submit(self) -> None:
         env = {**os.environ, **self.environment}

@@ -25,6 +25,7 @@ from typing import Any, ClassVar, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from infra.core.errors import BadInput
+from infra.engines.program import NodePaths
 from trainer.layout import SYNTHETIC
 from trainer.records import SCHEMA, Failure, Metrics, read_event
 
@@ -82,19 +83,24 @@ class TrainingSettings(BaseModel):
         """The program for an attempt of its run: the trainer resumes from its checkpoints on its own."""
         return self
 
-    def rank_argv(self, data: str, out: str, scripts: str) -> list[str]:
-        """What each rank runs after the interpreter, where the preflight has checked everything first: the trainer
-        with its options, its images decoded once by the preflight already."""
-        workers = self.model_copy(update={"verify_images": False}) if self.preflight_images else self
-        return trainer_argv(workers, data, out, scripts)
+    def rank_argv(self, at: NodePaths) -> list[str]:
+        """What each rank runs after the interpreter: the trainer with its options; where the preflight checked
+        everything first (`at.checked`), its images decoded once by the preflight already."""
+        workers = self.model_copy(update={"verify_images": False}) if self.preflight_images and at.checked else self
+        return trainer_argv(workers, at.data, at.out, at.scripts)
 
-    def environment(self, data: str, out: str, scripts: str) -> dict[str, str]:
+    def environment(self, at: NodePaths) -> dict[str, str]:
         """Every rank's variables beyond the launcher's: none (the trainer takes its options)."""
         return {}
 
-    def preflight(self, data: str, out: Path, scripts: str) -> None:
+    def preflight(self, here: NodePaths) -> None:
         """The trainer's own checks in one process, before any worker."""
-        preflight(self, data, out, scripts)
+        preflight(self, here.data, Path(here.out), here.scripts)
+
+    def prepare(self, here: NodePaths) -> list[str]:
+        """Nothing on this machine: the trainer checks its input on the nodes, where the data is; its image holds
+        everything it needs."""
+        return []
 
     def describe(self) -> dict[str, Any]:
         """What the run executes: the trainer and its model."""

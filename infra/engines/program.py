@@ -4,8 +4,27 @@ ask which one runs: what ships (the scripts step), how each rank is called and w
 what it promises back (the results step: the trainer's metrics.json and model file, or a script's exit status,
 files and the metrics read from its lines)."""
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
+
+# trainflow's node-side code (trainer/, scriptrun/) where the ranks run on this machine: this checkout's containers/
+RUNTIME = str(Path(__file__).resolve().parents[2] / "containers")
+
+
+@dataclass(frozen=True)
+class NodePaths:
+    """Where a pool's ranks find the scripts version (for the built-in trainer, the folder that holds trainer/), the
+    data and the results folder; trainflow's node-side code (scriptrun/: this checkout's containers/, or the image's
+    /opt/trainflow); how many nodes they run on; and whether the program's preflight ran for them on this machine
+    (the process pool) or not (container and cloud nodes, which check on the nodes)."""
+
+    scripts: str
+    data: str
+    out: str
+    runtime: str = RUNTIME
+    nodes: int = 1
+    checked: bool = True
 
 
 class Program(Protocol):
@@ -29,17 +48,23 @@ class Program(Protocol):
         """The program for attempt `attempt` of its run."""
         ...
 
-    def rank_argv(self, data: str, out: str, scripts: str) -> list[str]:
-        """What each rank runs after the interpreter, given where the data, the results and the scripts version are
-        as the ranks see them."""
+    def rank_argv(self, at: NodePaths) -> list[str]:
+        """What each rank runs after the interpreter, given where the data, the results, the scripts version and
+        trainflow's node-side code are as the ranks see them."""
         ...
 
-    def environment(self, data: str, out: str, scripts: str) -> dict[str, str]:
+    def environment(self, at: NodePaths) -> dict[str, str]:
         """The variables every rank gets beyond the launcher's."""
         ...
 
-    def preflight(self, data: str, out: Path, scripts: str) -> None:
-        """Its checks (and set-up) before any rank starts; BadInput naming what is wrong."""
+    def preflight(self, here: NodePaths) -> None:
+        """Its checks (and set-up) on this machine before any rank starts here; BadInput naming what is wrong."""
+        ...
+
+    def prepare(self, here: NodePaths) -> list[str]:
+        """The set-up on this machine (`here`: its folders) for ranks that run in an image, not in this environment:
+        the requirements their environment must meet (the pool checks them on a node); BadInput naming what is
+        wrong."""
         ...
 
     def describe(self) -> dict[str, Any]:

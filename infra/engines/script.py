@@ -25,7 +25,8 @@ from pydantic_core import PydanticCustomError
 
 from infra.core.errors import BadInput
 from infra.core.jsonfiles import write_json
-from infra.engines.contract import PACKAGE, SYNTHETIC, TrainingSettings
+from infra.engines.contract import SYNTHETIC, TrainingSettings
+from infra.engines.program import RUNTIME, NodePaths
 from infra.engines.script_files import check_size, script_files
 from infra.engines.script_metrics import json_metrics, read_metrics_of, regex_metrics
 from infra.engines.script_requirements import check_requirements, requirements_env, requirements_of, unmet
@@ -33,7 +34,8 @@ from trainer.cores import usable_cores
 from trainer.records import rank_prefix
 from trainer.scripts import version_files, version_problem
 
-RANK_SHIM = PACKAGE.parent / "scriptrun" / "rank.py"  # what each rank runs: the script, its lines prefixed
+SHIM = "scriptrun/rank.py"  # what each rank runs, under trainflow's node-side code: the script, its lines prefixed
+RANK_SHIM = Path(RUNTIME) / SHIM  # where it is on this machine
 PLACEHOLDER = re.compile(r"\$\{\{\s*([^}]*?)\s*\}\}")
 WORK, OUTPUTS, CHECKPOINTS, LOGS = "work", "outputs", "checkpoints", "logs"  # the run folder's parts for a script
 FOLDERS = {"output": OUTPUTS, "checkpoints": CHECKPOINTS, "logs": LOGS}
@@ -202,51 +204,59 @@ class ScriptProgram:
         self.attempt = attempt
         return self
 
-    def rank_argv(self, data: str, out: str, scripts: str) -> list[str]:
+    def rank_argv(self, at: NodePaths) -> list[str]:
         """What each rank runs after the interpreter: the rank shim, the entry and its arguments, substituted."""
-        known = folders(out, data)
-        return [str(RANK_SHIM), *self.script.entry_argv(), *(substitute(arg, known) for arg in self.script.args)]
+        known = folders(at.out, at.data)
+        shim = f"{at.runtime}/{SHIM}"
+        return [shim, *self.script.entry_argv(), *(substitute(arg, known) for arg in self.script.args)]
 
-    def environment(self, data: str, out: str, scripts: str) -> dict[str, str]:
+    def environment(self, at: NodePaths) -> dict[str, str]:
         """Every rank's variables: the defaults, the user's over them, then trainflow's own."""
-        known = folders(out, data)
+        known = folders(at.out, at.data)
         defaults = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(max(1, usable_cores() // self.workers))}
         if self.framework in ("tensorflow", "keras"):
             defaults["TF_USE_LEGACY_KERAS"] = "1"  # Horovod's Keras support needs tf_keras (../shared/NOTES.md)
         user = {name: substitute(value, known) for name, value in self.script.env.items()}
         installed = {"PYTHONPATH": os.pathsep.join(filter(None, [str(self.installed), os.environ.get("PYTHONPATH")]))}
-        return {**defaults, **user, **self.own_variables(data, out), **(installed if self.installed else {})}
+        return {**defaults, **user, **self.own_variables(at), **(installed if self.installed else {})}
 
-    def own_variables(self, data: str, out: str) -> dict[str, str]:
+    def own_variables(self, at: NodePaths) -> dict[str, str]:
         """TRAINFLOW_* and MLFLOW_*: the run's folders, id, attempt, layout and tracked run."""
-        own = {FOLDER_VARIABLES[name]: path for name, path in folders(out, data).items()}
+        own = {FOLDER_VARIABLES[name]: path for name, path in folders(at.out, at.data).items()}
         own |= {
-            "TRAINFLOW_WORK_DIR": f"{out}/{WORK}",
+            "TRAINFLOW_WORK_DIR": f"{at.out}/{WORK}",
             "TRAINFLOW_RUN_ID": self.run_id,
             "TRAINFLOW_ATTEMPT": str(self.attempt),
             "TRAINFLOW_FRAMEWORK": self.framework,
             "TRAINFLOW_WORKERS": str(self.workers),
-            "TRAINFLOW_NODES": "1",
+            "TRAINFLOW_NODES": str(at.nodes),
             "TRAINFLOW_RETRY_EXIT_CODES": ",".join(map(str, self.script.retry_exit_codes)),
         }
         if self.tracked and self.tracked.get("engine_uri"):
             own |= {"MLFLOW_TRACKING_URI": self.tracked["engine_uri"], "MLFLOW_RUN_ID": self.tracked["run_id"]}
         return own
 
-    def preflight(self, data: str, out: Path, scripts: str) -> None:
+    def preflight(self, here: NodePaths) -> None:
+        """Before a launch on this machine: the run's folders prepared, and what this environment lacks of the
+        script's requirements installed (once)."""
+        self.prepare(here)
+        self.installed = self.requirements(Path(here.scripts))
+
+    def prepare(self, here: NodePaths) -> list[str]:
         """Before the launch: the scripts version checked against its digests, copied over the run's working folder
-        (what the script wrote there stays), and the output, checkpoint and log folders made."""
-        version = Path(scripts)
+        (what the script wrote there stays), and the output, checkpoint and log folders made; the requirements of
+        the version (what the ranks' environment must meet)."""
+        version, out = Path(here.scripts), Path(here.out)
         if problem := version_problem(version, version.name):
             raise BadInput(
                 f"scripts version {version} cannot be run: {problem}; delete the file share's scripts/ folder (the "
                 "next run uploads the scripts afresh) and check who can write to the share"
             )
         self.started = time.monotonic()
-        self.installed = self.requirements(version)
         copy_version(version, out / WORK)
         for part in FOLDERS.values():
             (out / part).mkdir(parents=True, exist_ok=True)
+        return [str(r) for r in requirements_of(version)]
 
     def requirements(self, version: Path) -> Path | None:
         """The folder of what this environment lacks of the version's requirements (installed now, once), if any."""

@@ -1,9 +1,9 @@
 """The build context of a training image, and the tag that names its content.
 
 Every image is built from one context assembled out of containers/: its Dockerfile (a framework's image stack and
-the flavour: cpu.Dockerfile, gpu.Dockerfile, tf-cpu.Dockerfile, tf-gpu.Dockerfile), the training package, build/ and
-requirements/. The CPU images also get wheels/: the Horovod sdist and the pinned wheels of their requirements
-(HERMETIC) for the image's Python, so their builds need no index.
+the flavour: cpu.Dockerfile, gpu.Dockerfile, tf-cpu.Dockerfile, tf-gpu.Dockerfile), the training package, the rank
+shim of a user's script (scriptrun/), build/ and requirements/. The CPU images also get wheels/: the Horovod sdist
+and the pinned wheels of their requirements (HERMETIC) for the image's Python, so their builds need no index.
 The tag is a hash of every file's path and content plus the build arguments: the same inputs give
 the same tag, so an unchanged context is found in the registry and neither rebuilt nor pushed.
 """
@@ -36,12 +36,12 @@ SDISTS = {"image.txt": (HOROVOD,)}  # built in the image: Horovod, by build/horo
 
 def source_files(dockerfile: str) -> dict[str, Path]:
     """Context path -> source file: the Dockerfile (its name in containers/, e.g. "tf-cpu.Dockerfile"), the training
-    package, build/ and requirements/."""
+    package, the rank shim, build/ and requirements/."""
     if not (CONTAINERS / dockerfile).is_file():
         known = ", ".join(sorted(p.name for p in CONTAINERS.glob("*.Dockerfile")))
         raise ImageError(f"there is no containers/{dockerfile} (the Dockerfiles: {known})", permanent=True)
     files = {"Dockerfile": CONTAINERS / dockerfile}
-    for folder in ("trainer", "build", "requirements"):
+    for folder in ("trainer", "scriptrun", "build", "requirements"):
         for path in sorted((CONTAINERS / folder).rglob("*")):
             if path.is_file() and not any(part in str(path) for part in IGNORED):
                 files[str(path.relative_to(CONTAINERS))] = path

@@ -1,5 +1,6 @@
 """The end-to-end flow on the docker pool: an image found or refused before anything moves, two container nodes
-(Horovod, torchrun, a two-stage pipeline), a crashed run's leftovers removed, a killed worker failing the job.
+(Horovod, torchrun, a two-stage pipeline), a crashed run's leftovers removed, a killed worker failing the job, and a
+user's own script on the nodes under either launcher.
 Its tests share the Docker engine, so they run on one worker of the suite (tests/conftest.py's GROUPS)."""
 
 import subprocess
@@ -13,6 +14,7 @@ from flows.config import FlowConfig
 from flows.plan import plan_run
 from flows.train_flow import train_flow
 from infra.compute.docker_nodes import LABEL
+from infra.core.errors import BadInput
 from infra.engines.launchers import LaunchError
 from infra.images.registry import ImageError
 from tests.fakes.flow_runs import flow_config, in_a_container, killing_rank_one
@@ -174,3 +176,83 @@ def test_the_fast_loader_decodes_only_the_crop_in_the_containers(
     assert metrics["jpeg_decoding"] == "crop"
     logs = tmp_path / "work" / "fileshare" / "results" / result["run_id"] / "logs"
     assert "partial JPEG decoding is unavailable" not in "".join(p.read_text() for p in logs.glob("rank*.log"))
+
+
+# A user's script, written as one is for either launcher: each rank joins the others (Horovod or torch.distributed),
+# all-reduces a one, and says where it ran and what trainflow gave it; it writes to its output folder and, with a
+# relative path, to its working folder.
+NODE_SCRIPT = """\
+import os, socket
+import torch
+if "HOROVOD_RANK" in os.environ:
+    import horovod.torch as hvd
+    hvd.init()
+    rank, size, total = hvd.rank(), hvd.size(), hvd.allreduce(torch.ones(1), op=hvd.Sum).item()
+else:
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    rank, size, one = dist.get_rank(), dist.get_world_size(), torch.ones(1)
+    dist.all_reduce(one)
+    total = one.item()
+where = f"{socket.gethostname()} {os.getcwd()} nodes={os.environ['TRAINFLOW_NODES']}"
+print(f"rank {rank} of {size} summed {total:g} on {where}", flush=True)
+with open(os.path.join(os.environ["TRAINFLOW_OUTPUT_DIR"], f"rank{rank}.txt"), "w") as f:
+    f.write(os.environ["TRAINFLOW_RUN_ID"])
+with open(f"relative-{rank}.txt", "w") as f:
+    f.write("kept")
+"""
+
+
+def script_on_docker(tmp_path: Path, registry, launcher: str, files: dict[str, str]) -> FlowConfig:
+    """A user's scripts folder of `files` on two container nodes of one slot each, under `launcher`."""
+    source = tmp_path / "mine"
+    source.mkdir()
+    for name, text in files.items():
+        (source / name).write_text(text)
+    return FlowConfig.model_validate(
+        {
+            "workdir": tmp_path / "work",
+            "script": {"source": source, "entry": "train.py"},
+            "image": image_config(registry).model_dump(),
+            "pool": {"backend": "docker", "nodes": 2, "slots_per_node": 1},
+            "training": {"launcher": launcher, "workers": 2},
+        }
+    )
+
+
+@pytest.mark.parametrize("launcher", ["horovodrun", "torchrun"])
+def test_a_users_script_runs_on_two_container_nodes_from_the_share_with_the_images_shim(
+    prefect_server, docker_engine, registry, cpu_image, tmp_path, monkeypatch, launcher
+):
+    monkeypatch.setenv("REGISTRY_PASSWORD", registry.password)
+    cfg = script_on_docker(tmp_path, registry, launcher, {"train.py": NODE_SCRIPT})
+    result = train_flow(cfg)
+    assert result["image"] == cpu_image["image"]  # the framework's image as it is: the scripts are not baked in
+    assert (result["metrics"]["kind"], result["metrics"]["launcher"]) == ("script", launcher)
+    out = tmp_path / "work" / "runs" / result["run_id"]
+    for rank in (0, 1):
+        log = (out / "logs" / f"rank{rank}.log").read_text()
+        assert f"[rank {rank}] rank {rank} of 2 summed 2 on node{rank} /results/work nodes=2" in log, log
+        assert (out / "outputs" / f"rank{rank}.txt").read_text() == result["run_id"]
+        assert (out / "work" / f"relative-{rank}.txt").read_text() == "kept"
+    assert "/opt/trainflow/scriptrun/rank.py train.py" in result["command"]
+    shared = tmp_path / "work" / "fileshare" / "results" / result["run_id"]
+    assert (shared / "outputs" / "rank1.txt").is_file() and (shared / "script.json").is_file()
+    assert not docker_engine.client.containers.list(all=True, filters={"label": f"{LABEL}={result['run_id']}"})
+
+
+def test_a_requirement_the_image_lacks_is_refused_in_one_line_naming_it_and_not_retried(
+    prefect_server, docker_engine, registry, cpu_image, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("REGISTRY_PASSWORD", registry.password)
+    files = {"train.py": "print('never runs')\n", "requirements.txt": "torch\nno-such-package-of-trainflow==1.0\n"}
+    cfg = script_on_docker(tmp_path, registry, "torchrun", files)
+    state = train_flow(cfg, return_state=True)
+    with pytest.raises(BadInput) as refused:
+        state.result()
+    message = str(refused.value)
+    assert "\n" not in message and f"the image {cpu_image['image']} does not hold" in message, message
+    assert "no-such-package-of-trainflow==1.0" in message and "run on the process pool" in message
+    training = task_runs(state.state_details.flow_run_id, {"run-training"})["run-training"]
+    assert training.run_count == 1  # bad input: never retried
+    assert not docker_engine.client.containers.list(all=True, filters={"label": LABEL})

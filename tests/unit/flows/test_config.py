@@ -247,7 +247,9 @@ def test_the_own_script_guides_config_file_runs_the_script_on_the_process_pool(t
 def test_a_script_on_a_pool_that_runs_only_the_trainer_is_refused_before_anything_starts(monkeypatch, tmp_path):
     monkeypatch.chdir(REPO)
     values = {"script": {"source": "containers/examples/pytorch-segmentation", "entry": "train.py"}}
-    with pytest.raises(ConfigError, match=r"the docker pool runs trainflow's trainer only .*on the process pool"):
-        load_config(None, {**values, "pool": {"backend": "docker"}}, environ={})
+    with pytest.raises(ConfigError, match=r"the azureml pool runs trainflow's trainer only .*on the process pool"):
+        load_config(REPO / "flows" / "configs" / "azure.yaml", values, environ={})
+    docker = load_config(None, {**values, "pool": {"backend": "docker", "nodes": 2}}, environ={})
+    assert docker.script is not None and docker.pool.backend == "docker"  # the docker pool runs scripts
     with pytest.raises(ConfigError, match=r"nowhere: no such folder; give the folder that holds your training script"):
         load_config(None, {"script": {"source": str(tmp_path / "nowhere"), "entry": "train.py"}}, environ={})

@@ -4,15 +4,15 @@ machine and on a docker pool's nodes, and how their output names the rank that f
 import pytest
 
 from flows.config import load_config
-from infra.compute.base import NodePaths
 from infra.compute.docker_nodes import commands_on_nodes, torchrun_layout
 from infra.engines.contract import check_command, trainer_argv
 from infra.engines.launchers import LaunchError, local_command, route_output
+from infra.engines.program import NodePaths
 from infra.engines.pytorch import PyTorchTraining
 from trainer.options import build_parser
 from trainer.records import Failure, event_line
 
-NODE_PATHS = NodePaths("/scripts/v1", "/data", "/results")
+NODE_PATHS = NodePaths("/scripts/v1", "/data", "/results", "/opt/trainflow", nodes=2, checked=False)
 
 
 def launch_command(cfg, data, out, python):
@@ -78,6 +78,8 @@ def test_docker_pool_runs_torchrun_once_per_node_or_horovodrun_on_node0():
     cfg.training.launcher = "horovodrun"
     [horovod] = commands_on_nodes(cfg.training, nodes, 1, NODE_PATHS)
     assert horovod[:5] == ["horovodrun", "-np", "2", "-H", "node0:1,node1:1"]
+    # the trainer of the scripts version with its settings as they are (no preflight ran here for the nodes)
+    assert horovod[horovod.index("python") + 1 :] == trainer_argv(cfg.training, "/data", "/results", "/scripts/v1")
 
 
 @pytest.mark.parametrize(

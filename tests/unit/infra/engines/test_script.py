@@ -9,6 +9,7 @@ from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
 from infra.core.errors import BadInput
+from infra.engines.program import NodePaths
 from infra.engines.pytorch import PyTorchTraining
 from infra.engines.script import RANK_SHIM, ScriptConfig, ScriptProgram, check_script, folders, substitute
 from infra.engines.script_files import check_size, script_files
@@ -134,7 +135,7 @@ def test_each_rank_gets_the_shim_the_substituted_arguments_and_the_run_variables
     )
     training = PyTorchTraining(workers=2)
     program = ScriptProgram(script, training, "run-1", {"engine_uri": "sqlite:///m.db", "run_id": "abc"}).at_attempt(2)
-    assert program.rank_argv("/d", "/r", "/s") == [
+    assert program.rank_argv(NodePaths("/s", "/d", "/r")) == [
         str(RANK_SHIM),
         "-m",
         "pkg.train",
@@ -143,7 +144,7 @@ def test_each_rank_gets_the_shim_the_substituted_arguments_and_the_run_variables
         "--fmt",
         "ckpt-{epoch}",
     ]
-    env = program.environment("/d", "/r", "/s")
+    env = program.environment(NodePaths("/s", "/d", "/r"))
     assert env["OMP_NUM_THREADS"] == "3" and env["WHERE"] == "/r/logs/tb" and env["PYTHONUNBUFFERED"] == "1"
     assert {k: env[k] for k in env if k.startswith(("TRAINFLOW_", "MLFLOW_"))} == {
         "TRAINFLOW_DATA_DIR": "/d",
@@ -163,8 +164,11 @@ def test_each_rank_gets_the_shim_the_substituted_arguments_and_the_run_variables
     assert "TF_USE_LEGACY_KERAS" not in env
     keras = ScriptProgram(script, training.model_copy(update={}), "r", None)
     keras.framework = "keras"
-    assert keras.environment("synthetic", "/r", "/s")["TF_USE_LEGACY_KERAS"] == "1"
-    assert "TRAINFLOW_DATA_DIR" not in keras.environment("synthetic", "/r", "/s")
+    assert keras.environment(NodePaths("/s", "synthetic", "/r"))["TF_USE_LEGACY_KERAS"] == "1"
+    assert "TRAINFLOW_DATA_DIR" not in keras.environment(NodePaths("/s", "synthetic", "/r"))
+    on_a_node = NodePaths("/scripts/v1", "/data", "/results", "/opt/trainflow", nodes=2, checked=False)
+    assert program.rank_argv(on_a_node)[0] == "/opt/trainflow/scriptrun/rank.py"  # the image's shim
+    assert program.environment(on_a_node)["TRAINFLOW_NODES"] == "2"
 
 
 LINES = [
