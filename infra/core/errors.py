@@ -3,6 +3,9 @@
 - Retry: a step is retried unless its error is `permanent` (the same attempt would meet it again: bad
   input, refused credentials, a full disk, a job past its time limit). Other errors are transient. A full disk
   is recognised in one place (trainer/errors.py `is_disk_full`; a writer names it as `DiskFull`).
+- The trainer's `UsageError` (trainer/errors.py), `UntrustedInput` included (what came back from storage breaks
+  its format's rules), is bad input wherever the orchestrator meets it: the upload step's skip decision, the sync,
+  the dry run, `runs`, `predict`; permanent, and exit 2, as `BadInput` is.
 - Exit code: `BadInput` (the user must change a setting, an option or the data) exits 2; every other
   `TrainflowError`, and an Azure SDK error that reaches the command line, exits 1 with one line; anything
   else is a bug and shows its traceback, but a full disk (one no writer named is still a fault, not a bug).
@@ -12,8 +15,8 @@ Each system's errors derive from these (StorageError, ImageError, PoolError, ...
 
 from azure.core.exceptions import AzureError
 
+from trainer.errors import UsageError, is_disk_full
 from trainer.errors import first_line as first_line  # the orchestrator's too: re-exported (mypy's explicit form)
-from trainer.errors import is_disk_full
 
 
 class TrainflowError(Exception):
@@ -37,7 +40,7 @@ class BadInput(TrainflowError):
 
 def is_permanent(exc: BaseException) -> bool:
     """The retry rule: retry unless the error says the same attempt would meet it again."""
-    return (isinstance(exc, TrainflowError) and exc.permanent) or is_disk_full(exc)
+    return (isinstance(exc, TrainflowError) and exc.permanent) or isinstance(exc, UsageError) or is_disk_full(exc)
 
 
 def exit_code(exc: BaseException) -> int | None:
@@ -46,4 +49,6 @@ def exit_code(exc: BaseException) -> int | None:
     cannot be created)."""
     if isinstance(exc, TrainflowError):
         return exc.exit_code
+    if isinstance(exc, UsageError):
+        return BadInput.exit_code
     return 1 if isinstance(exc, AzureError) or is_disk_full(exc) else None

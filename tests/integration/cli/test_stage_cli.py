@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -179,18 +180,27 @@ def test_an_account_key_only_signs_least_privilege_short_lived_tokens(tmp_path, 
     assert timedelta(minutes=29) < expiry - datetime.now(UTC) <= timedelta(minutes=30)
 
 
-def test_a_tampered_manifest_in_blob_ends_stage_in_one_line_without_retries_or_writes(tmp_path, azurite_port, digits):
+@pytest.mark.parametrize("folder", [".", "not-made-yet"])
+def test_a_tampered_manifest_in_blob_ends_stage_in_one_line_without_retries_or_writes(
+    tmp_path, azurite_port, digits, folder
+):
     """The hostile probe's case: anyone who can write the container rewrites the manifest so that its rows name
-    paths outside the file server (sizes, SHA-256 and the blob's metadata kept); the next `trainflow stage` reads it."""
+    paths outside the file server (sizes, SHA-256 and the blob's metadata kept); the next `trainflow stage` reads it.
+    A path in a folder that does not exist yet, staged again from a folder with one file more, is met first by the
+    upload step, which reads the manifest for the shards it can keep, not by the sync."""
     token, container = sas_token(), f"c-{uuid.uuid4().hex[:10]}"
+    if folder != ".":
+        digits = Path(shutil.copytree(digits, tmp_path / "digits"))
     first, work = stage(tmp_path, azurite_port, digits, token, container)
     assert first.returncode == 0, first.stderr[-2000:]
     store = BlobStore.connect(StorageConfig(container=container), connection_string=connection_string(azurite_port))
     header, row, *rows = store.read_text(manifest_blob("digits")).splitlines()
-    escaped = tmp_path / "escaped.png"
+    escaped = (tmp_path / folder / "escaped.png").resolve()
     evil = f'["{escaped}"{row[row.index(",") :]}'  # the first row's size, digest and shard, an absolute path
     (tmp_path / "evil.jsonl").write_text("\n".join([header, evil, *rows]) + "\n")
     store.upload_file(tmp_path / "evil.jsonl", manifest_blob("digits"), store.metadata(manifest_blob("digits")))
+    if folder != ".":
+        shutil.copy(next((digits / "train").rglob("*.png")), digits / "train" / "0" / "one-more.png")
 
     again, _ = stage(tmp_path, azurite_port, digits, token, container)
     assert again.returncode == 2, again.stderr[-2000:]
@@ -201,7 +211,7 @@ def test_a_tampered_manifest_in_blob_ends_stage_in_one_line_without_retries_or_w
         "data set again from its folder (`trainflow stage --data FOLDER`), and check who can write to the container"
     ]
     assert "Traceback" not in again.stdout + again.stderr and "Retrying" not in again.stdout + again.stderr
-    assert not escaped.exists()
+    assert not escaped.exists() and not (tmp_path / "not-made-yet").exists()
     assert len(list((work / "fileserver" / "datasets" / "digits" / "current" / "train").rglob("*.png"))) == 1438
 
     store.delete(manifest_blob("digits"))  # the fix the line names
