@@ -27,6 +27,7 @@ from infra.data.shrink import check_max_side
 from infra.engines import TrainingConfig, default_training
 from infra.engines.contract import SYNTHETIC
 from infra.engines.script import SCRIPT_REFUSED, ScriptConfig, check_placeholders
+from infra.engines.script_requirements import requirements_of
 from infra.images.registry import ImageConfig
 from infra.runs.ledger import CostConfig
 from infra.runs.lineage import check_weights, weights_file
@@ -184,6 +185,11 @@ class FlowConfig(BaseModel):
                 "(TRAINFLOW_DATASET=NAME)"
             )
         return self
+
+    def image_requirements(self) -> list[str]:
+        """What the run's program needs in its image beyond the framework's: a script's requirements.txt (none for
+        trainflow's trainer, which its image is made for)."""
+        return [str(r) for r in requirements_of(self.script.source)] if self.script else []
 
     def dataset_name(self) -> str:
         """The data set's name: synthetic, configured, else the data folder's name, lowercased to [a-z0-9-]."""

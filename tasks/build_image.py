@@ -13,6 +13,7 @@ from pathlib import Path
 
 from prefect import get_run_logger, task
 
+from infra.engines.script_requirements import LOCK
 from infra.images.build_context import assemble_context, context_tag
 from infra.images.local_docker import debootstrap_image, local_base_image, local_base_tag
 from infra.images.registry import (
@@ -26,6 +27,7 @@ from infra.images.registry import (
     push_totals,
     registry_password,
 )
+from infra.images.requirements_layer import fetch_wheels, layer_context, layer_tag, unmet_in_image
 from infra.storage.transfers import Transfer, step_plan, transfer_progress
 from tasks.retry import unless_permanent
 
@@ -58,22 +60,22 @@ def local_base(engine: DockerEngine, stack: str, log: Log) -> str:
     return tag
 
 
-def decide_image(engine: DockerEngine, cfg: ImageConfig, ref: ImageRef, password: str | None) -> dict:
+def decide_image(
+    engine: DockerEngine, cfg: ImageConfig, ref: ImageRef, password: str | None, step: str = "build-image"
+) -> dict:
     """The step's decision: skip when the registry has the tag (or, with no registry, the engine has it); else
     build unless built, and push. The step and the dry run share it."""
     if cfg.registry and cfg.username:
         engine.login(cfg.registry, cfg.username, password)
     digest = engine.registry_digest(ref.tagged, auth_config(cfg.username, password)) if cfg.registry else None
     if digest:
-        return step_plan("build-image", "skip", f"{ref.tagged} is already in the registry", digest=digest, build=False)
+        return step_plan(step, "skip", f"{ref.tagged} is already in the registry", digest=digest, build=False)
     built = engine.has_image(ref.tagged)
     if built and not cfg.registry:
-        return step_plan(
-            "build-image", "skip", f"{ref.tagged} is already built (no registry)", digest=None, build=False
-        )
+        return step_plan(step, "skip", f"{ref.tagged} is already built (no registry)", digest=None, build=False)
     push = f", push to {cfg.registry}" if cfg.registry else ""
     return step_plan(
-        "build-image",
+        step,
         "run",
         f"{ref.tagged}: {'already built' if built else 'build'}{push}",
         digest=None,
@@ -97,6 +99,17 @@ def plan_image(cfg: ImageConfig, wheel_cache: Path, stack: str = "") -> dict:
         return {**decide_image(DockerEngine(cfg.engine), cfg, ref, registry_password(cfg)), "image": ref.tagged}
     except ImageError as exc:
         return step_plan("build-image", "run", f"{ref.tagged}; {exc}", image=ref.tagged)
+
+
+def plan_layer(image: str, requirements: list[str]) -> dict:
+    """The dry run's row for a script's requirements: whether the image holds them is asked of the image itself,
+    which the dry run does not start; what the step will do either way."""
+    return step_plan(
+        "requirements-layer",
+        "run",
+        f"{', '.join(requirements)}: checked in {image}; a thin layer of what it lacks is built over it (once per "
+        "requirements content: a code edit builds nothing)",
+    )
 
 
 def build_and_push(
@@ -172,13 +185,54 @@ def push(engine: DockerEngine, ref: ImageRef, auth: dict | None, log: Log) -> st
     return digest
 
 
+def with_requirements(
+    engine: DockerEngine,
+    cfg: ImageConfig,
+    built: dict,
+    requirements: list[str],
+    workdir: Path,
+    wheel_cache: Path,
+    password: str | None,
+    log: Log,
+) -> dict:
+    """The image a script with `requirements` runs in: `built` itself when it holds them all, else its thin layer
+    of them (infra/images/requirements_layer.py), built unless built and pushed unless pushed; `layer` says which."""
+    if not requirements:
+        return built
+    base = f"{built['name']}:{built['tag']}" if built["tag"] else built["image"]  # image.use by digest: no tag
+    if (lacking := unmet_in_image(engine, base, requirements)) is None:
+        detail = f"{base} already holds the script's requirements {', '.join(requirements)}"
+        log(detail)
+        return {**built, "layer": step_plan("requirements-layer", "skip", detail)}
+    base_tag = built["tag"] or str(built["digest"]).rsplit(":", 1)[-1][:20]
+    ref = ImageRef(built["name"], layer_tag(base_tag, requirements, LOCK))
+    plan = decide_image(engine, cfg, ref, password, step="requirements-layer")
+    plan["detail"] += f" (over {base}, which lacks: {lacking})"
+    log(plan["detail"])
+    if plan["build"]:
+        wheels = fetch_wheels(requirements, cfg.python, LOCK, wheel_cache)
+        context = layer_context(workdir / "build" / "requirements-layer", base, requirements, wheels)
+        engine.build(context, ref.tagged, {}, cfg.build_network, log)
+    digest, pushed = plan["digest"], False
+    if cfg.registry and not digest:
+        digest, pushed = push(engine, ref, auth_config(cfg.username, password), log), True
+    final = ImageRef(ref.name, ref.tag, digest)
+    layered = {"image": final.reference, "tag": ref.tag, "digest": digest, "built": plan["build"], "pushed": pushed}
+    return {**built, **layered, "layer": plan}
+
+
 @task(name="build-image", retries=2, retry_delay_seconds=[5, 30], retry_condition_fn=unless_permanent)
-def build_image_task(cfg: ImageConfig, workdir: Path, wheel_cache: Path, stack: str = "") -> dict:
+def build_image_task(
+    cfg: ImageConfig, workdir: Path, wheel_cache: Path, stack: str = "", requirements: list[str] | None = None
+) -> dict:
     """Prefect step: build and push the training image of the framework's image stack `stack` ("" PyTorch, "tf-"
-    TensorFlow and Keras), or check image.use; build output streams into the log."""
+    TensorFlow and Keras), or check image.use, and the thin layer of a script's `requirements` over it where it
+    lacks them; build output streams into the log."""
     logger = get_run_logger()
-    engine = DockerEngine(cfg.engine)
+    engine, password = DockerEngine(cfg.engine), registry_password(cfg)
     if cfg.use:
-        return use_existing(engine, cfg, registry_password(cfg), logger.info)
-    context = workdir / "build" / f"{stack}{cfg.flavour}-context"
-    return build_and_push(engine, cfg, context, wheel_cache, registry_password(cfg), logger.info, stack=stack)
+        built = use_existing(engine, cfg, password, logger.info)
+    else:
+        context = workdir / "build" / f"{stack}{cfg.flavour}-context"
+        built = build_and_push(engine, cfg, context, wheel_cache, password, logger.info, stack=stack)
+    return with_requirements(engine, cfg, built, requirements or [], workdir, wheel_cache, password, logger.info)

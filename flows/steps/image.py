@@ -1,11 +1,12 @@
 """The image step (build-image): build and push the training image of the run's framework (one image per
 framework's libraries: training.IMAGE_STACK), or check image.use, where a later step of the walk runs in it. It comes
-first: a missing or unbuildable image fails the run before any data moves."""
+first: a missing or unbuildable image fails the run before any data moves. A script's requirements the image lacks
+become one thin layer over it (infra/images/requirements_layer.py), which the pool then runs."""
 
 from flows.steps.context import Context
 from infra.images.build_context import wheel_cache
 from infra.storage.transfers import step_plan
-from tasks.build_image import build_image_task, plan_image
+from tasks.build_image import build_image_task, plan_image, plan_layer
 
 
 def needed(ctx: Context) -> bool:
@@ -19,6 +20,8 @@ def plan(ctx: Context) -> list[dict]:
         return []
     row = plan_image(ctx.cfg.image, wheel_cache(), stack=ctx.cfg.training.IMAGE_STACK)
     ctx.image = row["image"]
+    if requirements := ctx.cfg.image_requirements():
+        return [row, plan_layer(row["image"], requirements)]
     return [row]
 
 
@@ -27,6 +30,10 @@ def run(ctx: Context) -> None:
     if not needed(ctx):
         ctx.did(step_plan("build-image", "skip", f"nothing runs in an image on the {ctx.cfg.pool.backend} pool"))
         return
-    built = build_image_task(ctx.cfg.image, ctx.cfg.workdir, wheel_cache(), stack=ctx.cfg.training.IMAGE_STACK)
+    cfg = ctx.cfg
+    requirements = cfg.image_requirements()
+    built = build_image_task(cfg.image, cfg.workdir, wheel_cache(), cfg.training.IMAGE_STACK, requirements)
     ctx.image = built["image"]
     ctx.did(built["plan"])
+    if "layer" in built:
+        ctx.did(built["layer"])

@@ -207,8 +207,8 @@ def check_image_requirements(nodes: ContainerNodes, requirements: list[str], ima
         errors = [line for line in said if line.startswith("ERROR")] or said or ["pip refused them"]
         raise BadInput(
             f"the image {image} does not hold the script's requirements {', '.join(requirements)} ({errors[0]}); "
-            "the docker pool runs a script in the framework's image as it is: leave out what it lacks, or run on "
-            "the process pool (pool.backend: process), which installs it"
+            "the build-image step layers them over the run's image: run the command again, and that step builds "
+            "the layer"
         )
 
 

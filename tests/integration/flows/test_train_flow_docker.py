@@ -14,7 +14,6 @@ from flows.config import FlowConfig
 from flows.plan import plan_run
 from flows.train_flow import train_flow
 from infra.compute.docker_nodes import LABEL
-from infra.core.errors import BadInput
 from infra.engines.launchers import LaunchError
 from infra.images.registry import ImageError
 from tests.fakes.flow_runs import flow_config, in_a_container, killing_rank_one
@@ -241,18 +240,47 @@ def test_a_users_script_runs_on_two_container_nodes_from_the_share_with_the_imag
     assert not docker_engine.client.containers.list(all=True, filters={"label": f"{LABEL}={result['run_id']}"})
 
 
-def test_a_requirement_the_image_lacks_is_refused_in_one_line_naming_it_and_not_retried(
+NEEDS_TERMCOLOR = """\
+from importlib.metadata import version
+import termcolor
+print("termcolor", version("termcolor"), flush=True)
+"""
+
+
+def test_a_requirement_the_image_lacks_is_layered_over_it_once_and_a_code_edit_builds_nothing(
     prefect_server, docker_engine, registry, cpu_image, tmp_path, monkeypatch
 ):
     monkeypatch.setenv("REGISTRY_PASSWORD", registry.password)
-    files = {"train.py": "print('never runs')\n", "requirements.txt": "torch\nno-such-package-of-trainflow==1.0\n"}
-    cfg = script_on_docker(tmp_path, registry, "torchrun", files)
-    state = train_flow(cfg, return_state=True)
-    with pytest.raises(BadInput) as refused:
+    cfg = script_on_docker(
+        tmp_path, registry, "torchrun", {"train.py": NEEDS_TERMCOLOR, "requirements.txt": "termcolor\n"}
+    )
+    first = train_flow(cfg)
+    [layer] = [step for step in first["done"] if step["step"] == "requirements-layer"]
+    assert layer["did"] == "ran" and "lacks: ERROR: " in layer["why"] and "termcolor" in layer["why"], layer
+    assert first["image"] != cpu_image["image"] and first["image"].startswith(cpu_image["name"])
+    out = tmp_path / "work" / "runs" / first["run_id"]
+    assert "[rank 1] termcolor 3.3.0" in (out / "logs" / "rank1.log").read_text()  # the lock's pin, on node1 too
+
+    (cfg.script.source / "train.py").write_text(NEEDS_TERMCOLOR + "print('edited')\n")
+    second = train_flow(cfg)
+    [layer] = [step for step in second["done"] if step["step"] == "requirements-layer"]
+    assert layer["did"] == "skipped" and second["image"] == first["image"], layer  # the same layer: nothing built
+    assert "[rank 0] edited" in (tmp_path / "work" / "runs" / second["run_id"] / "logs" / "rank0.log").read_text()
+
+
+def test_a_requirement_with_no_wheel_is_refused_in_one_line_naming_it_and_not_retried(
+    prefect_server, docker_engine, registry, cpu_image, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("REGISTRY_PASSWORD", registry.password)
+    files = {"train.py": "print('never runs')\n", "requirements.txt": "no-such-package-of-trainflow==1.0\n"}
+    state = train_flow(script_on_docker(tmp_path, registry, "torchrun", files), return_state=True)
+    with pytest.raises(ImageError) as refused:
         state.result()
     message = str(refused.value)
-    assert "\n" not in message and f"the image {cpu_image['image']} does not hold" in message, message
-    assert "no-such-package-of-trainflow==1.0" in message and "run on the process pool" in message
-    training = task_runs(state.state_details.flow_run_id, {"run-training"})["run-training"]
-    assert training.run_count == 1  # bad input: never retried
-    assert not docker_engine.client.containers.list(all=True, filters={"label": LABEL})
+    assert message.startswith("cannot fetch wheels of the script's requirements no-such-package-of-trainflow==1.0 ")
+    assert "No matching distribution found for no-such-package-of-trainflow==1.0" in message, message
+    build = task_runs(state.state_details.flow_run_id, {"build-image"})["build-image"]
+    assert build.run_count == 1  # permanent: never retried
+    assert not (tmp_path / "work" / "pools").exists() and not docker_engine.client.containers.list(
+        all=True, filters={"label": LABEL}
+    )
