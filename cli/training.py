@@ -63,12 +63,17 @@ InitFromOpt = Annotated[
 ]
 
 
+WorkersOpt = Annotated[  # a count or auto, checked with the config (training.workers, pool.slots_per_node)
+    str | None, typer.Option(help=setting_help("workers"), metavar="N|auto", show_default=False)
+]
+
+
 @friendly_errors
 def train(
     config: ConfigOpt = None,
     data: DataOpt = None,
     workdir: WorkdirOpt = None,
-    workers: Annotated[int | None, typer.Option(help=setting_help("workers"))] = None,
+    workers: WorkersOpt = None,
     framework: FrameworkOpt = None,
     launcher: LauncherOpt = None,
     init_from: InitFromOpt = None,
@@ -204,7 +209,7 @@ def run(
     workdir: WorkdirOpt = None,
     framework: FrameworkOpt = None,
     launcher: LauncherOpt = None,
-    workers: Annotated[int | None, typer.Option(help=setting_help("workers"))] = None,
+    workers: WorkersOpt = None,
     init_from: InitFromOpt = None,
     max_side: MaxSideOpt = None,
     bad_files: BadFilesOpt = None,

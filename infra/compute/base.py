@@ -17,12 +17,13 @@ from pathlib import Path
 from queue import Queue
 from typing import Generic, Literal, Protocol, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from infra.compute.silence import watched
 from infra.core.errors import TrainflowError
 from infra.engines import TrainingConfig
 from infra.engines.contract import SYNTHETIC, Metrics, TrainingSettings, read_metrics
+from infra.engines.gpus import auto_count
 from infra.engines.launchers import LaunchError, route_output
 from infra.engines.program import Program
 from infra.images.registry import ImageConfig
@@ -118,7 +119,18 @@ class PoolSection(BaseModel):
     nodes: int = Field(1, ge=1)
     """Nodes in the pool (the process pool is always this one machine)."""
     slots_per_node: int = Field(2, ge=1)
-    """Workers one node runs at most (azureml: GPUs per node, the processes each node starts)."""
+    """Workers one node runs at most (azureml: GPUs per node, the processes each node starts); auto: this machine's
+    visible GPUs, else its usable cores (the process and docker pools)."""
+
+    @field_validator("slots_per_node", mode="before")
+    @classmethod
+    def _auto_slots(cls, value: object) -> object:
+        return cls.auto_slots(value)
+
+    @classmethod
+    def auto_slots(cls, value: object) -> object:
+        """`auto` as this machine's count (its nodes are this machine's processes or containers)."""
+        return auto_count(value)
 
 
 S = TypeVar("S", bound=PoolSection)

@@ -30,6 +30,7 @@ from infra.compute.base import (
 )
 from infra.core.errors import BadInput
 from infra.engines.contract import PACKAGE, Metrics, TrainingSettings
+from infra.engines.gpus import shared_gpu
 from infra.engines.installed import missing_part
 from infra.engines.launchers import LaunchError, local_command
 from infra.engines.program import NodePaths, Program
@@ -198,6 +199,12 @@ class ProcessBackend(LocalBackend[ProcessPoolConfig]):
 
     def nodes(self, pool: ProcessPoolConfig) -> int:
         return 1
+
+    def check_world(self, pool: ProcessPoolConfig, training: TrainingSettings) -> None:
+        """Up to the pool's slots, and no more workers than GPUs where they train on GPUs (NCCL: one rank a GPU)."""
+        super().check_world(pool, training)
+        if problem := shared_gpu(training.workers, getattr(training, "device", "auto")):
+            raise ValueError(problem)
 
     def pool(self, cfg: RunConfig[ProcessPoolConfig], run: RunPaths, image: str | None) -> ProcessPool:
         return ProcessPool(cfg.pool.slots_per_node, run, cfg.workdir / "pools")

@@ -22,9 +22,10 @@ import sys
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 from infra.core.errors import BadInput
+from infra.engines.gpus import auto_count
 from infra.engines.program import NodePaths
 from trainer.layout import SYNTHETIC
 from trainer.records import SCHEMA, Failure, Metrics, read_event
@@ -69,10 +70,15 @@ class TrainingSettings(BaseModel):
     launcher: Literal["torchrun", "horovodrun"] = "torchrun"
     """torchrun (torch.distributed) or horovodrun (Horovod over Gloo locally, MPI/NCCL on GPU nodes)."""
     workers: int = Field(2, ge=1)
-    """Training processes (the world size)."""
+    """Training processes (the world size); auto: one per visible GPU, else one per usable core."""
     preflight_images: bool = True
     """The preflight (process pool and `trainflow train`) decodes every image once before the workers start,
     so a corrupt file fails fast, by name; the other checks always run."""
+
+    @field_validator("workers", mode="before")
+    @classmethod
+    def _auto_workers(cls, value: object) -> object:
+        return auto_count(value)  # `auto` counted on this machine, where the process pool's workers run
 
     def trainer_args(self) -> list[str]:
         """The trainer's command-line options for these settings (the orchestrator's own settings excluded)."""

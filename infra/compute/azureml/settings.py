@@ -18,6 +18,17 @@ class AzureMLPoolConfig(PoolSection):
     the job starts nodes x slots_per_node (GPUs per node) processes."""
 
     backend: Literal["azureml"] = "azureml"
+
+    @classmethod
+    def auto_slots(cls, value: object) -> object:
+        """No `auto`: this machine's GPUs say nothing of the cluster's VMs."""
+        if value == "auto":
+            raise ValueError(
+                "pool.slots_per_node auto counts this machine's GPUs, not the cluster's: give the GPUs per node of "
+                "pool.vm_size (e.g. 8 for Standard_ND96asr_v4)"
+            )
+        return value
+
     subscription_id: str = ""
     """Azure subscription id of the workspace."""
     resource_group: str = ""

@@ -9,7 +9,9 @@ import pytest
 from typer.testing import CliRunner
 
 from cli import app
+from infra.engines.gpus import visible_gpus
 from tests.fakes.bad_inputs import images, with_file
+from trainer.cores import usable_cores
 
 pytestmark = pytest.mark.integration  # the command as a user runs it
 
@@ -73,6 +75,14 @@ def test_dry_run_on_a_fresh_workdir_writes_nothing(tmp_path):
     for step in ("upload-scripts", "upload-dataset", "create-pool", "run-training", "collect-results"):
         assert step in done.stdout
     assert "write the digits set" in done.stdout and not (tmp_path / "fresh").exists()
+
+
+def test_workers_auto_is_one_worker_a_gpu_else_a_core_and_a_word_that_is_no_count_is_refused(tmp_path):
+    done = run_cli("run", "--dry-run", "--workers", "auto", "--workdir", str(tmp_path / "w"))
+    counted = visible_gpus() or usable_cores()  # this machine has no GPU: one a core
+    assert done.returncode == 0 and f"process pool, {counted} slots for {counted} workers" in done.stdout, done.stderr
+    bad = run_cli("run", "--dry-run", "--workers", "many", "--workdir", str(tmp_path / "w"))
+    assert bad.returncode == 2 and "'many' is not a count: give a whole number of at least 1, or auto" in bad.stderr
 
 
 @pytest.mark.slow  # a whole train-flow run: Prefect's server, Azurite, a training job

@@ -9,9 +9,11 @@ import yaml
 
 from flows.config import DIGITS_TRAINING, load_config
 from flows.recipes import DIGITS, PHOTO, PHOTO_SIDE, Picked, Sample, choose_recipe, load_with_recipe
+from infra.engines.gpus import visible_gpus
 from infra.engines.tensorflow import KerasTraining
 from tests.fakes.image_files import write_png_header
 from tests.fakes.paths import REPO
+from trainer.cores import usable_cores
 
 OVERRIDE = "a config file (--config) or a model named (training.model) overrides it"
 
@@ -91,7 +93,8 @@ def test_each_recipe_file_is_a_config_and_its_recipes_one_home():
 
 def test_the_gpu_workstation_config_runs_one_worker_a_gpu_under_torchrun_in_bf16():
     cfg = load_config(REPO / "flows" / "configs" / "gpu-workstation.yaml", {}, environ={})
-    assert cfg.pool.backend == "process" and cfg.pool.slots_per_node == cfg.training.workers == 4
+    counted = visible_gpus() or usable_cores()  # auto: one a GPU (here, with none, one a core)
+    assert cfg.pool.backend == "process" and cfg.pool.slots_per_node == cfg.training.workers == counted
     training = cfg.training
     assert (training.launcher, training.device, training.precision, training.loader, training.loader_workers) == (
         "torchrun",
@@ -129,3 +132,28 @@ def test_a_config_file_with_photos_keeps_its_settings_and_is_warned_about_32_px(
     cfg, picked = load_with_recipe(tmp_path / "c.yaml", {"data": str(photos)}, environ={})
     assert picked.recipe is None and (cfg.training.epochs, cfg.training.image_size) == (90, 32)
     assert picked.warning(cfg.training.image_size) is not None
+
+
+def test_the_gpu_workstation_guides_blocks_are_the_recipe_and_one_whole_photo_block_to_replace_it(tmp_path):
+    """docs/guides/gpu-workstation.md: its first block is the recipe's settings; its second replaces the recipe's
+    training block whole (a file holds one) and adds the photo recipe's settings, lr scaled to batch 128."""
+    page = (REPO / "docs" / "guides" / "gpu-workstation.md").read_text()
+    first, second = [yaml.safe_load(block.split("```", 1)[0]) for block in page.split("```yaml\n")[1:3]]
+    recipe = yaml.safe_load((REPO / "flows" / "configs" / "gpu-workstation.yaml").read_text())
+    assert first == recipe
+    photos = yaml.safe_load(PHOTO.path.read_text())
+    edited = tmp_path / "my-gpus.yaml"
+    edited.write_text(yaml.safe_dump({"max_side": second["max_side"], "pool": recipe["pool"], **second}))
+    cfg = load_config(edited, {}, environ={})
+    assert cfg.max_side == photos["max_side"] and cfg.training.batch_size == 128 and cfg.training.lr == 0.02
+    kept = {k: v for k, v in recipe["training"].items() if k != "lr"}
+    assert kept.items() <= second["training"].items()
+    assert (
+        {"epochs": 12, "warmup_epochs": 1}.items()
+        <= second["training"].items()
+        <= {
+            **photos["training"],
+            **kept,
+            "lr": 0.02,  # the photo recipe's, at this recipe's batch size
+        }.items()
+    )
