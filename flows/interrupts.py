@@ -97,14 +97,20 @@ def interrupted_step(tb: TracebackType | None) -> str | None:
     return step
 
 
+# The commands that keep what they did, and what a re-run of one skips (the others start over)
+TRAINING = "finished steps are skipped and training continues from its last checkpoint"
+RESUMES = {"run": TRAINING, "train": TRAINING, "smoke": TRAINING, "stage": "finished steps are skipped"}
+
+
 def interrupted_line(exc: KeyboardInterrupt, command: str, variables: Sequence[str] = ()) -> str:
     """The one line an interrupted command ends with: what was interrupted and how to resume (with the setting
     `variables` of the environment named, not their values: changed, they would start a new run)."""
     step = interrupted_step(exc.__traceback__)
     where = f" during {step}" if step else ""
-    resume = next(iter(getattr(exc, "__notes__", [])), f"run `{command}` again")
+    notes = getattr(exc, "__notes__", [])  # how to resume, where the command said (`train`'s --out)
+    resume = next(iter(notes), f"run `{command}` again")
     same = f", with {', '.join(variables)} set as now" if variables else ""
-    return (
-        f"interrupted{where}: everything it started is stopped; to resume, {resume}{same} (finished steps are "
-        "skipped and training continues from its last checkpoint)"
-    )
+    verb = next((word for word in command.split()[:4] if word in RESUMES), "train" if notes else "")
+    if not verb:  # predict, runs, doctor...: nothing of theirs is kept to resume from
+        return f"interrupted{where}: everything it started is stopped; to start over, {resume}"
+    return f"interrupted{where}: everything it started is stopped; to resume, {resume}{same} ({RESUMES[verb]})"

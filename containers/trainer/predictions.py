@@ -14,7 +14,7 @@ from typing import Any, Protocol
 from trainer.cores import usable_cores
 from trainer.errors import UsageError
 from trainer.image_files import BadImage, bad_image_lines
-from trainer.layout import IMAGE_SUFFIXES
+from trainer.layout import IMAGE_SUFFIXES, entry_kind, special_name
 
 BATCH = 64  # images classified at once: the model's memory for them stays small on any device
 
@@ -48,10 +48,13 @@ def image_paths(inputs: list[Path]) -> list[str]:
     to decode), each folder's image files, recursively, hidden ones skipped, sorted; none: one line saying so."""
     paths: list[str] = []
     for given in inputs:
-        if given.is_dir():
+        kind = entry_kind(given)  # a broken or looping link: an error naming it
+        if kind == "folder":
             paths += folder_images(given)
-        elif given.is_file():
+        elif kind == "file":
             paths.append(str(given))
+        elif kind == "special":
+            raise not_an_image(given)
         else:
             raise UsageError(f"{given}: no such file or folder; pass image files or folders of them")
     if not paths:
@@ -64,17 +67,30 @@ def image_paths(inputs: list[Path]) -> list[str]:
 
 
 def folder_images(folder: Path) -> list[str]:
-    """The image files under `folder` by their suffix, recursively, sorted; names starting with "." skipped, as in a
-    data set (.DS_Store, .verified.json, hidden folders)."""
-    found = []
-    for top, folders, files in os.walk(folder):
+    """The image files under `folder` by their suffix, recursively (linked folders too, each real folder once),
+    sorted; names starting with "." skipped, as in a data set (.DS_Store, .verified.json, hidden folders). A broken
+    link or a named pipe, socket or device with an image's name is an error naming it (a FIFO is never opened: it
+    would wait for a writer forever)."""
+    found, seen = [], set()
+    for top, folders, files in os.walk(folder, followlinks=True):
+        if (real := os.path.realpath(top)) in seen:  # a link back up the tree: walked once
+            folders[:] = []
+            continue
+        seen.add(real)
         folders[:] = [name for name in folders if not name.startswith(".")]
-        found += [
-            os.path.join(top, name)
-            for name in files
-            if not name.startswith(".") and Path(name).suffix.lower() in IMAGE_SUFFIXES
-        ]
+        for name in files:
+            path = Path(top, name)
+            if name.startswith(".") or path.suffix.lower() not in IMAGE_SUFFIXES:
+                continue
+            if entry_kind(path) == "special":
+                raise not_an_image(path)
+            found.append(str(path))
     return sorted(found)
+
+
+def not_an_image(path: Path) -> UsageError:
+    """The error for a special file where an image was to be read."""
+    return UsageError(f"{path} is a {special_name(path)}, not an image file; remove it or move it out of the folder")
 
 
 def classify(

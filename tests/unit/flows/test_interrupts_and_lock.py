@@ -67,6 +67,17 @@ def test_each_interrupt_stops_the_command_through_the_same_path(sig):
     ]
 
 
+def test_a_command_that_keeps_nothing_is_not_said_to_resume():
+    """`predict` (or `runs`, `doctor`) interrupted starts over; `stage` skips its finished steps; `run` also resumes
+    its training."""
+    line = interrupted_line(KeyboardInterrupt(), "trainflow predict photos --model abc")
+    said = "interrupted: everything it started is stopped; to start over, run `trainflow predict photos --model abc`"
+    assert line == f"{said} again"
+    stage = interrupted_line(KeyboardInterrupt(), "trainflow stage --data d")
+    assert stage.endswith("again (finished steps are skipped)")
+    assert interrupted_line(KeyboardInterrupt(), "trainflow run --data d").endswith("from its last checkpoint)")
+
+
 def test_a_closed_terminal_is_an_interrupt_and_the_output_after_it_fails_nothing(tmp_path):
     terminal = Terminal([sys.executable, "-c", HUNG_UP, str(tmp_path / "end")])
     terminal.read_until("tick")

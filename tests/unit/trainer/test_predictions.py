@@ -1,6 +1,8 @@
 """What `trainflow predict` shares across frameworks (trainer/predictions.py), with a stand-in for the model: which
 files it classifies, the top k of each, a bad image named and skipped, and one line when nothing is left."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -39,6 +41,26 @@ def test_a_folder_gives_its_image_files_recursively_sorted_without_hidden_ones(t
     photos = tmp_path / "photos"
     expected = [photos / "a.JPG", photos / "b.png", photos / "sub" / "c.jpeg", photos / "sub" / "deeper" / "d.webp"]
     assert found == [*map(str, expected), str(tmp_path / "loose.txt")]
+
+
+def test_a_linked_subfolder_is_followed_once_and_a_fifo_or_a_broken_link_is_named(tmp_path):
+    photos, elsewhere = tmp_path / "photos", tmp_path / "elsewhere"
+    (photos / "sub").mkdir(parents=True)
+    elsewhere.mkdir()
+    (elsewhere / "far.png").write_bytes(b"")
+    (photos / "linked").symlink_to(elsewhere)
+    (photos / "sub" / "loop").symlink_to(photos)  # back up the tree: walked once, not forever
+    (photos / "a.png").write_bytes(b"")
+    assert image_paths([photos]) == [str(photos / "a.png"), str(photos / "linked" / "far.png")]
+
+    (photos / "gone.png").symlink_to(tmp_path / "deleted.png")
+    with pytest.raises(UsageError, match=r"gone.png is a broken symlink \(its target .*deleted.png does not exist\)"):
+        image_paths([photos])
+    (photos / "gone.png").unlink()
+    os.mkfifo(photos / "stream.jpg")  # opened, it would wait for a writer forever
+    for given in (photos, photos / "stream.jpg"):
+        with pytest.raises(UsageError, match=r"stream.jpg is a named pipe \(FIFO\), not an image file; remove it"):
+            image_paths([given])
 
 
 @pytest.mark.parametrize(
