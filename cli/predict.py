@@ -84,6 +84,23 @@ def check_output(top_k: int, as_json: bool, csv_file: Path | None) -> None:
         raise BadInput("--json prints the predictions and --csv writes them to a file: pass one of them")
     if csv_file and not csv_file.parent.is_dir():
         raise BadInput(f"--csv {csv_file}: there is no folder {csv_file.parent}; pass a file in an existing folder")
+    if csv_file and csv_file.is_dir():
+        raise BadInput(f"--csv {csv_file} is a folder; pass a file name, e.g. --csv {csv_file / 'predictions.csv'}")
+    if csv_file:
+        check_writable(csv_file)
+
+
+def check_writable(dest: Path) -> None:
+    """Refuse a file that cannot be written, before any image is classified: opened to append (nothing of it
+    changes), and removed again if it was not there."""
+    existed = dest.exists()
+    try:
+        with dest.open("a"):
+            pass
+    except OSError as exc:
+        raise BadInput(f"--csv {dest} cannot be written ({exc.strerror}); pass a file you can write") from None
+    if not existed:
+        dest.unlink()
 
 
 @contextmanager
