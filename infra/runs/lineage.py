@@ -211,6 +211,10 @@ def list_runs(runs: Path) -> list[dict]:
     return [run_row(f) for f in sorted(folders, key=lambda f: ((f / RECORD).stat().st_mtime, f.name))]
 
 
+class AmbiguousRun(BadInput):
+    """A run-id prefix that begins more than one run."""
+
+
 def find_run(runs: Path, given: str) -> Path:
     """The run folder a run id or an unambiguous prefix of one names; BadInput otherwise."""
     ids = sorted(f.name for f in runs.glob("*/") if (f / RECORD).exists()) if runs.exists() else []
@@ -218,7 +222,7 @@ def find_run(runs: Path, given: str) -> Path:
     if len(matches) == 1:
         return runs / matches[0]
     if matches:
-        raise BadInput(f"run {given!r} is ambiguous: it begins {', '.join(matches)}; give more of the id")
+        raise AmbiguousRun(f"run {given!r} is ambiguous: it begins {', '.join(matches)}; give more of the id")
     raise BadInput(f"no run {given!r} under {runs}; `trainflow runs --workdir {runs.parent}` lists the runs there")
 
 
@@ -233,17 +237,32 @@ def weights_file(given: str, runs: Path) -> str:
 def model_file(given: str, runs: Path, option: str, fix: str) -> str:
     """The absolute path of the model file `given` names, else of the model of the run whose id, or a prefix of it,
     is given (`option` gave it: the error names it, and ends in `fix`)."""
+    if "://" in given:
+        raise BadInput(f"{option} {given!r} is a URL; trainflow reads local files: download it first (`curl -LO URL`)")
     path = Path(given).expanduser()
-    if path.exists() or path.suffix or len(path.parts) > 1:
+    if path.is_dir():  # a run's folder: its model
+        folder = path
+    elif path.exists() or path.suffix or len(path.parts) > 1:
         return str(path.resolve())
-    try:
-        folder = find_run(runs, given)
-    except BadInput:
-        raise BadInput(f"{option} {given!r} is neither a file nor a run under {runs}; {fix}") from None
+    else:
+        folder = run_named(runs, given, option, fix)
     for name in MODEL_FILES.values():
         if (folder / name).is_file():
             return str((folder / name).resolve())
-    raise BadInput(f"run {folder.name} has no model file (it did not finish); pass a finished run's id or a file")
+    raise BadInput(
+        f"{folder} has no model file ({', '.join(sorted(set(MODEL_FILES.values())))}): it is not a finished run's "
+        "folder; pass a finished run's id or folder, or a model file"
+    )
+
+
+def run_named(runs: Path, given: str, option: str, fix: str) -> Path:
+    """The run folder of a run id or unambiguous prefix `given`; an ambiguous prefix is said so."""
+    try:
+        return find_run(runs, given)
+    except AmbiguousRun as exc:
+        raise BadInput(f"{option}: {exc}") from None
+    except BadInput:
+        raise BadInput(f"{option} {given!r} is neither a file nor a run under {runs}; {fix}") from None
 
 
 def check_weights(given: str, framework: str) -> None:

@@ -31,6 +31,11 @@ def test_a_run_id_or_its_prefix_names_that_runs_model_file(tmp_path):
     assert weights_file("77bb", runs) == str(keras / "model.keras")
 
 
+def test_a_runs_folder_names_its_model_file(tmp_path):
+    folder = finished_run(tmp_path / "runs", "3f2a9c01-aaaa")
+    assert weights_file(str(folder), tmp_path / "elsewhere") == str(folder / "model.pt")
+
+
 def test_a_file_becomes_absolute_and_imagenet_and_empty_pass_as_they_are(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "w.pth").write_bytes(b"weights")
@@ -46,11 +51,15 @@ def test_a_file_becomes_absolute_and_imagenet_and_empty_pass_as_they_are(tmp_pat
     "given, words",
     [
         ("nosuchrun", ["'nosuchrun' is neither a file nor a run", "`trainflow runs`"]),
-        ("unfinished", ["run unfinished-1 has no model file"]),
+        ("unfinished", ["unfinished-1 has no model file (model.keras, model.pt): it is not a finished run's folder"]),
+        ("ab", ["training.init_from: run 'ab' is ambiguous: it begins ab12-x, ab34-y; give more of the id"]),
+        ("https://example.com/w.pt", ["is a URL; trainflow reads local files: download it first"]),
     ],
 )
 def test_a_run_id_that_names_no_model_is_one_line(tmp_path, given, words):
     finished_run(tmp_path / "runs", "unfinished-1", None)
+    finished_run(tmp_path / "runs", "ab12-x")
+    finished_run(tmp_path / "runs", "ab34-y")
     with pytest.raises(BadInput) as caught:
         weights_file(given, tmp_path / "runs")
     assert all(w in str(caught.value) for w in words) and "\n" not in str(caught.value)
