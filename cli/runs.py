@@ -106,6 +106,10 @@ def runs_diff(
     if not rows:
         print(f"runs {first.name} and {second.name} do not differ")
         return
+    for label, folder, row in (("A", first, "a"), ("B", second, "b")):
+        status = next((r[row] for r in rows if r["field"] == "run.status"), "complete")
+        if status not in ("complete", None):
+            print(f"run {folder.name} ({label}) is {status}: what it had not written yet shows as -")
     print_rows(
         f"{first.name} (A) against {second.name} (B)",
         [{"field": r["field"], "A": shown(r["a"]) or "-", "B": shown(r["b"]) or "-"} for r in rows],

@@ -293,11 +293,12 @@ def flat(values, prefix: str = "") -> dict:
 
 
 def compared(folder: Path) -> dict:
-    """What `runs diff` compares of a run: its receipt, its config and the metrics that sum it up."""
+    """What `runs diff` compares of a run: its status, its receipt, its config and the metrics that sum it up."""
     metrics, script = read_json(folder / "metrics.json"), read_json(folder / SUMMARY)
     receipt = read_json(folder / RECEIPT)
     receipt.pop("cost", None)  # the ledger's summary: its totals are compared as ledger.*
     return {
+        "run.status": read_json(folder / RECORD).get("status"),  # a killed run's other files may be missing
         **flat(receipt, "receipt"),
         **flat(read_json(folder / CONFIG), "config"),
         **flat({k: metrics.get(k) for k in METRICS_COMPARED if k in metrics}, "metrics"),

@@ -228,3 +228,17 @@ def test_script_runs_are_listed_beside_the_trainers_and_diffed_by_what_ran_and_t
     assert rows["run-a"]["script"] is None
     diff = {r["field"]: (r["a"], r["b"]) for r in diff_runs(tmp_path / "runs" / "run-s", tmp_path / "runs" / "run-t")}
     assert diff == {"script.args": (["--epochs", "2"], ["--epochs", "3"]), "script.final.loss": (0.5, 0.25)}
+
+
+def test_a_killed_run_against_a_finished_one_says_it_was_interrupted_first(tmp_path):
+    from typer.testing import CliRunner
+
+    from cli import app
+
+    receipt_of(tmp_path, "run-a")
+    write_json(tmp_path / "runs" / "run-k" / RECORD, {"run_id": "run-k", "status": "interrupted"})  # no receipt
+    rows = {r["field"]: (r["a"], r["b"]) for r in diff_runs(tmp_path / "runs" / "run-k", tmp_path / "runs" / "run-a")}
+    assert rows["run.status"] == ("interrupted", "complete")
+    shown = CliRunner().invoke(app, ["runs", "diff", "run-k", "run-a", "--workdir", str(tmp_path)])
+    assert shown.exit_code == 0, shown.output
+    assert shown.output.splitlines()[0] == "run run-k (A) is interrupted: what it had not written yet shows as -"
