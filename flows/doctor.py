@@ -17,6 +17,7 @@ from pathlib import Path
 
 from infra.core.diskspace import free_bytes
 from infra.engines.installed import LAYERS, has_module, horovod_has
+from infra.runs.workdir import WorkdirError, check_workdir
 from infra.services.azurite import REPO
 from infra.services.prefect_server import api_answers
 
@@ -45,13 +46,26 @@ def python_row() -> Row:
     return Row("Python", "everything", version if not fix else "", fix or "", required=True)
 
 
+NODE_MAJOR = 20  # the oldest Node.js Azurite runs on here (its package.json declares 22; 20.20 runs it and the suite)
+
+
 def node_row() -> Row:
     node, azurite = shutil.which("node"), REPO / "node_modules" / ".bin" / "azurite-blob"
     if node is None:
         return Row("Node.js and Azurite", "the local Blob storage", "", "install Node.js 20 or newer", required=True)
     version = command_output([node, "--version"])
+    if problem := node_too_old(version):
+        return Row("Node.js and Azurite", "the local Blob storage", "", problem, required=True)
     found = f"node {version}, Azurite in node_modules" if azurite.exists() else ""
     return Row("Node.js and Azurite", "the local Blob storage", found, "npm ci (make demo runs it)", required=True)
+
+
+def node_too_old(version: str) -> str:
+    """Why Node.js `version` (`node --version`: v20.20.2) cannot run Azurite, naming the fix; "" when it can."""
+    major = version.lstrip("v").split(".")[0]
+    if major.isdigit() and int(major) >= NODE_MAJOR:
+        return ""
+    return f"node {version or '(no version)'} is too old for Azurite: install Node.js {NODE_MAJOR} or newer"
 
 
 def decoding_row() -> Row:
@@ -67,7 +81,10 @@ def docker_row() -> Row:
     engine = command_output([docker, "info", "--format", "{{.ServerVersion}}"]) if docker else ""
     registry = shutil.which("docker-registry") or shutil.which("registry")
     found = f"engine {engine}" + (", registry" if registry else "") if engine and registry else ""
-    fix = "sudo apt-get install docker.io docker-registry, then start dockerd (make test does both)"
+    if docker and registry and not engine:  # installed, not running (or not reachable)
+        fix = "Docker is installed but its engine does not answer: start it (sudo systemctl start docker, or dockerd)"
+    else:
+        fix = "sudo apt-get install docker.io docker-registry, then start dockerd (make test does both)"
     return Row("Docker engine and registry", "the docker pool, images, make test", found, fix)
 
 
@@ -95,6 +112,10 @@ def tensorflow_row() -> Row:
 
 
 def disk_row(workdir: Path) -> Row:
+    try:
+        check_workdir(workdir)
+    except WorkdirError as exc:  # a file, or a folder this user cannot write: every command refuses it
+        return Row("Free disk in the workdir", "staging, runs, Prefect's database", "", str(exc), required=True)
     free = free_bytes(workdir)
     found = f"{free / 1e9:.1f} GB free at {workdir}" if free >= DEMO_BYTES else ""
     fix = f"free 1 GB or more there, or pass --workdir on a bigger disk ({free / 1e9:.1f} GB free)"

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from flows.doctor import node_too_old
 from tests.fakes.paths import REPO
 
 pytestmark = pytest.mark.integration
@@ -79,6 +80,17 @@ def test_doctor_shows_every_part_and_fails_only_for_what_the_local_default_needs
     missing = trainflow_without(["tensorflow"], ["doctor", "--workdir", str(tmp_path)], {**no_node, "COLUMNS": "200"})
     assert missing.returncode == 1, missing.stdout + missing.stderr
     assert "✗ install Node.js 20 or newer" in missing.stdout and "✗ make setup-tensorflow" in missing.stdout
+
+
+def test_doctor_names_a_stopped_docker_engine_an_old_node_and_a_workdir_that_is_a_file(tmp_path):
+    (tmp_path / "a-file").write_text("not a folder")
+    stopped = {"DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock", "COLUMNS": "500"}  # the real client, no engine
+    done = trainflow_without([], ["doctor", "--workdir", str(tmp_path / "a-file")], stopped)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "✗ Docker is installed but its engine does not answer: start it" in done.stdout  # make test installs it
+    assert f"✗ workdir {tmp_path / 'a-file'}: {tmp_path / 'a-file'} is a file, not a folder" in done.stdout
+    assert node_too_old("v12.22.9") == "node v12.22.9 is too old for Azurite: install Node.js 20 or newer"
+    assert node_too_old("v20.20.2") == node_too_old("v22.1.0") == ""
 
 
 def test_doctor_names_a_prefect_api_url_that_does_not_answer(tmp_path):
