@@ -5,7 +5,6 @@ Its tests share the Docker engine, so they run on one worker of the suite (tests
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -148,15 +147,13 @@ def test_a_worker_killed_on_a_container_node_fails_the_job_at_once(
     cfg.job.timeout_s = 300  # a job hung on its lost peer ends here, not at pytest's limit (and breaks the bound)
     with killing_rank_one(in_a_container, times=2) as kills:
         state = train_flow(cfg, return_state=True)
-    ended = time.monotonic()
+    # The job failed at once, on the kill: a job hung on its lost peer would end at the 300 s timeout, as a
+    # JobTimedOut, and another attempt would be a third run of the step. (3.1 s from the second kill to the flow's
+    # end, measured.)
     with pytest.raises(LaunchError, match=r"^rank 1 was killed by signal 9 \(SIGKILL\)"):
         state.result()
     training = task_runs(state.state_details.flow_run_id, {"run-training"})["run-training"]
     assert (len(kills), training.run_count) == (2, 2)  # killed in each attempt: the one retry, then the failure
-    # Measured 3.1 s from the second kill to the flow's end (the job's failure, the pool deleted). Another attempt
-    # would wait 5 s, then train 20 epochs unkilled (minutes); a job hung on its lost peer would run to the 300 s
-    # timeout: either breaks 30 s, which leaves room for a loaded machine.
-    assert ended - kills[-1] < 30, f"the flow ended {ended - kills[-1]:.0f} s after the second kill"
     assert not docker_engine.client.containers.list(all=True, filters={"label": LABEL})
 
 
