@@ -87,9 +87,11 @@ class Picked:
     sample: Sample | None = None
 
     def line(self) -> str:
-        """What the run and its dry run say first: `recipe: photos (flows/configs/photos.yaml): why`."""
-        name = f"{self.recipe.name} ({self.recipe.where()})" if self.recipe else "none (the reference defaults)"
-        return f"recipe: {name}: {self.reason}"
+        """What the run and its dry run say first: `recipe: photos (flows/configs/photos.yaml): why`, or, with no
+        recipe, where the settings come from and why."""
+        if self.recipe is None:
+            return f"recipe: none, {self.reason}"
+        return f"recipe: {self.recipe.name} ({self.recipe.where()}): {self.reason}"
 
     def warning(self, image_size: int) -> str | None:
         """One line when photographs would train at the digits recipe's image size (as blurred thumbnails)."""
@@ -108,15 +110,19 @@ def choose_recipe(config: Path | None, data: str | None, model_named: bool, samp
     """The recipe that fills in what a run's settings leave out, and why, from the config file given, the data and
     whether a model is named, and the sizes sampled from the data folder (None: the data names no folder)."""
     if model_named:
-        return Picked(None, "a model is named (training.model), so no recipe fills in the rest", sample)
+        return Picked(
+            None, "as a model is named (training.model): the settings given, then the reference defaults", sample
+        )
     if data is None:
         return Picked(DIGITS, "no data named: the built-in digits set; a model named (training.model) overrides it")
     if config is not None:
-        return Picked(None, f"a config file ({config}) and data are given: its settings, then the reference's", sample)
+        return Picked(
+            None, f"as a config file and data are given: the settings of {config}, then the reference defaults", sample
+        )
     if sample is None:
-        return Picked(None, f"data {data} names no local folder whose images could be sized")
+        return Picked(None, f"as data {data} names no local folder whose images could be sized: the reference defaults")
     if not sample.sizes:
-        return Picked(None, f"no image of {data}/train could be read to size", sample)
+        return Picked(None, f"as no image of {data}/train could be read to size: the reference defaults", sample)
     if sample.photo_sized():
         return Picked(PHOTO, f"the images of {data} are photo-sized ({sample.describe()}); {OVERRIDE}", sample)
     small = f"under {PHOTO_SIDE} px on their shorter side"

@@ -68,7 +68,7 @@ def test_a_config_file_training_photos_at_32_px_is_warned_in_one_line(tmp_path, 
     (tmp_path / "c.yaml").write_text("training: {image_size: 32, batch_size: 4}\n")
     done = dry_run(tmp_path, photos, "--config", str(tmp_path / "c.yaml"))
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines()[0].startswith("recipe: none (the reference defaults): a config file (")
+    assert done.stdout.splitlines()[0].startswith("recipe: none, as a config file and data are given: the settings of ")
     [warning] = done.stderr.splitlines()
     assert warning.startswith(f"warning: the images of {photos} are photo-sized (median ")
     assert "the digits recipe's (flows/configs/demo.yaml)" in warning

@@ -58,7 +58,9 @@ def test_the_shorter_side_decides(size, recipe):
 def test_a_folder_with_no_image_to_size_keeps_the_reference_defaults():
     picked = choose_recipe(None, "./my-photos", False, Sample("./my-photos", ()))  # empty, or no file an image
     assert picked.recipe is None
-    assert picked.line() == "recipe: none (the reference defaults): no image of ./my-photos/train could be read to size"
+    assert picked.line() == (
+        "recipe: none, as no image of ./my-photos/train could be read to size: the reference defaults"
+    )
 
 
 def test_what_the_user_named_comes_before_the_images():
