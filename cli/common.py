@@ -42,8 +42,8 @@ MaxSideOpt = Annotated[
     int | None,
     typer.Option(
         "--max-side",
-        help="Stage every JPEG whose longer side exceeds N px re-encoded at N (a copy under the workdir; the data "
-        "folder is never written); default: the config's max_side, else as they are.",
+        help="Stage every JPEG or PNG whose longer side exceeds N px re-encoded at N (a copy under the workdir; the "
+        "data folder is never written); default: the config's max_side, else as they are.",
         metavar="N",
     ),
 ]

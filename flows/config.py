@@ -73,9 +73,9 @@ class FlowConfig(BaseModel):
     dataset: str | None = None
     """Name of the data set in Blob and on the file server; unset: the data folder's name."""
     max_side: int | None = None
-    """Shrink at staging: every JPEG whose longer side exceeds this many pixels (32 or more; 500 is what FFCV uses
-    for ResNet-50) is staged re-encoded at it (quality 90, aspect kept), from a copy kept under
-    workdir/shrunk/<data set>-<N>; the data folder is never written. Part of the data version: a change re-stages.
+    """Shrink at staging: every JPEG or PNG whose longer side exceeds this many pixels (32 or more; 500 is what FFCV
+    uses for ResNet-50) is staged re-encoded at it (JPEG at quality 90, PNG lossless; aspect kept), from a copy kept
+    under workdir/shrunk/<data set>-<N>; the data folder is never written. Part of the data version: a change re-stages.
     Unset: the images are staged as they are."""
     training: TrainingConfig = Field(default_factory=default_training)
     """How the trainer runs (every option of containers/trainer/train.py, the launcher and the workers)."""

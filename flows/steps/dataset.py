@@ -32,8 +32,8 @@ def unshrunk(ctx: Context, shrunk: Path, side: int) -> str | None:
         return None
     gone = f", {removed} removed" if removed else ""
     return (
-        f"bring the shrunk copy {shrunk} up to date (JPEGs over {side} px re-encoded at {side}): {todo} of {total} "
-        f"files to write{gone}; then stage it"
+        f"bring the shrunk copy {shrunk} up to date (JPEGs and PNGs over {side} px re-encoded at {side}): "
+        f"{todo} of {total} files to write{gone}; then stage it"
     )
 
 

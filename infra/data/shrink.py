@@ -1,5 +1,6 @@
-"""Images shrunk once at staging (`--max-side N`): a mirror of the data folder in which every JPEG whose longer
-side exceeds N is re-encoded at N, and every other file is a hard link to the user's own.
+"""Images shrunk once at staging (`--max-side N`): a mirror of the data folder in which every JPEG or PNG whose
+longer side exceeds N is re-encoded at N (a PNG as a PNG: lossless, its name still true), and every other file is a
+hard link to the user's own.
 
 Decoding a 500 px JPEG costs a fraction of a 2,000 px one, and a 224 px training crop still has pixels to spare: FFCV
 stores ImageNet for ResNet-50 at a 500 px longer side for this reason. The user's folder is only read: the mirror
@@ -40,6 +41,8 @@ TEMPORARY = ".shrink-tmp"  # the suffix of a file being written; one left by a k
 CHUNK = 64  # files per unit of work handed to a writer process
 SHRUNK, LINKED, COPIED, KEPT = "shrunk", "linked", "copied", "unchanged"
 JPEG_START = b"\xff\xd8\xff"
+PNG_START = b"\x89PNG\r\n\x1a\n"
+PNG_MODES = ("L", "LA", "RGB", "RGBA")  # kept as they are; any other (palette, 1-bit, 16-bit) made RGB(A), as trained
 ORIENTATION = 0x0112  # the EXIF tag of how a viewer turns the stored pixels
 
 
@@ -57,14 +60,39 @@ def shrink_jpeg(data: bytes, max_side: int) -> bytes | None:
         return None
 
 
+def shrink_image(data: bytes, max_side: int) -> bytes | None:
+    """`data` with its longer side at `max_side` when it is a JPEG or a PNG larger than that; None when it needs no
+    change (another format, small enough, or not decodable: the scan flags bad files as it always has)."""
+    return shrink_png(data, max_side) if data.startswith(PNG_START) else shrink_jpeg(data, max_side)
+
+
+def shrink_png(data: bytes, max_side: int) -> bytes | None:
+    """A PNG larger than `max_side` re-encoded as a PNG at it (Lanczos; transparency kept); None when it needs no
+    change."""
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            if img.format != "PNG" or max(img.size) <= max_side:
+                return None
+            pixels = img if img.mode in PNG_MODES else img.convert("RGBA" if "transparency" in img.info else "RGB")
+            out = io.BytesIO()
+            pixels.resize(fitted(pixels.size, max_side), Image.Resampling.LANCZOS).save(out, "PNG")
+            return out.getvalue()
+    except Exception:  # anything PIL cannot decode is the scan's to report, not this step's
+        return None
+
+
 def _resized(img: Image.Image, max_side: int) -> Image.Image:
     """`img` in RGB or gray, its longer side at `max_side` (Lanczos, from a DCT-scaled decode at >= 2x)."""
     scale = max_side / max(img.size)
     img.draft(img.mode, (math.ceil(img.width * scale * 2), math.ceil(img.height * scale * 2)))
     pixels = img if img.mode in ("L", "RGB") else img.convert("RGB")  # CMYK, YCCK (PIL decodes it as CMYK)
-    w, h = pixels.size
-    size = (max_side, max(1, round(h * max_side / w))) if w >= h else (max(1, round(w * max_side / h)), max_side)
-    return pixels.resize(size, Image.Resampling.LANCZOS)
+    return pixels.resize(fitted(pixels.size, max_side), Image.Resampling.LANCZOS)
+
+
+def fitted(size: tuple[int, int], max_side: int) -> tuple[int, int]:
+    """`size` scaled so that its longer side is `max_side`, the aspect kept."""
+    w, h = size
+    return (max_side, max(1, round(h * max_side / w))) if w >= h else (max(1, round(w * max_side / h)), max_side)
 
 
 def _encoded(img: Image.Image, icc: bytes | None, orientation: int | None) -> bytes:
@@ -183,7 +211,7 @@ def mirror_file(source: Path, copy: Path, max_side: int) -> Outcome:
         return Outcome(KEPT, found.st_size, existing.st_size)
     copy.parent.mkdir(parents=True, exist_ok=True)
     data = source.read_bytes()
-    shrunk = shrink_jpeg(data, max_side)
+    shrunk = shrink_image(data, max_side)
     if shrunk is not None:
         _write_whole(copy, lambda tmp: tmp.write_bytes(shrunk), found)
         return Outcome(SHRUNK, len(data), len(shrunk))
@@ -208,14 +236,15 @@ def _up_to_date(existing: os.stat_result, found: os.stat_result, source: Path, m
 
 
 def _too_big(path: Path, max_side: int) -> bool:
-    """Whether the file is a JPEG with a side over `max_side`, from its header alone."""
+    """Whether the file is a JPEG or PNG with a side over `max_side`, from its header alone."""
     try:
         with open(path, "rb") as f:
-            if f.read(3) != JPEG_START:
+            start = f.read(8)
+            if not start.startswith(JPEG_START) and start != PNG_START:
                 return False
             f.seek(0)
             with Image.open(f) as img:
-                return img.format == "JPEG" and max(img.size) > max_side
+                return img.format in ("JPEG", "PNG") and max(img.size) > max_side
     except Exception:  # not decodable: the scan reports it
         return False
 

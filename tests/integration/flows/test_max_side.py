@@ -80,10 +80,11 @@ def test_stage_with_max_side_shrinks_the_staged_copy_only_and_restages_only_when
     before = tree(photos)
     first = trainflow(tmp_path, azurite_port, "stage", "--data", str(photos), "--max-side", "100")
     assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
-    assert "shrunk copy (100 px): 13 files (6 shrunk, 7 linked)" in first.stdout
+    assert "shrunk copy (100 px): 13 files (7 shrunk, 6 linked)" in first.stdout  # the PNG too
     current = tmp_path / "work" / "fileserver" / "datasets" / "my-photos" / "current"
     sides = staged_sides(current)
     assert len(sides) == 12 and set(sides.values()) == {(100, 75), (60, 45)}
+    assert Image.open(current / "train" / "c0" / "flat.png").size == (100, 100)
     assert tree(photos) == before  # the user's folder: the same bytes and mtimes
     assert header(current)["max_side"] == 100
     version = current.resolve()
@@ -96,7 +97,7 @@ def test_stage_with_max_side_shrinks_the_staged_copy_only_and_restages_only_when
     plan = trainflow(tmp_path, azurite_port, "run", "--data", str(photos), "--max-side", "50", "--dry-run")
     assert plan.returncode == 0, plan.stdout[-2000:] + plan.stderr[-2000:]
     printed = " ".join(plan.stdout.split())
-    assert "(JPEGs over 50 px re-encoded at 50): 13 of 13 files to write; then stage it" in printed
+    assert "(JPEGs and PNGs over 50 px re-encoded at 50): 13 of 13 files to write; then stage it" in printed
     assert not (tmp_path / "work" / "shrunk" / "my-photos-50").exists()  # the dry run wrote nothing
 
     other = trainflow(tmp_path, azurite_port, "stage", "--data", str(photos), "--max-side", "50")
@@ -109,7 +110,7 @@ def test_stage_with_max_side_shrinks_the_staged_copy_only_and_restages_only_when
 def test_run_with_max_side_trains_on_the_shrunk_copy(tmp_path, azurite_port, photos):
     result = trainflow(tmp_path, azurite_port, "run", "--data", str(photos), "--max-side", "64")
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    assert "shrunk copy (64 px): 13 files (6 shrunk, 7 linked)" in result.stdout
+    assert "shrunk copy (64 px): 13 files (7 shrunk, 6 linked)" in result.stdout
     current = tmp_path / "work" / "fileserver" / "datasets" / "my-photos" / "current"
     assert set(staged_sides(current).values()) == {(64, 48), (60, 45)} and header(current)["max_side"] == 64
 

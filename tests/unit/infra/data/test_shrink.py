@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from infra.data.shrink import check_max_side, out_of_date, shrink_jpeg, shrunk_copy, stale_files
+from infra.data.shrink import check_max_side, out_of_date, shrink_image, shrink_jpeg, shrunk_copy, stale_files
 from trainer import jpeg_crop
 
 
@@ -53,6 +53,22 @@ def test_what_is_not_a_decodable_jpeg_needs_no_change():
     big = jpeg((900, 600))
     for data in (png.getvalue(), big[: len(big) // 2], b"\xff\xd8\xff" + b"\x00" * 100, b""):
         assert shrink_jpeg(data, 300) is None
+
+
+def test_a_big_png_is_shrunk_as_a_png_its_transparency_kept_and_a_small_one_needs_no_change():
+    rng = np.random.default_rng(1)
+    pixels = rng.integers(0, 256, (1080, 1920, 4), dtype=np.uint8)  # a screenshot's size, with an alpha channel
+    png = io.BytesIO()
+    Image.fromarray(pixels, "RGBA").save(png, "PNG")
+    shrunk = shrink_image(png.getvalue(), 500)
+    assert shrunk is not None
+    img = opened(shrunk)
+    assert (img.format, img.mode, img.size) == ("PNG", "RGBA", (500, 281))
+    assert shrink_image(shrunk, 500) is None and shrink_image(png.getvalue(), 1920) is None
+    palette = io.BytesIO()
+    Image.new("P", (900, 600)).save(palette, "PNG")
+    assert opened(shrink_image(palette.getvalue(), 300)).mode == "RGB"
+    assert shrink_image(jpeg((900, 600)), 300) == shrink_jpeg(jpeg((900, 600)), 300)  # a JPEG as ever
 
 
 def test_a_photo_tagged_as_turned_is_shrunk_as_stored_with_its_tag_kept_as_the_loaders_read_it():
@@ -114,11 +130,13 @@ def test_the_mirror_shrinks_big_jpegs_links_the_rest_and_leaves_the_user_folder_
     before = digest(data)
     mirror = tmp_path / "work" / "shrunk" / "set-200"
     done = shrunk_copy(data, mirror, 200, workers=2, progress=False)
-    assert (done["files"], done["shrunk"], done["linked"], done["unchanged"]) == (5, 2, 3, 0)
+    assert (done["files"], done["shrunk"], done["linked"], done["unchanged"]) == (5, 3, 2, 0)
     assert digest(data) == before  # the user's folder: the same bytes and mtimes
     assert opened((mirror / "train/a/big.jpg").read_bytes()).size == (200, 150)
     assert opened((mirror / "train/b/big.JPEG").read_bytes()).size == (150, 200)
-    for rel in ("train/a/small.jpg", "train/b/wide.png", "val/a/notes.txt"):
+    wide = opened((mirror / "train/b/wide.png").read_bytes())
+    assert (wide.format, wide.size) == ("PNG", (200, 200))  # a PNG still, under its own name
+    for rel in ("train/a/small.jpg", "val/a/notes.txt"):
         assert (mirror / rel).stat().st_ino == (data / rel).stat().st_ino  # hard links, no copies
     mirrored = digest(mirror)
     assert {rel: mtime for rel, (_, mtime) in mirrored.items()} == {rel: m for rel, (_, m) in before.items()}
@@ -170,7 +188,7 @@ def test_a_file_that_cannot_be_hard_linked_is_copied_with_its_mtime(data, tmp_pa
     monkeypatch.setattr(os, "link", refuse)
     mirror = tmp_path / "mirror"
     done = shrunk_copy(data, mirror, 200, workers=1, progress=False)
-    assert (done["copied"], done["linked"]) == (3, 0)
+    assert (done["copied"], done["linked"]) == (2, 0)  # the small JPEG and the text file (the PNG is shrunk)
     small = mirror / "train/a/small.jpg"
     assert small.read_bytes() == (data / "train/a/small.jpg").read_bytes()
     assert small.stat().st_ino != (data / "train/a/small.jpg").stat().st_ino
