@@ -29,6 +29,7 @@ from flows.preflight import check_access
 from infra.compute import backend_of, check_installed
 from infra.compute.base import LocalBackend
 from infra.compute.process import train_here
+from infra.core.errors import BadInput
 from infra.engines import ENGINES
 from infra.engines.contract import METRICS, SYNTHETIC, Metrics, metrics_from
 from infra.runs.ledger import check_budget
@@ -210,6 +211,7 @@ def run(
     framework: FrameworkOpt = None,
     launcher: LauncherOpt = None,
     workers: WorkersOpt = None,
+    batch_size: Annotated[int | None, typer.Option(help=setting_help("batch_size"))] = None,
     init_from: InitFromOpt = None,
     max_side: MaxSideOpt = None,
     bad_files: BadFilesOpt = None,
@@ -227,10 +229,17 @@ def run(
         "framework": framework,
         "launcher": launcher,
         "workers": workers,
+        "batch_size": batch_size,
         "init_from": init_from,
         "bad_files": bad_files,
     }
     section = script_section(script, entry or [], metric or [], env or [])
+    trainers = {"--batch-size": batch_size, "--init-from": init_from, "--bad-files": bad_files}
+    if section and (given := [name for name, value in trainers.items() if value is not None]):
+        raise BadInput(
+            f"{', '.join(given)} set trainflow's own trainer, which a --script run does not start; your script takes "
+            "its own arguments after -- (e.g. -- train.py --batch-size 64)"
+        )
     sections = {"pool": {"slots_per_node": workers} if workers else {}, **({"script": section} if section else {})}
     recipe = not section  # a script brings its own settings: no recipe of trainflow's trainer fills them
     cfg = configure(config, data, workdir, overrides, recipe, max_side, tell_recipe=recipe, **sections)

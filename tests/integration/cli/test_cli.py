@@ -77,10 +77,12 @@ def test_dry_run_on_a_fresh_workdir_writes_nothing(tmp_path):
     assert "write the digits set" in done.stdout and not (tmp_path / "fresh").exists()
 
 
-def test_workers_auto_is_one_worker_a_gpu_else_a_core_and_a_word_that_is_no_count_is_refused(tmp_path):
+def test_run_takes_workers_auto_and_a_batch_size_and_a_word_that_is_no_count_is_refused(tmp_path):
     done = run_cli("run", "--dry-run", "--workers", "auto", "--workdir", str(tmp_path / "w"))
     counted = visible_gpus() or usable_cores()  # this machine has no GPU: one a core
     assert done.returncode == 0 and f"process pool, {counted} slots for {counted} workers" in done.stdout, done.stderr
+    batch = run_cli("run", "--dry-run", "--batch-size", "4", "--workdir", str(tmp_path / "w"))
+    assert batch.returncode == 0 and "--batch-size 4 " in " ".join(batch.stdout.split()), batch.stderr
     bad = run_cli("run", "--dry-run", "--workers", "many", "--workdir", str(tmp_path / "w"))
     assert bad.returncode == 2 and "'many' is not a count: give a whole number of at least 1, or auto" in bad.stderr
 

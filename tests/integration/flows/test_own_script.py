@@ -282,6 +282,15 @@ def test_the_checks_before_anything_starts_refuse_in_one_line(tmp_path, files, a
     assert not (tmp_path / "w" / "runs").exists()
 
 
+def test_the_trainers_own_options_are_refused_beside_a_script_naming_where_its_arguments_go(tmp_path):
+    source = scripts_folder(tmp_path, {"train.py": ""})
+    done = trainflow("--script", str(source), "--batch-size", "8", "--", "train.py", workdir=tmp_path / "w")
+    assert done.returncode == 2 and done.stderr.strip() == (
+        "error: --batch-size set trainflow's own trainer, which a --script run does not start; your script takes its "
+        "own arguments after -- (e.g. -- train.py --batch-size 64)"
+    )
+
+
 def test_the_dry_run_shows_the_resolved_command_and_the_variables_it_sets(tmp_path):
     done = trainflow("--dry-run", *SEGMENTATION, workdir=tmp_path / "w")
     assert done.returncode == 0, done.stderr
