@@ -145,7 +145,7 @@ bench: $(BASE) node_modules/.installed
 	$(BIN)/trainflow bench train --workdir $(WORKDIR) --json $(WORKDIR)/bench-train.json
 
 # The device check (benchmarks/device_check.py): on a lent GPU machine, which has no network and no venv (so no
-# `setup` first), under 7 minutes; without a GPU it checks what it can and exits 2. The venv's Python where there is one.
+# `setup` first), under 8 minutes; without a GPU it checks what it can and exits 2. The venv's Python where there is one.
 DEVICE_CHECK_OUT ?= $(WORKDIR)/device-check
 DEVICE_PYTHON = $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
 device-check:

@@ -7,7 +7,7 @@ once more on their copy with restart markers (where jpeg_crop can rewrite them),
 copy shrunk to a 500 px longer side (infra/data/shrink.py); then the model step's variants on synthetic data
 (torch.compile's modes, the optimizer unfused). One process on GPU 0, through the process pool as `trainflow train`
 runs it; REPEATS rounds of every run, every figure the median with its min-max. `--quick` runs the device check
-instead (benchmarks/device_check.py: one round, the trainer alone, within 7 minutes). On a machine without a CUDA
+instead (benchmarks/device_check.py: one round, the trainer alone, within 8 minutes). On a machine without a CUDA
 GPU it says so and exits 2.
 """
 
@@ -134,7 +134,7 @@ def bench_gpu(
 
 
 def quick_check(root: Path, json_out: Path | None, given_peak: float | None) -> dict:
-    """The device check on this GPU (one round of its runs, each by the trainer alone, within its 7 minutes), its
+    """The device check on this GPU (one round of its runs, each by the trainer alone, within its 8 minutes), its
     folders under `root`: its record, also written to `json_out`."""
     check = Check(root / "device-check", root, BUDGET_S, given_peak, shlex.join(["trainflow", *sys.argv[1:]]))
     measure_on_gpu(check)

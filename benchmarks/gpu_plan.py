@@ -28,6 +28,7 @@ import torch
 import torchvision
 
 from infra.data.photos import make_photo_folders, photo_plan, write_photo
+from infra.data.restart_markers import ALREADY, REWRITTEN, Outcome, rewrite_files
 from infra.data.shrink import mirror_files
 from trainer import gpu_decode, jpeg_crop
 from trainer.cores import usable_cores
@@ -66,8 +67,8 @@ TRAINER_DEFAULTS = dict(
 PHOTOS = 10_240  # 40 batches of 256: an epoch of a JPEG run reads each file once
 PHOTO_CLASSES = 1000  # as ImageNet and synthetic data have: the same model, so the compiled graph is found cached
 MAX_SIDE = 500  # the shrunk copy's longer side: FFCV's for ResNet-50 on ImageNet
-SYNTHETIC, JPEGS, SHRUNK = "synthetic", "jpegs", "shrunk"  # what a run trains on
-DATA_LABELS = {JPEGS: "JPEGs", SHRUNK: f"JPEGs shrunk to {MAX_SIDE} px"}
+SYNTHETIC, JPEGS, SHRUNK, MARKED = "synthetic", "jpegs", "shrunk", "marked"  # what a run trains on
+DATA_LABELS = {JPEGS: "JPEGs", SHRUNK: f"JPEGs shrunk to {MAX_SIDE} px", MARKED: "JPEGs with restart markers"}
 SHRINK_CHUNK = 64  # files per unit of work of the shrinking processes
 
 
@@ -76,7 +77,7 @@ class Run(NamedTuple):
 
     label: str
     data: str
-    """SYNTHETIC, JPEGS, SHRUNK (or benchmarks.common.RESTARTS, bench gpu's own)."""
+    """SYNTHETIC, JPEGS, SHRUNK, MARKED (or benchmarks.common.RESTARTS, bench gpu's own)."""
     settings: dict
     """The trainer's settings over TRAINER_DEFAULTS, by option name (compile_mode for --compile-mode)."""
     budget_s: float
@@ -105,18 +106,22 @@ MODEL_STEP_RUNS = (
 )
 
 
-def loader_run(loader: str, data: str = JPEGS, budget_s: float = 60) -> Run:
-    """A run of `loader` on the JPEGs (or their shrunk copy), compiled as a GPU's default is, with the loader workers
-    the trainer picks (--loader-workers auto, as users run it); its budget leaves room for compiling afresh, should
-    the compiled model not be found cached."""
+def loader_run(loader: str, data: str = JPEGS, budget_s: float = 50) -> Run:
+    """A run of `loader` on the JPEGs (or a copy of them), compiled as a GPU's default is, with the loader workers
+    the trainer picks (--loader-workers auto, as users run it); its budget is the trainer's start and two epochs with
+    the compiled model found cached (the synthetic compiled run before it compiles the same graph): a run that had to
+    compile afresh is stopped at it, and says so."""
     return Run(f"{DATA_LABELS[data]}, --loader {loader}", data, {"loader": loader, "compile": "on"}, budget_s)
 
 
 def device_check_runs() -> list[Run]:
     """The device check's runs, most wanted first: synthetic compiled (the goal's yardstick, and the compile that the
     later runs find cached), the GPU loader and the fast one on the JPEGs, the fast one on the shrunk copy, DALI on
-    the JPEGs (skipped where it is not installed), then the model-step variants where time is left."""
-    jpegs = [loader_run("gpu"), loader_run("fast"), loader_run("fast", SHRUNK), loader_run("dali")]
+    the JPEGs (skipped where it is not installed), then the model-step variants where time is left. The fast
+    loader also reads the JPEGs rewritten with restart markers (full size: `trainflow data add-restart-markers`), so
+    that it decodes only each crop's MCUs."""
+    fast = [loader_run("fast"), loader_run("fast", MARKED), loader_run("fast", SHRUNK)]
+    jpegs = [loader_run("gpu"), *fast, loader_run("dali")]
     return [SYNTHETIC_RUNS[1], *jpegs, *MODEL_STEP_RUNS]
 
 
@@ -203,8 +208,13 @@ def software_facts() -> dict:
 
 
 def photo_folders(work: Path, files: int) -> dict[str, Path]:
-    """Where the photo-like JPEGs (JPEGS) and their shrunk copy (SHRUNK) are kept under `work`."""
-    return {JPEGS: work / f"photos-{files}", SHRUNK: work / f"photos-{files}-shrunk"}
+    """Where the photo-like JPEGs (JPEGS), their shrunk copy (SHRUNK) and their copy with restart markers (MARKED)
+    are kept under `work`."""
+    return {
+        JPEGS: work / f"photos-{files}",
+        SHRUNK: work / f"photos-{files}-shrunk",
+        MARKED: work / f"photos-{files}-marked",
+    }
 
 
 def write_photo_set(dest: Path, files: int, workers: int) -> dict:
@@ -238,6 +248,37 @@ def write_shrunk_copy(src: Path, dest: Path, workers: int) -> dict:
         "shrunk": sum(o.kind == "shrunk" for o in done),
         "bytes_before": sum(o.source for o in done),
         "bytes_after": sum(o.mirror for o in done),
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+
+
+def write_marked_copy(src: Path, dest: Path, workers: int) -> dict:
+    """A copy of src's JPEGs rewritten losslessly with a restart marker after every MCU (infra/data/restart_markers.py,
+    by `workers` processes), made once (a folder already there is kept); the files rewritten, the bytes before and
+    after, and the seconds it took. Where the fast loader cannot be built here (no cc or libjpeg), nothing: why."""
+    if jpeg_crop.library() is None:
+        raise RuntimeError(f"no restart markers can be written here: {jpeg_crop.unavailable()}")
+    started = time.perf_counter()
+    if not (dest / "train").is_dir():
+        partial = dest.with_name(f".{dest.name}.partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        shutil.copytree(src / "train", partial / "train")
+        paths = sorted(str(p) for p in (partial / "train").rglob("*.JPEG"))
+        chunks = [paths[i : i + SHRINK_CHUNK] for i in range(0, len(paths), SHRINK_CHUNK)]
+        with multiprocessing.get_context("fork").Pool(workers) as pool:
+            done = [
+                o for chunk in pool.imap_unordered(functools.partial(rewrite_files, partial), chunks) for o in chunk
+            ]
+        os.replace(partial, dest)
+        outcomes = [outcome for _, outcome in done]
+    else:  # made by an earlier check: the same files, compared by name
+        marked = {p.relative_to(dest): p.stat().st_size for p in (dest / "train").rglob("*.JPEG")}
+        outcomes = [Outcome(ALREADY, (src / rel).stat().st_size, size) for rel, size in marked.items()]
+    return {
+        "files": len(outcomes),
+        "rewritten": sum(o.kind in (REWRITTEN, ALREADY) for o in outcomes),
+        "bytes_before": sum(o.before for o in outcomes),
+        "bytes_after": sum(o.after for o in outcomes),
         "seconds": round(time.perf_counter() - started, 1),
     }
 

@@ -201,7 +201,7 @@ def bench_gpu(
         bool,
         typer.Option(
             "--quick",
-            help="Run the device check instead (`make device-check`): one round of its runs, within 7 minutes.",
+            help="Run the device check instead (`make device-check`): one round of its runs, within 8 minutes.",
         ),
     ] = False,
 ) -> None:

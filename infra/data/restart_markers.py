@@ -1,6 +1,7 @@
 """`trainflow data add-restart-markers`: the training JPEGs of a folder rewritten, losslessly, with a restart marker
 after every MCU, so that the fast loader decodes only the MCUs of each random crop (trainer/jpeg_crop.c) instead of
-entropy-decoding every row down to the crop's last.
+entropy-decoding every row down to the crop's last. Its rewriting imports nothing beyond the trainer's own modules
+and Pillow, so the device check (benchmarks/device_check.py) runs it on a GPU machine too.
 
 Each file keeps its DCT coefficients (the same pixels: each rewrite is decoded and compared with the original before
 it replaces it), gets Huffman tables optimised for it, and keeps its other markers (EXIF, ICC, comments). A file is
@@ -23,8 +24,6 @@ from typing import NamedTuple
 
 from PIL import Image
 
-from infra.core.errors import BadInput
-from infra.data.sample_data import files_bar, writer_pool
 from trainer import jpeg_crop
 from trainer.cores import usable_cores
 from trainer.errors import UsageError
@@ -44,18 +43,15 @@ class Outcome(NamedTuple):
     why: str = ""
 
 
-class Left(BadInput):
+class Left(UsageError):
     """A JPEG this command leaves as it was, and why (caught per file: it never ends the command)."""
 
 
 def training_images(data_dir: Path) -> Iterator[str]:
     """The images of DATA/train by the layout's rules (the ones the random crop is drawn from); val/ is decoded
     whole, where restart markers save nothing."""
-    try:
-        train_dir, _ = split_folders(data_dir)
-        yield from (path for path, _ in split_images(train_dir, class_names(train_dir, None)))
-    except UsageError as exc:
-        raise BadInput(str(exc)) from None
+    train_dir, _ = split_folders(data_dir)  # a folder of another layout: UsageError, bad input where it is met
+    yield from (path for path, _ in split_images(train_dir, class_names(train_dir, None)))
 
 
 def remove_leftovers(data_dir: Path) -> int:
@@ -69,8 +65,10 @@ def remove_leftovers(data_dir: Path) -> int:
 def add_restart_markers(data_dir: Path, workers: int | None = None, progress: bool = True) -> dict:
     """Rewrite every training JPEG of `data_dir` that lacks restart markers; the counts, bytes and seconds, and every
     JPEG left as it was with why."""
+    from infra.data.sample_data import files_bar, writer_pool  # rich: the orchestrator's only, not the GPU machine's
+
     if jpeg_crop.library() is None:
-        raise BadInput(
+        raise UsageError(
             f"cannot rewrite JPEGs here: {jpeg_crop.unavailable()} (Debian and Ubuntu: apt-get install gcc libjpeg-dev)"
         )
     started, data_dir = time.perf_counter(), data_dir.resolve()

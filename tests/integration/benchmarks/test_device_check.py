@@ -52,6 +52,7 @@ def test_it_checks_the_jpeg_steps_and_every_run_s_options_without_the_orchestrat
     steps = record["steps"]
     assert steps["photos"]["files"] == 32 and steps["photos"]["bytes"] > 32 * 10_000
     assert steps["shrunk"]["files"] == 32 and steps["shrunk"]["bytes_after"] <= steps["shrunk"]["bytes_before"]
+    assert steps["marked"]["files"] == steps["marked"]["rewritten"] == 32  # every JPEG with restart markers
     stages = steps["gpu loader stages"]  # the loader's own functions, each stage timed alone
     assert stages["device"] == "cpu" and stages["images"] >= 8
     assert all(stages[stage]["images_per_sec"] > 0 for stage in ("read_draw_pack", "decode", "finish"))
@@ -59,7 +60,7 @@ def test_it_checks_the_jpeg_steps_and_every_run_s_options_without_the_orchestrat
     assert software["torch"] == torch.__version__ and isinstance(software["partial_jpeg_decoding"], bool)
     # every GPU run skipped, none for an option the trainer lacks
     gpu_runs = [r for r in record["runs"] if not r["run"].startswith("toy on the CPU")]
-    assert len(gpu_runs) == 8 and {(r["status"], r["reason"]) for r in gpu_runs} == {("skipped", "no CUDA GPU here")}
+    assert len(gpu_runs) == 9 and {(r["status"], r["reason"]) for r in gpu_runs} == {("skipped", "no CUDA GPU here")}
 
 
 def test_it_trains_the_gpu_loader_on_the_cpu_through_the_trainer_and_keeps_its_log(checked):
