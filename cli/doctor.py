@@ -1,5 +1,6 @@
 """`trainflow doctor`: one table of what this machine has and what each feature needs (flows/doctor.py)."""
 
+import sys
 from pathlib import Path
 
 import typer
@@ -14,7 +15,10 @@ def doctor(workdir: WorkdirOpt = None) -> None:
     """Show what this machine has for each feature, and the command that fixes what is missing; exit 1 when the
     local default (`make demo`) lacks something."""
     rows = examine((workdir or Path(".trainflow")).absolute())
-    Console(highlight=False).print(table(rows), soft_wrap=True)
+    # On a terminal, lines fold at its width (nothing cut short); into a pipe or a file, each row is one whole line,
+    # so that a value to copy (a path, PREFECT_API_URL) is never cut with "…"
+    width = None if sys.stdout.isatty() else 10_000
+    Console(highlight=False, width=width).print(table(rows), soft_wrap=True)
     if any(row.required and not row.ok for row in rows):
         raise typer.Exit(1)
 
@@ -23,7 +27,7 @@ def table(rows: list[Row]) -> Table:
     """The rows as a person reads them: ✓ and what was found, or ✗ and the fix (· where its absence is no fault)."""
     out = Table(title="what this machine has", title_justify="left")
     for column in ("part", "for", "here"):
-        out.add_column(column)
+        out.add_column(column, overflow="fold")
     for row in rows:
         mark = "[green]✓[/]" if row.ok else ("[dim]·[/]" if row.optional else "[red]✗[/]")
         here = f"{mark} {row.found if row.ok else row.fix}"

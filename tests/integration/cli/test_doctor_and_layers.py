@@ -93,6 +93,13 @@ def test_doctor_names_a_stopped_docker_engine_an_old_node_and_a_workdir_that_is_
     assert node_too_old("v20.20.2") == node_too_old("v22.1.0") == ""
 
 
+def test_doctor_into_an_80_column_pipe_keeps_every_value_whole(tmp_path):
+    workdir = tmp_path / "a workdir whose path is longer than the eighty columns of the terminal it is piped from"
+    done = trainflow_without([], ["doctor", "--workdir", str(workdir)], {"COLUMNS": "80"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"GB free at {workdir} │" in done.stdout and "…" not in done.stdout
+
+
 def test_doctor_names_a_prefect_api_url_that_does_not_answer(tmp_path):
     env = {"COLUMNS": "250", "PREFECT_API_URL": "http://127.0.0.1:9/api"}
     done = trainflow_without([], ["doctor", "--workdir", str(tmp_path)], env)
