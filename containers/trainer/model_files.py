@@ -133,10 +133,38 @@ def cannot_download(url: str, exc: BaseException) -> UsageError:
     )
 
 
+def named_digest(path: Path) -> str:
+    """The SHA-256 prefix torchvision's weights files carry in their names (resnet50-11ad3fa6.pth: 11ad3fa6)."""
+    return path.stem.rpartition("-")[2]
+
+
+def sha256_of(path: Path) -> str:
+    """The file's SHA-256, read a megabyte at a time."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def check_cached(path: Path) -> Path:
+    """A weights file in torch's cache, checked against the SHA-256 prefix its name carries (torch.hub checks only
+    what it downloads: a file cut short, or another one put there, would be loaded as it is)."""
+    found = sha256_of(path)
+    if not found.startswith(named_digest(path)):
+        raise UsageError(
+            f"--init-from imagenet: {path} is not torchvision's file of that name (its SHA-256 begins {found[:8]}, "
+            f"its name says {named_digest(path)}): it is cut short or another file; delete it (it is downloaded "
+            "again) or put the right file there"
+        )
+    return path
+
+
 def imagenet_file(arch: str) -> Path:
     """torchvision's ImageNet weights file of `arch` in torch's cache, downloaded there once (as torch.hub does:
     checked against the SHA-256 prefix its name carries) where it is not there yet."""
-    import hashlib
     import os
     import urllib.request
 
@@ -144,14 +172,14 @@ def imagenet_file(arch: str) -> Path:
         raise UsageError(f"--init-from imagenet: torchvision has no ImageNet weights for {arch}")
     url = IMAGENET_URLS[arch]
     cached = torch_cache() / Path(url).name
-    if cached.is_file():
+    if cached.is_file():  # as torch.hub does, unchecked (the PyTorch trainer checks it: models.imagenet_weights)
         return cached
     partial = cached.with_name(f".{cached.name}.{os.getpid()}.partial")
     try:
         cached.parent.mkdir(parents=True, exist_ok=True)
         with urllib.request.urlopen(url, timeout=60) as response, open(partial, "wb") as f:
             f.write(response.read())
-        if not hashlib.sha256(partial.read_bytes()).hexdigest().startswith(cached.stem.rpartition("-")[2]):
+        if not sha256_of(partial).startswith(named_digest(cached)):
             raise OSError("its SHA-256 is not the one its name gives")
         os.replace(partial, cached)
     except OSError as exc:  # URLError and the socket's errors are OSErrors

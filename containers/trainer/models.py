@@ -14,8 +14,10 @@ from trainer.model_files import (
     TorchWeights,
     arch_named_by,
     cannot_download,
+    check_cached,
     check_model_file,
     framework_of,
+    torch_cache,
     weights_in,
 )
 from trainer.options import check_model_in
@@ -135,6 +137,8 @@ def imagenet_weights(arch: str) -> TorchWeights:
         weights = torchvision.models.get_model_weights(arch).DEFAULT
     except (ValueError, KeyError):
         raise UsageError(f"--init-from imagenet: torchvision has no ImageNet weights for {arch}") from None
+    if (cached := torch_cache() / Path(weights.url).name).is_file():
+        check_cached(cached)  # torch.hub loads a cached file unchecked
     try:
         tensors = weights.get_state_dict(progress=False, check_hash=True)
     except OSError as exc:  # URLError and the socket's errors are OSErrors
