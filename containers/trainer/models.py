@@ -86,13 +86,31 @@ def read_torch(path: Path, option: str) -> TorchWeights:
     instead = what_to_pass(option)
     if not zipfile.is_zipfile(path) and not starts_as_pickle(path):  # torch.load's error would be about pickles
         raise UsageError(f"{option} {path} cannot be read as PyTorch weights ({NOT_TORCH}); {instead}")
+    if is_torchscript(path):  # torch.load's advice would be to load it unsafely
+        raise UsageError(
+            f"{option} {path} is a TorchScript archive (torch.jit.save), a program, not weights; trainflow reads "
+            f"weights only: save the model's state_dict() with torch.save, or {instead}"
+        )
     try:
         content = torch.load(path, map_location="cpu", weights_only=True)
     except (*UNREADABLE, pickle.UnpicklingError, zipfile.BadZipFile) as exc:
-        raise UsageError(
-            f"{option} {path} cannot be read as PyTorch weights ({unreadable_why(exc)}); {instead}"
-        ) from None
+        why = unreadable_why(exc)
+        whole = (
+            "; it is a whole pickled model, not its weights: save its state_dict() with torch.save"
+            if (why.startswith("Unsupported global"))
+            else ""
+        )
+        raise UsageError(f"{option} {path} cannot be read as PyTorch weights ({why}){whole}; {instead}") from None
     return weights_in(content, path, lambda v: isinstance(v, torch.Tensor), option, instead)
+
+
+def is_torchscript(path: Path) -> bool:
+    """Whether a zip file is a TorchScript archive: torch.jit.save writes its code (code/) and constants.pkl."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return any(name.endswith("/constants.pkl") or "/code/" in name for name in archive.namelist())
+    except (zipfile.BadZipFile, OSError):
+        return False
 
 
 def what_to_pass(option: str) -> str:

@@ -83,3 +83,17 @@ def test_a_cached_imagenet_file_cut_short_or_another_is_refused_naming_it_and_th
     message = str(caught.value)
     assert message.startswith(f"--init-from imagenet: {cached} is not torchvision's file of that name (its SHA-256")
     assert "its name says f37072fd): it is cut short or another file; delete it" in message
+
+
+def test_a_torchscript_archive_or_a_whole_pickled_model_is_refused_with_the_fix_not_an_unsafe_load(tmp_path):
+    from trainer.models import read_torch
+
+    model = torch.nn.Linear(3, 2)
+    torch.jit.save(torch.jit.script(model), tmp_path / "scripted.pt")
+    torch.save(model, tmp_path / "pickled.pt")
+    with pytest.raises(UsageError, match=r"scripted.pt is a TorchScript archive \(torch.jit.save\), a program, not w"):
+        read_torch(tmp_path / "scripted.pt", "--model")
+    with pytest.raises(UsageError) as caught:
+        read_torch(tmp_path / "pickled.pt", "--model")
+    assert "it is a whole pickled model, not its weights: save its state_dict() with torch.save" in str(caught.value)
+    assert "weights_only" not in str(caught.value)
