@@ -35,6 +35,7 @@ from infra.engines.contract import METRICS, SYNTHETIC, Metrics, metrics_from
 from infra.runs.ledger import check_budget
 from infra.runs.workdir import command_line
 from trainer.cores import usable_cores
+from trainer.model_files import IMAGENET, KERAS, arch_named_by, framework_of
 
 FrameworkOpt = Annotated[
     str | None, typer.Option(help=f"Training framework (training.framework): {', '.join(ENGINES)}.")
@@ -109,6 +110,7 @@ def train(
     # it trains on processes here, one a worker: the pool's slots follow --workers
     pool = {"slots_per_node": workers} if workers else {}
     cfg = with_data(configure(config, data, workdir, overrides, tell_recipe=True, pool=pool))
+    check_init_weights(cfg.training)
     warn_if_oversubscribed(cfg.training.workers)
     given = out
     out = (out or cfg.workdir / "results" / datetime.now().strftime("train-%Y%m%d-%H%M%S")).resolve()
@@ -294,10 +296,28 @@ def smoke(
     run_flow(smoke_config(cfg), dry_run)
 
 
+def check_init_weights(training) -> None:
+    """The PyTorch weights file --init-from names, read before anything starts (the trainer reads it again, after
+    staging): a file cut short, or weights of another architecture than training.model, refused in one line now."""
+    given = getattr(training, "init_from", "")
+    if not given or given == IMAGENET or framework_of(Path(given)) == KERAS:  # a Keras file: its trainer checks it
+        return
+    from trainer.models import model_names, read_torch  # torch: only where weights are given
+
+    weights = read_torch(Path(given), "--init-from")
+    theirs = weights.arch or arch_named_by(Path(given), model_names())
+    if theirs and theirs != training.model:
+        raise BadInput(
+            f"--init-from {given} holds a {theirs} model, and this run trains {training.model}: set training.model: "
+            f"{theirs} (in --config; `trainflow train` takes --model {theirs}), or pass weights of a {training.model}"
+        )
+
+
 def run_flow(cfg: FlowConfig, dry_run: bool) -> None:
     """Plan (dry run) or run the train-flow for `cfg` and print its summary."""
     check_installed(cfg.pool, cfg.training)
     check_budget(cfg)  # the flow checks it too (deployments); here nothing has started yet
+    check_init_weights(cfg.training)
     if isinstance(backend_of(cfg.pool), LocalBackend):  # its workers, in processes or containers, share this machine
         warn_if_oversubscribed(cfg.training.workers)
     if dry_run:

@@ -87,6 +87,21 @@ def test_run_takes_workers_auto_and_a_batch_size_and_a_word_that_is_no_count_is_
     assert bad.returncode == 2 and "'many' is not a count: give a whole number of at least 1, or auto" in bad.stderr
 
 
+def test_init_weights_cut_short_or_of_another_model_are_refused_before_anything_starts(tmp_path):
+    import torch
+
+    other = tmp_path / "resnet50-run.pt"
+    torch.save({"arch": "resnet50", "state_dict": {"fc.bias": torch.zeros(2)}}, other)
+    (tmp_path / "cut.pt").write_bytes(other.read_bytes()[:300])  # a copy cut short
+    for given, says in (
+        (other, f"error: --init-from {other} holds a resnet50 model, and this run trains resnet18: set training.model"),
+        (tmp_path / "cut.pt", f"error: --init-from {tmp_path / 'cut.pt'} cannot be read as PyTorch weights"),
+    ):
+        done = run_cli("run", "--dry-run", "--init-from", str(given), "--workdir", str(tmp_path / "w"))
+        assert done.returncode == 2 and done.stderr.startswith(says), done.stderr
+        assert not (tmp_path / "w").exists()
+
+
 @pytest.mark.slow  # a whole train-flow run: Prefect's server, Azurite, a training job
 def test_smoke_runs_one_worker_on_synthetic_data_through_the_whole_pipeline(tmp_path):
     (tmp_path / "tiny.yaml").write_text(
