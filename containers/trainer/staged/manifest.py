@@ -57,7 +57,19 @@ class Manifest:
         except BaseException:
             manifest.close()
             raise
+        if clash := manifest.file_and_folder():
+            manifest.close()
+            raise untrusted(name, None, f"lists {clash!r} both as a file and as a folder of other files")
         return manifest
+
+    def file_and_folder(self) -> str | None:
+        """A path that another row's path has as a folder (a/b and a/b/c), which no folder on disk can hold; None."""
+        # the paths under a/b/ sort from "a/b/" up to "a/b0" ("/" is 0x2F, "0" 0x30): one index range per row
+        found = self.query(
+            "SELECT a.path FROM files a WHERE EXISTS (SELECT 1 FROM files b WHERE b.path >= a.path || '/' "
+            "AND b.path < a.path || '0') LIMIT 1"
+        )
+        return found[0][0] if found else None
 
     @classmethod
     def load(cls, path: Path, db: Path | str, name: str | None = None) -> "Manifest":

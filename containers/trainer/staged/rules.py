@@ -17,6 +17,7 @@ from trainer.staged.names import MANIFEST_FILE, manifest_blob
 SPLITS = ("train", "val")  # the folders a staged path starts with (trainer/layout.py's layout)
 HEX_ID = re.compile(r"[0-9a-f]{16,64}")  # a version or shard id: a hash of what it holds (infra/data/manifest.py)
 SHA256 = re.compile(r"[0-9a-f]{64}")
+NAME_MAX = 255  # the bytes of one file or folder name that Linux's file systems take (ext4, xfs, NFS: NAME_MAX)
 DRIVE = re.compile(r"[A-Za-z]:")  # C: - a Windows drive, which no staged path starts with
 RESTAGE = (  # the fix for a staged blob that breaks the format: without it a re-stage would keep it
     "nothing of it was kept; delete {blob} from the container, stage the data set again from its folder (`trainflow "
@@ -117,6 +118,8 @@ def path_problem(path: object, layout: str = IMAGENET_LAYOUT) -> str | None:
         return "is not a normalised path (an empty or . component)"
     if any(part.startswith(".") for part in parts):
         return "names a hidden file or folder, which staging never stages"
+    if (longest := max(len(part.encode("utf-8", "surrogatepass")) for part in parts)) > NAME_MAX:
+        return f"has a name of {longest} bytes, more than the {NAME_MAX} a file system takes"
     if layout == IMAGENET_LAYOUT and (parts[0] not in SPLITS or len(parts) < 3):
         return "is not under train/<class>/ or val/<class>/"
     try:

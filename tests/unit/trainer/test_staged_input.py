@@ -108,6 +108,19 @@ def test_a_manifest_that_lists_a_path_twice_or_is_not_json_is_refused():
         Manifest.read([manifest_lines([])[0], b"{not json"], ":memory:", "pets")
 
 
+def test_a_path_that_is_a_file_and_a_folder_or_a_name_too_long_is_refused_naming_it():
+    """No folder on disk holds both, and no file system takes a 300-byte name: refused when the manifest is read,
+    naming the data set and the path, not when the file server fails to write it."""
+    clash = [["train/cat/a", 3, SHA, SHARD], ["train/cat/a/b.png", 3, SHA, SHARD]]
+    with pytest.raises(UntrustedInput, match=r"'pets' cannot be used: its manifest.jsonl lists 'train/cat/a' both"):
+        Manifest.read(manifest_lines(clash), ":memory:", "pets")
+    sibling = [["train/cat/a", 3, SHA, SHARD], ["train/cat/a.png", 3, SHA, SHARD]]  # a name that begins the same
+    assert len(Manifest.read(manifest_lines(sibling), ":memory:", "pets")) == 2
+    long = [[f"train/cat/{'x' * 296}.png", 3, SHA, SHARD]]
+    with pytest.raises(UntrustedInput, match=r"line 2 of its manifest.jsonl names .* has a name of 300 bytes, more"):
+        Manifest.read(manifest_lines(long), ":memory:", "pets")
+
+
 def shard_with(tmp_path, add) -> tuple:
     """A shard holding a regular file train/cat/a.png and whatever `add(tar)` puts beside it; the wanted entries."""
     path = tmp_path / "s.tar"
