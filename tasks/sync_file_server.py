@@ -105,10 +105,8 @@ def shard_fetcher(store: BlobStore, name: str, dest: Path, workdir: Path, advanc
         with tempfile.TemporaryDirectory(dir=workdir / "tmp") as tmp:
             with writing(Path(tmp) / "shard.tar", partial=Path(tmp) / "shard.tar"):
                 store.download_to(mf.shard_blob(name, sid), Path(tmp) / "shard.tar")
-            try:
-                advance(*mf.extract_members(Path(tmp) / "shard.tar", wanted, dest, mf.shard_blob(name, sid)))
-            except ValueError as exc:  # a damaged download: the step's retry fetches it again
-                raise StorageError(f"shard {sid} of {name} does not match the manifest ({exc})") from None
+            # a member unlike its row is UntrustedInput (the blob itself differs: another download reads the same)
+            advance(*mf.extract_members(Path(tmp) / "shard.tar", wanted, dest, mf.shard_blob(name, sid)))
 
     return fetch
 

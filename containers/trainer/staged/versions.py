@@ -14,10 +14,11 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from trainer.errors import UntrustedInput, check_free, writing
 from trainer.staged.manifest import Manifest, insert_batches
-from trainer.staged.names import MANIFEST, FileEntry
+from trainer.staged.names import MANIFEST, MANIFEST_FILE, FileEntry
 from trainer.staged.rules import RESTAGE
 from trainer.verified import write_verified
 
@@ -31,7 +32,9 @@ def extract_members(
     A member that is not a regular file is UntrustedInput naming the shard's `blob` (its name in the container).
 
     A shard holds its files sorted by path (write_shard) and `wanted` comes sorted by path too, so the two are
-    walked together and nothing is held but one file: a shard of small files holds 100,000s of them."""
+    walked together and nothing is held but a chunk of one file: a shard of small files holds 100,000s of them, a
+    member may be larger than memory. A member whose size or SHA-256 is not its row's is UntrustedInput too (another
+    attempt would read the same bytes), and what was written of it is removed."""
     written, files, wanted = 0, 0, iter(wanted)
     entry = next(wanted, None)
     with tarfile.open(tar_path, "r") as tar:
@@ -46,22 +49,42 @@ def extract_members(
                 raise UntrustedInput(f"{problem}; {RESTAGE.format(blob=blob)}")
             if member.name < entry.path:
                 continue  # a file the version links from the current one
+            blob = blob or tar_path.name
+            if member.size != entry.size:
+                raise UntrustedInput(
+                    f"shard {blob} holds {member.name!r} of {member.size} bytes, but the manifest says "
+                    f"{entry.size}; {RESTAGE.format(blob=both(blob))}"
+                )
             stream = tar.extractfile(member)
             assert stream is not None  # extractfile gives None only for what is not a regular file, refused above
-            data = stream.read()
-            if len(data) != entry.size or hashlib.sha256(data).hexdigest() != entry.sha256:
-                raise ValueError(f"{member.name} in {tar_path.name} does not match the manifest")
-            write_member(dest, entry.path, data)
-            written, files, entry = written + len(data), files + 1, next(wanted, None)
+            if write_member(dest, entry.path, stream) != entry.sha256:
+                (dest / entry.path).unlink()
+                raise UntrustedInput(
+                    f"shard {blob} holds {member.name!r} with another SHA-256 than the manifest's; "
+                    f"{RESTAGE.format(blob=both(blob))}"
+                )
+            written, files, entry = written + member.size, files + 1, next(wanted, None)
     if entry is not None:
-        raise ValueError(f"{tar_path.name} lacks files of the manifest, e.g. {entry.path}")
+        blob = blob or tar_path.name
+        raise UntrustedInput(
+            f"shard {blob} lacks files of the manifest, e.g. {entry.path}; {RESTAGE.format(blob=both(blob))}"
+        )
     return written, files
 
 
-def write_member(dest: Path, path: str, data: bytes) -> None:
+def both(shard_blob: str) -> str:
+    """The blobs to delete where a shard and the manifest disagree: either may be the one changed, and a re-stage
+    keeps a shard whose name it finds (datasets/<name>/shards/<id>.tar beside datasets/<name>/manifest.jsonl)."""
+    if "/shards/" not in shard_blob:
+        return shard_blob
+    return f"{shard_blob.split('/shards/')[0]}/{MANIFEST_FILE} and {shard_blob}"
+
+
+def write_member(dest: Path, path: str, data: IO[bytes]) -> str:
     """One extracted file at `path` (checked by path_problem) in the version folder `dest`, created new and
     read-only: versions share files by hard link, nobody may edit one in place. Its folder must resolve inside
-    `dest` and the file must not exist (no link is followed), whatever the folder already holds."""
+    `dest` and the file must not exist (no link is followed), whatever the folder already holds. `data` is read a
+    megabyte at a time; its SHA-256."""
     target = dest / path
     target.parent.mkdir(parents=True, exist_ok=True)
     folder, root = os.path.realpath(target.parent), os.path.realpath(dest)  # a file at the top is in the root itself
@@ -70,8 +93,12 @@ def write_member(dest: Path, path: str, data: bytes) -> None:
             f"{path!r} resolves outside the version folder {dest}: a link was put in it while it was written; "
             f"find what else writes to {dest.parent}"
         )
+    digest = hashlib.sha256()
     with open(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o444), "wb") as f:
-        f.write(data)
+        while chunk := data.read(1 << 20):
+            digest.update(chunk)
+            f.write(chunk)
+    return digest.hexdigest()
 
 
 def sizes_match(root: Path, rows: Iterable) -> list[str]:

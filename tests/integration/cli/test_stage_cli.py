@@ -217,3 +217,27 @@ def test_a_tampered_manifest_in_blob_ends_stage_in_one_line_without_retries_or_w
     store.delete(manifest_blob("digits"))  # the fix the line names
     fixed, _ = stage(tmp_path, azurite_port, digits, token, container)
     assert fixed.returncode == 0, fixed.stderr[-2000:]
+
+
+def test_a_manifest_row_whose_size_lies_ends_the_sync_in_one_line_naming_both_blobs_and_never_retried(
+    tmp_path, azurite_port, digits
+):
+    """The hostile probe's case: a row's size made one byte more (its digest and the blob's metadata kept); a file
+    server that lacks the version syncs it from the shards, which disagree."""
+    token, container = sas_token(), f"c-{uuid.uuid4().hex[:10]}"
+    first, work = stage(tmp_path, azurite_port, digits, token, container)
+    assert first.returncode == 0, first.stderr[-2000:]
+    store = BlobStore.connect(StorageConfig(container=container), connection_string=connection_string(azurite_port))
+    header, row, *rows = store.read_text(manifest_blob("digits")).splitlines()
+    path, size, digest, shard = json.loads(row)
+    (tmp_path / "lie.jsonl").write_text("\n".join([header, json.dumps([path, size + 1, digest, shard]), *rows]) + "\n")
+    store.upload_file(tmp_path / "lie.jsonl", manifest_blob("digits"), store.metadata(manifest_blob("digits")))
+    shutil.rmtree(work / "fileserver")  # a file server that has not synced this version yet
+
+    again, _ = stage(tmp_path, azurite_port, digits, token, container)
+    assert again.returncode == 2, again.stderr[-2000:]
+    [error] = [text for text in again.stderr.splitlines() if text.startswith("error: ")]
+    assert f"holds {path!r} of {size} bytes, but the manifest says {size + 1}" in error, error
+    assert f"delete datasets/digits/manifest.jsonl and datasets/digits/shards/{shard}.tar from the container" in error
+    assert "Traceback" not in again.stdout + again.stderr and "Retrying" not in again.stdout + again.stderr
+    assert not (work / "fileserver" / "datasets" / "digits" / "current").exists()  # no version left looking whole

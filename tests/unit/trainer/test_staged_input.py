@@ -154,12 +154,12 @@ def test_a_file_is_never_written_through_a_link_in_the_version_folder(tmp_path):
     (dest / "train").mkdir(parents=True)
     (dest / "train" / "cat").symlink_to(outside)
     with pytest.raises(UntrustedInput, match="'train/cat/a.png' resolves outside the version folder"):
-        versions.write_member(dest, "train/cat/a.png", b"x")
+        versions.write_member(dest, "train/cat/a.png", io.BytesIO(b"x"))
     assert list(outside.iterdir()) == []
     (dest / "train" / "dog").mkdir()
     (dest / "train" / "dog" / "a.png").symlink_to(outside / "planted")
     with pytest.raises(FileExistsError):
-        versions.write_member(dest, "train/dog/a.png", b"x")
+        versions.write_member(dest, "train/dog/a.png", io.BytesIO(b"x"))
     assert not (outside / "planted").exists()
 
 
@@ -248,8 +248,8 @@ def test_a_manifest_in_the_files_layout_says_so_and_an_unknown_layout_is_refused
 def test_a_file_at_the_top_of_the_version_folder_is_written_and_a_link_there_is_not_followed(tmp_path):
     dest = tmp_path / "v"
     dest.mkdir()
-    versions.write_member(dest, "meta.csv", b"id\n")
+    versions.write_member(dest, "meta.csv", io.BytesIO(b"id\n"))
     assert (dest / "meta.csv").read_bytes() == b"id\n"
     (dest / "planted.csv").symlink_to(tmp_path / "elsewhere")
     with pytest.raises(FileExistsError):
-        versions.write_member(dest, "planted.csv", b"x")
+        versions.write_member(dest, "planted.csv", io.BytesIO(b"x"))

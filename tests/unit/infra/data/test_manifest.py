@@ -7,7 +7,7 @@ import pytest
 from infra.core.errors import BadInput
 from infra.data import manifest as mf
 from tests.fakes.image_files import write_image
-from trainer.errors import UsageError
+from trainer.errors import UntrustedInput, UsageError
 from trainer.layout import check_name
 
 
@@ -161,10 +161,14 @@ def test_shards_are_reproducible_and_extraction_verifies(tmp_path):
     assert not (tmp_path / "part" / "train/a/1.png").exists()
 
     lying = [mf.FileEntry("train/a/1.png", 3, "0" * 64), files[1]]
-    with pytest.raises(ValueError, match="does not match the manifest"):
+    with pytest.raises(UntrustedInput, match="holds 'train/a/1.png' with another SHA-256 than the manifest's; nothing"):
         mf.extract_members(tmp_path / "s1.tar", lying, tmp_path / "out2")
+    assert not (tmp_path / "out2" / "train/a/1.png").exists()  # what was written of it is gone
+    size_lies = [mf.FileEntry("train/a/1.png", 4, files[0].sha256), files[1]]
+    with pytest.raises(UntrustedInput, match="holds 'train/a/1.png' of 3 bytes, but the manifest says 4; nothing"):
+        mf.extract_members(tmp_path / "s1.tar", size_lies, tmp_path / "out3")
     for i, extra in enumerate(("train/a/0.png", "train/a/2.png", "x.png")):  # before, between and after the members
-        with pytest.raises(ValueError, match=f"lacks files of the manifest, e.g. {extra}"):
+        with pytest.raises(UntrustedInput, match=f"lacks files of the manifest, e.g. {extra}"):
             mf.extract_members(
                 tmp_path / "s1.tar",
                 sorted([*files, mf.FileEntry(extra, 1, "0")], key=lambda e: e.path),
