@@ -51,7 +51,8 @@ class Timeline:
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if getattr(report, "node", None) is None:  # the controller also sees the workers' reports: they wrote them
-            self.write(dict(kind="phase", test=report.nodeid, when=report.when, start=report.start, s=report.duration))
+            phase = dict(kind="phase", test=report.nodeid, when=report.when, start=report.start, s=report.duration)
+            self.write(phase | {"outcome": report.outcome})  # passed, failed or skipped: a run cut short still says
 
     @pytest.hookimpl(wrapper=True)
     def pytest_fixture_setup(self, fixturedef: pytest.FixtureDef, request: pytest.FixtureRequest):

@@ -63,7 +63,7 @@ def test_each_phase_is_written_once_by_its_worker_and_the_report_reads_them(tmp_
     records = [json.loads(line) for line in timeline.read_text().splitlines()]
     phases = [r for r in records if r["kind"] == "phase"]
     assert len(phases) == 36 and len({(r["test"], r["when"]) for r in phases}) == 36  # 12 tests x 3, each once
-    assert {r["worker"] for r in phases} == {"gw0", "gw1"}
+    assert {r["worker"] for r in phases} == {"gw0", "gw1"} and {r["outcome"] for r in phases} == {"passed"}
     fixtures = [r for r in records if r["kind"] == "fixture"]
     assert [(r["name"], r["scope"]) for r in fixtures] == [("costly", "module")] * len({r["worker"] for r in fixtures})
     assert {r["worker"] for r in records if r["kind"] == "session"} == {"main", "gw0", "gw1"}
