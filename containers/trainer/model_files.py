@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.errors import UsageError
+from trainer.scripts import sha256_file
 
 PYTORCH, KERAS = "pytorch", "keras"
 ABOUT = "trainflow.json"  # in a Keras run's model.keras: its architecture and class names, which Keras's files lack
@@ -138,21 +139,10 @@ def named_digest(path: Path) -> str:
     return path.stem.rpartition("-")[2]
 
 
-def sha256_of(path: Path) -> str:
-    """The file's SHA-256, read a megabyte at a time."""
-    import hashlib
-
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def check_cached(path: Path) -> Path:
     """A weights file in torch's cache, checked against the SHA-256 prefix its name carries (torch.hub checks only
     what it downloads: a file cut short, or another one put there, would be loaded as it is)."""
-    found = sha256_of(path)
+    found = sha256_file(path)
     if not found.startswith(named_digest(path)):
         raise UsageError(
             f"--init-from imagenet: {path} is not torchvision's file of that name (its SHA-256 begins {found[:8]}, "
@@ -179,7 +169,7 @@ def imagenet_file(arch: str) -> Path:
         cached.parent.mkdir(parents=True, exist_ok=True)
         with urllib.request.urlopen(url, timeout=60) as response, open(partial, "wb") as f:
             f.write(response.read())
-        if not sha256_of(partial).startswith(named_digest(cached)):
+        if not sha256_file(partial).startswith(named_digest(cached)):
             raise OSError("its SHA-256 is not the one its name gives")
         os.replace(partial, cached)
     except OSError as exc:  # URLError and the socket's errors are OSErrors

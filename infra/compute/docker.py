@@ -42,6 +42,7 @@ from infra.core.errors import BadInput
 from infra.engines.contract import SYNTHETIC, TrainingSettings
 from infra.engines.program import NodePaths, Program
 from infra.images.registry import DockerEngine
+from infra.images.requirements_layer import pip_check, pip_said
 
 
 class DockerPoolConfig(PoolSection):
@@ -201,12 +202,11 @@ class ContainerJob(OneAttempt):
 def check_image_requirements(nodes: ContainerNodes, requirements: list[str], image: str) -> None:
     """Refuse requirements the image does not meet, with pip's own line: pip on node0 installing them from no index
     succeeds, installing nothing, exactly when the image already holds them."""
-    lines, status = nodes.exec_lines(["python", "-m", "pip", "install", "--no-index", "--dry-run", "-q", *requirements])
-    said = [line.strip() for line in lines if line.strip()]
-    if status() != 0:
-        errors = [line for line in said if line.startswith("ERROR")] or said or ["pip refused them"]
+    lines, status = nodes.exec_lines(pip_check(requirements))
+    said = list(lines)  # read to the end: the exit status follows
+    if lacking := pip_said(status(), said):
         raise BadInput(
-            f"the image {image} does not hold the script's requirements {', '.join(requirements)} ({errors[0]}); "
+            f"the image {image} does not hold the script's requirements {', '.join(requirements)} ({lacking}); "
             "the build-image step layers them over the run's image: run the command again, and that step builds "
             "the layer"
         )

@@ -31,19 +31,29 @@ def layer_tag(base_tag: str, requirements: list[str], lock: Path) -> str:
     return f"{base_tag}-req{key}"
 
 
+def pip_check(requirements: list[str]) -> list[str]:
+    """The command that succeeds, installing nothing, exactly where its environment already holds `requirements`."""
+    return ["python", "-m", "pip", "install", "--no-index", "--dry-run", "-q", *requirements]
+
+
+def pip_said(status: int, lines: list[str]) -> str | None:
+    """None for a pip_check that succeeded, else pip's line naming a requirement it lacks."""
+    if status == 0:
+        return None
+    said = [line.strip() for line in lines if line.strip()]
+    errors = [line for line in said if line.startswith("ERROR")] or said[-1:]
+    return errors[0] if errors else f"pip exited with status {status}"
+
+
 def unmet_in_image(engine: DockerEngine, image: str, requirements: list[str]) -> str | None:
     """None when `image` holds every requirement, else pip's line naming one it lacks."""
-    command = ["python", "-m", "pip", "install", "--no-index", "--dry-run", "-q", *requirements]
-    container = engine.client.containers.run(image, command, detach=True, network_mode="none")
+    container = engine.client.containers.run(image, pip_check(requirements), detach=True, network_mode="none")
     try:
         status = container.wait()["StatusCode"]
         said = container.logs().decode(errors="replace").splitlines()
     finally:
         container.remove(force=True)
-    if status == 0:
-        return None
-    errors = [line.strip() for line in said if line.startswith("ERROR")] or [line.strip() for line in said[-1:]]
-    return errors[0] if errors else f"pip exited with status {status}"
+    return pip_said(status, said)
 
 
 def fetch_wheels(requirements: list[str], python: str, lock: Path, cache: Path) -> Path:
