@@ -118,6 +118,20 @@ def configure(
     return cfg.model_copy(update={"workdir": check_workdir(cfg.workdir).resolve()})
 
 
+def pool_for_workers(config: Path | None, workers: str | None) -> dict:
+    """The pool settings `--workers` implies: on a pool of one node (the process pool) its slots follow the workers;
+    a pool of several nodes gets the workers spread evenly over its nodes (Azure ML starts nodes x slots_per_node
+    processes), or keeps its slots where they do not divide evenly (the config's check then names both)."""
+    if not workers:
+        return {}
+    pool = load_config(config, {}).pool
+    nodes = backend_of(pool).nodes(pool)
+    if nodes == 1:
+        return {"slots_per_node": workers}
+    count = int(workers) if str(workers).isdigit() else 0  # `auto` counts this machine's GPUs: not a node's
+    return {"slots_per_node": count // nodes} if count and count % nodes == 0 else {}
+
+
 def check_staging_space(cfg: FlowConfig) -> None:
     """Refuse, before anything starts, a staging of cfg's data folder that the disks under it cannot hold: its
     index, its shards while packed, Azurite's copy (the local default), the file server's copy when this

@@ -19,6 +19,7 @@ from cli.common import (
     configure,
     data_option,
     friendly_errors,
+    pool_for_workers,
     say,
     setting_help,
 )
@@ -242,7 +243,7 @@ def run(
             f"{', '.join(given)} set trainflow's own trainer, which a --script run does not start; your script takes "
             "its own arguments after -- (e.g. -- train.py --batch-size 64)"
         )
-    sections = {"pool": {"slots_per_node": workers} if workers else {}, **({"script": section} if section else {})}
+    sections = {"pool": pool_for_workers(config, workers), **({"script": section} if section else {})}
     recipe = not section  # a script brings its own settings: no recipe of trainflow's trainer fills them
     cfg = configure(config, data, workdir, overrides, recipe, max_side, tell_recipe=recipe, **sections)
     run_flow(cfg, dry_run)

@@ -152,11 +152,6 @@ class FlowConfig(BaseModel):
                 "max_side shrinks the images trainflow's trainer reads; a script reads its data as it is: leave "
                 "max_side unset (or shrink the images yourself)"
             )
-        if not backend_of(self.pool).runs_scripts:
-            raise ValueError(
-                f"script: the {self.pool.backend} pool runs trainflow's trainer only in this version of trainflow; "
-                "run your script on the process pool (pool.backend: process) or the docker pool (pool.backend: docker)"
-            )
         try:
             check_placeholders(self.script, self.data)
         except BadInput as exc:

@@ -11,6 +11,7 @@ from flows.config import FlowConfig
 from flows.steps import RUN, operations, plan
 from flows.steps.context import Context
 from infra.compute import backend_of, check_installed
+from tasks.track_run import program_of
 
 RUN_ID = "<run id>"
 
@@ -23,7 +24,7 @@ def dry_run(cfg: FlowConfig) -> tuple[list[dict], dict[str, str]]:
     check_installed(cfg.pool, cfg.training)
     ctx = Context(cfg, RUN, RUN_ID)
     rows = plan(ctx)
-    specs = backend_of(cfg.pool).specs(cfg, ctx.run, ctx.image)
+    specs = backend_of(cfg.pool).specs(cfg, ctx.run, ctx.image, program_of(cfg, RUN_ID, ctx.tracked))
     if specs:
         specs["storage"] = "\n".join(operations(ctx)) + "\n"
     return [{k: row[k] for k in ("step", "action", "detail")} for row in rows], specs

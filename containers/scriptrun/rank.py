@@ -13,6 +13,10 @@ error or a SyntaxError (exit status 2) is the script's input ("usage": never ret
 script's own ("script": not retried) unless its exit status is one that TRAINFLOW_RETRY_EXIT_CODES lists ("fault":
 retried). A script killed by a signal dies here by the same signal, so the launcher reports it as such.
 
+Where TRAINFLOW_PREPARE_FROM names the scripts version (Azure ML, whose results folder exists only on the nodes), the
+run's folders are made first, once per node (scriptrun/prepare.py); a version that is not the one it is named after
+is the run's input ("usage"), said in one line.
+
 The standard library only, with the trainer's records beside it: it runs on the nodes.
 """
 
@@ -23,7 +27,8 @@ import sys
 from collections import deque
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # trainer/records.py, beside this package
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # trainer/ and scriptrun/ (this package's parent)
+from scriptrun.prepare import prepare_once
 from trainer.records import Failure, event_line, rank_prefix
 
 RANK_VARIABLES = ("RANK", "HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
@@ -98,6 +103,12 @@ def main(argv: list[str]) -> int:
         return 2
     prefix = rank_prefix(rank_of(os.environ))
     cwd = os.environ.get("TRAINFLOW_WORK_DIR") or None
+    if (version := os.environ.get("TRAINFLOW_PREPARE_FROM")) and cwd:
+        key = f"{os.environ.get('TRAINFLOW_RUN_ID', '')}-{os.environ.get('TRAINFLOW_ATTEMPT', '')}"
+        if problem := prepare_once(Path(version), Path(cwd).parent, key):
+            said = f"scripts version {version} cannot be run: {problem}; delete the file share's scripts/ folder (the "
+            print(prefix + event_line(Failure(said + "next run uploads the scripts afresh)", "usage")), flush=True)
+            return 2
     child = subprocess.Popen(
         [sys.executable, *argv], cwd=cwd, env=child_env(os.environ), stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )

@@ -175,8 +175,6 @@ class Backend(Protocol[S]):
     """Its nodes run the pushed training image."""
     reads_local_files: bool
     """Its workers read this machine's files at their paths (training.init_from's model file)."""
-    runs_scripts: bool
-    """It runs a user's own script (the script section), not only trainflow's trainer."""
     settings: type[S]
     """Its pool section: the settings under `pool:` when pool.backend names it."""
 
@@ -204,8 +202,8 @@ class Backend(Protocol[S]):
     def pool(self, cfg: RunConfig[S], run: RunPaths, image: str | None) -> Pool:
         """This run's pool, not yet created."""
 
-    def specs(self, cfg: RunConfig[S], run: RunPaths, image: str | None) -> dict[str, str]:
-        """What it would send a service, for the dry run (as YAML; nothing for the local pools)."""
+    def specs(self, cfg: RunConfig[S], run: RunPaths, image: str | None, program: Program) -> dict[str, str]:
+        """What it would send a service to run `program`, for the dry run (as YAML; nothing for the local pools)."""
 
 
 class LocalBackend(Generic[S]):
@@ -247,16 +245,8 @@ class LocalBackend(Generic[S]):
         """The file server is a folder of this machine: the flow syncs it."""
         return "here"
 
-    def specs(self, cfg: RunConfig[S], run: RunPaths, image: str | None) -> dict[str, str]:
+    def specs(self, cfg: RunConfig[S], run: RunPaths, image: str | None, program: Program) -> dict[str, str]:
         return {}
-
-
-def built_in(program: Program, backend: str) -> TrainingSettings:
-    """The program as trainflow's trainer, which the pools that run only it take (a script on them is refused with
-    its config: this is the type's word for it)."""
-    if not isinstance(program, TrainingSettings):
-        raise PoolError(f"the {backend} pool runs trainflow's trainer only; run a script on the process pool")
-    return program
 
 
 class OneAttempt:

@@ -28,7 +28,6 @@ from infra.compute.docker_nodes import (
     NODE_ENV,
     OWNER,
     RESULTS,
-    RUNTIME,
     SCRIPTS,
     ContainerNodes,
     Mount,
@@ -40,7 +39,7 @@ from infra.compute.docker_nodes import (
 )
 from infra.core.errors import BadInput
 from infra.engines.contract import SYNTHETIC, TrainingSettings
-from infra.engines.program import NodePaths, Program
+from infra.engines.program import IMAGE_RUNTIME, NodePaths, Program
 from infra.images.registry import DockerEngine
 from infra.images.requirements_layer import pip_check, pip_said
 
@@ -124,7 +123,7 @@ class DockerPool:
         node-side code in the image; checked on the nodes."""
         data = SYNTHETIC if self.run.synthetic else DATA
         scripts = f"{SCRIPTS}/{self.run.scripts.name}"
-        return NodePaths(scripts, data, RESULTS, RUNTIME, self.pool.nodes, checked=False)
+        return NodePaths(scripts, data, RESULTS, IMAGE_RUNTIME, self.pool.nodes, checked=False)
 
     def host_paths(self) -> NodePaths:
         """The same folders as this machine sees them (the mounts' sources)."""
@@ -218,7 +217,6 @@ class DockerBackend(LocalBackend[DockerPoolConfig]):
     name = "docker"
     needs_image = True
     reads_local_files = False  # its nodes see the mounted data, scripts and results folders only
-    runs_scripts = True  # the image holds the rank shim (scriptrun/); the scripts version is mounted at /scripts
     settings = DockerPoolConfig
 
     def check_world(self, pool: DockerPoolConfig, training: TrainingSettings) -> None:

@@ -22,7 +22,7 @@ from docker.errors import APIError, NotFound
 
 from infra.compute.base import owner
 from infra.engines.launchers import horovodrun_options, torchrun_options
-from infra.engines.program import NodePaths, Program
+from infra.engines.program import IMAGE_RUNTIME, NodePaths, Program
 from infra.images.registry import DockerEngine, ImageError
 
 LABEL = "trainflow.run"
@@ -31,7 +31,6 @@ SSH_PORT = 2222
 TORCH_PORT = 29500  # torchrun's rendezvous on node0 (each pool has a network of its own)
 NODE_ENV = {"GLOO_SOCKET_IFNAME": "eth0"}  # the nodes' network, not loopback, for Gloo's connections
 DATA, RESULTS, SCRIPTS = "/data", "/results", "/scripts"  # the file server, the results, the scripts share
-RUNTIME = "/opt/trainflow"  # the image's trainflow folder: its trainer/ and scriptrun/ (containers/*.Dockerfile)
 KEYS = "/etc/trainflow/ssh"
 # The node's start-up: install this run's key, trust the other nodes, and serve SSH in the foreground.
 NODE_START = (
@@ -69,7 +68,7 @@ class ContainerNodes:
     def start(self, index: int, argv: list[str], env: dict[str, str] | None = None) -> tuple[str, Iterator[bytes]]:
         """Start `argv` on node `index`; returns the exec's id and its output as it comes."""
         api = self.engine.api
-        exec_id = api.exec_create(self.container(index), argv, environment=env or {}, workdir="/opt/trainflow")["Id"]
+        exec_id = api.exec_create(self.container(index), argv, environment=env or {}, workdir=IMAGE_RUNTIME)["Id"]
         return exec_id, api.exec_start(exec_id, stream=True)
 
     def exec_lines(self, argv: list[str], env: dict[str, str] | None = None) -> tuple[Iterator[str], Callable[[], int]]:

@@ -195,7 +195,6 @@ class ProcessBackend(LocalBackend[ProcessPoolConfig]):
 
     name = "process"
     settings = ProcessPoolConfig
-    runs_scripts = True  # its ranks run in this environment: the script's folder, the rank shim and the launcher
 
     def nodes(self, pool: ProcessPoolConfig) -> int:
         return 1

@@ -201,6 +201,7 @@ def describe_failure(
         return f"rank {rank} {how_it_ended(rank_status)}{hint}; its last lines:\n{tail}"
     if inputs or errors:
         rank, message = (inputs or errors)[0]
-        return f"rank {rank} failed: {message}"
+        scripted = not inputs and any(r == rank and f.cause == NOT_RETRIED for r, f in failures)
+        return f"rank {rank} failed: {message}" + (script_tail(logs[rank]) if scripted else "")
     tail = "".join(line for lines in logs.values() for line in lines[-5:])
     return f"training {how_it_ended(code)}; see {log_dir}/launcher.log. Last lines:\n{tail}"

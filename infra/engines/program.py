@@ -4,12 +4,15 @@ ask which one runs: what ships (the scripts step), how each rank is called and w
 what it promises back (the results step: the trainer's metrics.json and model file, or a script's exit status,
 files and the metrics read from its lines)."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from trainer.cores import usable_cores
+
 # trainflow's node-side code (trainer/, scriptrun/) where the ranks run on this machine: this checkout's containers/
 RUNTIME = str(Path(__file__).resolve().parents[2] / "containers")
+IMAGE_RUNTIME = "/opt/trainflow"  # and where the training images hold it (containers/*.Dockerfile)
 
 
 @dataclass(frozen=True)
@@ -17,7 +20,9 @@ class NodePaths:
     """Where a pool's ranks find the scripts version (for the built-in trainer, the folder that holds trainer/), the
     data and the results folder; trainflow's node-side code (scriptrun/: this checkout's containers/, or the image's
     /opt/trainflow); how many nodes they run on; and whether the program's preflight ran for them on this machine
-    (the process pool) or not (container and cloud nodes, which check on the nodes)."""
+    (the process pool) or not (container and cloud nodes, which check on the nodes); the cores each node has (None:
+    not known here); and whether the run's folders under `out` are made before the launch (False: the nodes make
+    them, where `out` exists only there: an Azure ML job's output)."""
 
     scripts: str
     data: str
@@ -25,6 +30,8 @@ class NodePaths:
     runtime: str = RUNTIME
     nodes: int = 1
     checked: bool = True
+    cores: int | None = field(default_factory=usable_cores)
+    prepared: bool = True
 
 
 class Program(Protocol):

@@ -14,7 +14,6 @@ an exit status and files; its metrics are read from its lines (infra/engines/scr
 import os
 import py_compile
 import re
-import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -30,15 +29,13 @@ from infra.engines.program import RUNTIME, NodePaths
 from infra.engines.script_files import check_size, script_files
 from infra.engines.script_metrics import json_metrics, read_metrics_of, regex_metrics
 from infra.engines.script_requirements import check_requirements, requirements_env, requirements_of, unmet
-from trainer.cores import usable_cores
+from scriptrun.prepare import FOLDERS, LOGS, OUTPUTS, WORK, make_folders
 from trainer.records import rank_prefix
-from trainer.scripts import version_files, version_problem
+from trainer.scripts import version_problem
 
 SHIM = "scriptrun/rank.py"  # what each rank runs, under trainflow's node-side code: the script, its lines prefixed
 RANK_SHIM = Path(RUNTIME) / SHIM  # where it is on this machine
 PLACEHOLDER = re.compile(r"\$\{\{\s*([^}]*?)\s*\}\}")
-WORK, OUTPUTS, CHECKPOINTS, LOGS = "work", "outputs", "checkpoints", "logs"  # the run folder's parts for a script
-FOLDERS = {"output": OUTPUTS, "checkpoints": CHECKPOINTS, "logs": LOGS}
 FOLDER_VARIABLES = {  # placeholder -> the variable every rank finds that folder in
     "data": "TRAINFLOW_DATA_DIR",
     "output": "TRAINFLOW_OUTPUT_DIR",
@@ -213,7 +210,9 @@ class ScriptProgram:
     def environment(self, at: NodePaths) -> dict[str, str]:
         """Every rank's variables: the defaults, the user's over them, then trainflow's own."""
         known = folders(at.out, at.data)
-        defaults = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(max(1, usable_cores() // self.workers))}
+        defaults = {"PYTHONUNBUFFERED": "1"}
+        if at.cores:  # else the pool's default (Azure ML: one thread a rank)
+            defaults["OMP_NUM_THREADS"] = str(max(1, at.cores // self.workers))
         if self.framework in ("tensorflow", "keras"):
             defaults["TF_USE_LEGACY_KERAS"] = "1"  # Horovod's Keras support needs tf_keras (../shared/NOTES.md)
         user = {name: substitute(value, known) for name, value in self.script.env.items()}
@@ -232,6 +231,8 @@ class ScriptProgram:
             "TRAINFLOW_NODES": str(at.nodes),
             "TRAINFLOW_RETRY_EXIT_CODES": ",".join(map(str, self.script.retry_exit_codes)),
         }
+        if not at.prepared:  # the first rank of each node makes the run's folders (scriptrun/prepare.py)
+            own["TRAINFLOW_PREPARE_FROM"] = at.scripts
         if self.tracked and self.tracked.get("engine_uri"):
             own |= {"MLFLOW_TRACKING_URI": self.tracked["engine_uri"], "MLFLOW_RUN_ID": self.tracked["run_id"]}
         return own
@@ -253,9 +254,7 @@ class ScriptProgram:
                 "next run uploads the scripts afresh) and check who can write to the share"
             )
         self.started = time.monotonic()
-        copy_version(version, out / WORK)
-        for part in FOLDERS.values():
-            (out / part).mkdir(parents=True, exist_ok=True)
+        make_folders(version, out)
         return [str(r) for r in requirements_of(version)]
 
     def requirements(self, version: Path) -> Path | None:
@@ -317,11 +316,3 @@ def rank_lines(log: Path, rank: int) -> list[str]:
     prefix = rank_prefix(rank)
     text = log.read_text(errors="replace") if log.exists() else ""
     return [line.removeprefix(prefix) for line in text.splitlines()]
-
-
-def copy_version(version: Path, work: Path) -> None:
-    """The scripts version's files over `work`, each replaced whole (a file the script wrote there stays)."""
-    for rel in version_files(version):
-        target = work / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(version / rel, target)

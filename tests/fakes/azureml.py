@@ -169,6 +169,10 @@ class JobOperations:
     def create_or_update(self, job):
         job = job._to_job() if hasattr(job, "_to_job") else job
         self.ws.calls.append(("jobs.create_or_update", job.name))
+        # the body the SDK sends: CommandJob._to_rest_object validates first (azure/ai/ml/entities/_job/
+        # command_job.py, _validate: a compute, an environment, every ${{inputs.X}} of the command an input)
+        job._to_rest_object()
+        check_expressions(job)
         if job.name in self.ws.jobs:
             # "name: Must be unique across all jobs in the workspace" (reference-yaml-job-command); the service:
             raise refused(
@@ -239,6 +243,17 @@ class JobOperations:
         shutil.copytree(folder, Path(download_path) / "named-outputs" / output_name, dirs_exist_ok=True)
 
 
+def check_expressions(job) -> None:
+    """Every ${{...}} of the command names an input or an output of the job: the expressions a command job has
+    (concept-expressions: ${{inputs.<name>}}, ${{outputs.<name>}}); the SDK checks the inputs, the service the
+    outputs, and anything else would reach the command unresolved."""
+    declared = {"inputs": job.inputs or {}, "outputs": job.outputs or {}}
+    for expression in re.findall(r"\$\{\{\s*([^}]*?)\s*\}\}", job.command):
+        kind, _, name = expression.partition(".")
+        if kind not in declared or name not in declared[kind]:
+            raise refused(f"UserError: the command's ${{{{{expression}}}}} names no input or output of the job")
+
+
 class JobRun:
     """One job's life: Queued, Running (its processes), then Completed, Failed or Canceled."""
 
@@ -285,8 +300,8 @@ class JobRun:
 
     def start(self, env: dict) -> subprocess.Popen:
         command = PLACEHOLDER.sub(lambda m: str(self.resolve(m.group(1), m.group(2))), self.job.command)
-        environ = {
-            **os.environ,
+        environ = {  # environment_variables as given: Azure ML resolves ${{...}} in the command only
+            **os.environ,  # (concept-expressions; seen: microsoft/physical-ai-toolchain#855)
             **(self.job.environment_variables or {}),
             **env,
             "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",

@@ -27,6 +27,7 @@ from infra.compute.azureml.specs import (
 )
 from infra.compute.base import Billing, RunConfig, RunPaths, SyncWhere
 from infra.engines.contract import SYNTHETIC, TrainingSettings
+from infra.engines.program import Program
 
 
 class AzureMLBackend:
@@ -35,7 +36,6 @@ class AzureMLBackend:
     name = "azureml"
     needs_image = True
     reads_local_files = False
-    runs_scripts = False  # its jobs run trainflow's trainer only, for now
     settings = AzureMLPoolConfig
 
     def check(self, cfg: RunConfig[AzureMLPoolConfig]) -> None:
@@ -71,7 +71,9 @@ class AzureMLBackend:
     def pool(self, cfg: RunConfig[AzureMLPoolConfig], run: RunPaths, image: str | None) -> AzureMLPool:
         return AzureMLPool(cfg.pool, run, image or "<image>", cfg.image)
 
-    def specs(self, cfg: RunConfig[AzureMLPoolConfig], run: RunPaths, image: str | None) -> dict[str, str]:
+    def specs(
+        self, cfg: RunConfig[AzureMLPoolConfig], run: RunPaths, image: str | None, program: Program
+    ) -> dict[str, str]:
         """The exact specs the pool and jobs would send, as YAML (`az ml compute/environment/job create --file`)."""
         pool, settings = self.pool(cfg, run, image), cfg.pool
         specs = {
@@ -80,7 +82,7 @@ class AzureMLBackend:
         }
         if self.sync_where(settings) == "pool" and not run.synthetic:
             specs["sync job"] = yaml_text(pool.sync_job().spec)
-        specs["job"] = yaml_text(pool.job(cfg.training, cfg.job.timeout_s).spec)
+        specs["job"] = yaml_text(pool.job(program, cfg.job.timeout_s).spec)
         specs["later attempts"] = later_attempts(settings, run.run_id)
         if settings.registry_access == "connection":  # the password is read at run time, never shown
             placeholder = f"<the value of ${cfg.image.password_env}>"

@@ -22,6 +22,14 @@ from trainer.records import Checkpointed, Failure, Progress, read_event
 FINAL = {"Completed": 0, "Failed": 1, "Canceled": 1, "NotResponding": 1}
 ERROR_MESSAGE = re.compile(r'"message":\s*"((?:[^"\\]|\\.)*)"')  # in the error JSON that jobs.stream raises
 PREEMPTED = re.compile(r"pre-?empt", re.IGNORECASE)  # "PreemptionError: Nodes of this job got pre-empted"
+# The failures of a rank that another attempt would meet again (trainer/records.py's causes), in words: the run ends
+# with the attempt. A script's are told by the rank's own line (the launchers' describe_failure), the rest here.
+REFUSED = {
+    "input": "the trainer refused its input",
+    "usage": "the script refused its input",
+    "script": "the script failed (its exit status is not one of script.retry_exit_codes)",
+}
+SAID_BY_THE_RANK = {"usage", "script"}
 
 
 class Cluster(Protocol):
@@ -45,19 +53,19 @@ class Attempt:
     seconds: float = 0.0  # while Running, as the polls saw it
     last_step: int | None = None  # the newest step its log shows
     last_checkpoint: int | None = None  # the newest checkpoint it saved or resumed from
-    bad_input: bool = False  # the trainer refused its input: another attempt would too
+    refused: str = ""  # the cause of a rank's failure that another attempt would meet too (REFUSED), if any
     error: str = ""  # what the job's stream raised (Azure ML's error, e.g. a PreemptionError)
 
     def read(self, line: str) -> None:
-        """Note the progress, checkpoints and input errors a line of the job shows (the events of the trainer, and
-        of the sync command that refuses staged data)."""
+        """Note the progress, checkpoints and failures a line of the job shows (the events of the trainer, of a
+        script's rank shim, and of the sync command that refuses staged data)."""
         event = read_event(line)
         if isinstance(event, Progress):
             self.last_step = event.step
         elif isinstance(event, Checkpointed):
             self.last_checkpoint = event.step
-        elif isinstance(event, Failure) and event.cause == "input":
-            self.bad_input = True
+        elif isinstance(event, Failure) and event.cause in REFUSED and not self.refused:
+            self.refused = event.cause
 
     def clock(self, status: str, now: float) -> None:
         """Count the time the job spends Running (GPU time) from what each poll sees."""
@@ -99,8 +107,8 @@ def why_ended(attempt: Attempt) -> str:
         return "completed"
     if PREEMPTED.search(attempt.error):
         return "pre-empted (low-priority nodes taken back)"
-    if attempt.bad_input:
-        return "the trainer refused its input"
+    if attempt.refused:
+        return REFUSED[attempt.refused]
     message = ERROR_MESSAGE.search(attempt.error)
     return attempt.status.lower() + (f": {message.group(1)[:200]}" if message else "")
 
@@ -236,8 +244,8 @@ class AzureMLJob:
         cfg, spent = self.pool.pool, sum(a.gpu_hours for a in self.history)
         if attempt.status == "Canceled" or self._cancelled.is_set():
             return "cancelled: not retried"
-        if attempt.bad_input:
-            return "bad input: not retried"
+        if attempt.refused:
+            return f"{'the script failed' if attempt.refused == 'script' else 'bad input'}: not retried"
         if self.number >= cfg.max_attempts:
             return f"no attempts left (pool.max_attempts {cfg.max_attempts})"
         if cfg.max_gpu_hours and spent >= cfg.max_gpu_hours:
@@ -248,8 +256,11 @@ class AzureMLJob:
         return iter(self._lines.get, None)
 
     def poll(self) -> int | None:
-        """None while attempts run; 0 when one completed; a failed run raises, saying why its last attempt ended
-        (permanent: a retry of the step would only start more attempts than allowed)."""
+        """None while attempts run; 0 when one completed; 1 when a script's rank said why it failed (its line tells
+        the run's failure: the launchers' describe_failure); else a failed run raises, saying why its last attempt
+        ended (permanent: a retry of the step would only start more attempts than allowed)."""
+        if self.code == 1 and self.history and self.history[-1].refused in SAID_BY_THE_RANK:
+            return 1
         if self.code == 1:
             raise LaunchError(
                 f"Azure ML job {self.failure or 'failed'}; its log is in the run's logs/launcher.log", permanent=True

@@ -17,8 +17,8 @@ from infra.compute.azureml.specs import (
     registry_connection_spec,
     sync_spec,
 )
-from infra.compute.base import PoolError, RunPaths, built_in
-from infra.engines.program import Program
+from infra.compute.base import PoolError, RunPaths
+from infra.engines.program import IMAGE_RUNTIME, Program
 from infra.images.registry import ImageConfig, registry_password
 
 
@@ -40,6 +40,7 @@ class AzureMLPool:
     run: RunPaths
     image: str
     image_cfg: ImageConfig  # the registry connection's user and password
+    runtime: str = IMAGE_RUNTIME  # where the image holds trainflow's node-side code (a script's rank shim)
     _client: Any = field(default=None, repr=False)
 
     @property
@@ -122,10 +123,9 @@ class AzureMLPool:
 
     def job(self, program: Program, timeout_s: float = 0) -> "AzureMLJob":
         """The run's training job: attempt after attempt, each resuming from the checkpoints of the one before."""
-        training = built_in(program, "azureml")
         return AzureMLJob(
             self,
-            lambda n: job_spec(training, self.pool, self.run, self.image, timeout_s, n),
+            lambda n: job_spec(program, self.pool, self.run, self.image, timeout_s, n, self.runtime),
             gpus=self.pool.nodes * self.pool.slots_per_node,
             on_complete=self.download_results,
         )

@@ -3,15 +3,21 @@ connection), built by plain functions that need no network: `trainflow run --dry
 tests check them against the documented rules (tests/fakes/azureml.py).
 """
 
+import re
+import shlex
+
 from infra.compute.azureml.settings import AzureMLPoolConfig, nccl_environment
 from infra.compute.base import RunPaths
-from infra.engines.contract import SYNTHETIC, TrainingSettings, trainer_argv
+from infra.engines.contract import SYNTHETIC
 from infra.engines.launchers import torchrun_options
+from infra.engines.program import IMAGE_RUNTIME, NodePaths, Program
 from infra.images.registry import ImageConfig
 from trainer.staged.names import dataset_prefix
 
 NFS_MOUNT = "/mnt/fileserver"
 SCRIPTS_INPUT, SHARDS_INPUT, RESULTS_OUTPUT = "${{inputs.scripts}}", "${{inputs.shards}}", "${{outputs.results}}"
+# what Azure ML replaces in a command before a shell reads it
+EXPRESSION = re.compile(r"\$\{\{(?:inputs|outputs)\.\w+\}\}")
 
 
 def compute_spec(cfg: AzureMLPoolConfig, nodes: int, min_nodes: int | None = None):
@@ -74,14 +80,39 @@ def registry_connection_spec(image_cfg: ImageConfig, password: str):
     )
 
 
-def launch_command(training: TrainingSettings, pool: AzureMLPoolConfig, data: str) -> str:
-    """The command each node runs: the trainer under MPI (Horovod) or under torchrun (one per node)."""
-    trainer = " ".join(trainer_argv(training, data, RESULTS_OUTPUT, SCRIPTS_INPUT))
-    if training.launcher == "horovodrun":  # Azure ML's mpirun starts gpus_per_node of these per node
-        return f"python {trainer}"
+def node_paths(pool: AzureMLPoolConfig, data: str, runtime: str = IMAGE_RUNTIME) -> NodePaths:
+    """Where the ranks find the scripts version (the job's scripts input), the data and the results folder (its
+    output, which exists only on the nodes: they make a script's folders there), and trainflow's node-side code."""
+    nodes = pool.nodes
+    return NodePaths(SCRIPTS_INPUT, data, RESULTS_OUTPUT, runtime, nodes, checked=False, cores=None, prepared=False)
+
+
+def launch_command(program: Program, pool: AzureMLPoolConfig, at: NodePaths) -> str:
+    """The command each node runs: the program's ranks under MPI (Horovod) or under torchrun (one per node), with
+    the variables whose values name the job's inputs or outputs: Azure ML resolves ${{...}} in the command only,
+    never in environment_variables (concept-expressions; microsoft/physical-ai-toolchain#855), so they are set here."""
+    resolved = {name: value for name, value in program.environment(at).items() if "${{" in value}
+    env = f"env {' '.join(f'{name}={shell_word(value)}' for name, value in resolved.items())} " if resolved else ""
+    ranks = " ".join(map(shell_word, program.rank_argv(at)))
+    if program.launcher == "horovodrun":  # Azure ML's mpirun starts gpus_per_node of these per node
+        return f"{env}python {ranks}"
     # Azure ML's PyTorch distribution sets MASTER_ADDR, MASTER_PORT and NODE_RANK on every node
     options = torchrun_options(pool.nodes, pool.slots_per_node, "$NODE_RANK", "$MASTER_ADDR", "$MASTER_PORT")
-    return f"torchrun {' '.join(options)} {trainer}"
+    return f"{env}torchrun {' '.join(options)} {ranks}"
+
+
+def shell_word(text: str) -> str:
+    """`text` as one word of the command's shell: quoted where the shell would split or expand it (a script's
+    arguments reach it as given, as on every pool); Azure ML's expressions need no quotes, being replaced first."""
+    bare = EXPRESSION.sub("x", text)
+    return text if shlex.quote(bare) == bare else shlex.quote(text)
+
+
+def job_environment(program: Program, pool: AzureMLPoolConfig, at: NodePaths) -> dict[str, str]:
+    """The job's environment_variables: the pool's NCCL settings, then the program's variables that name none of the
+    job's inputs or outputs (those are set in the command: launch_command)."""
+    own = {name: value for name, value in program.environment(at).items() if "${{" not in value}
+    return {**nccl_environment(pool), **own}
 
 
 def nfs_mount(cfg: AzureMLPoolConfig, options: str) -> str:
@@ -132,29 +163,37 @@ def attempt_name(run_id: str, attempt: int, kind: str = "train") -> str:
 
 
 def job_spec(
-    training: TrainingSettings, pool: AzureMLPoolConfig, run: RunPaths, image: str, timeout_s: float, attempt: int = 1
+    program: Program,
+    pool: AzureMLPoolConfig,
+    run: RunPaths,
+    image: str,
+    timeout_s: float,
+    attempt: int = 1,
+    runtime: str = IMAGE_RUNTIME,
 ):
-    """The Azure ML command job of one attempt; every attempt of a run shares runs/<run id>/ in the Blob
-    datastore, so a new attempt resumes from the newest checkpoint there."""
+    """The Azure ML command job of one attempt of `program` (trainflow's trainer or a user's script); every attempt
+    of a run shares runs/<run id>/ in the Blob datastore, so a new attempt resumes from the newest checkpoint there
+    (a script's from its checkpoint folder and working folder)."""
     from azure.ai.ml import MpiDistribution, Output, PyTorchDistribution, command
 
     prefix, inputs, data = data_input(pool, run)
+    at, program = node_paths(pool, data, runtime), program.at_attempt(attempt)
     distribution = (
         MpiDistribution(process_count_per_instance=pool.slots_per_node)
-        if training.launcher == "horovodrun"
+        if program.launcher == "horovodrun"
         else PyTorchDistribution(process_count_per_instance=1)
     )
     return command(
         name=attempt_name(run.run_id, attempt),
         display_name=f"trainflow {run.run_id} attempt {attempt}",
         experiment_name=pool.experiment,
-        command=prefix + launch_command(training, pool, data),
+        command=prefix + launch_command(program, pool, at),
         environment=environment_spec(image),
         compute=pool.compute,
         instance_count=pool.nodes,
         distribution=distribution,
         shm_size=pool.shm_size,
-        environment_variables=nccl_environment(pool),
+        environment_variables=job_environment(program, pool, at),
         inputs={"scripts": scripts_input(pool, run), **inputs},
         outputs={"results": Output(type="uri_folder", path=results_path(pool, run.run_id), mode="rw_mount")},
         timeout=int(timeout_s) or None,

@@ -1,11 +1,14 @@
 """The rank shim of a user's script: its rank from the launcher's variables, its lines, how it says a script failed."""
 
+import json
 import os
 import subprocess
 import sys
 
 from scriptrun import rank
 from scriptrun.rank import child_env, failure, rank_of, retried_codes, split_lines
+from trainer.scripts import COMPLETE, HASHES, sha256_file
+from trainer.scripts import scripts_version as version_of
 
 
 def test_the_rank_comes_from_whichever_launcher_started_it():
@@ -48,6 +51,7 @@ def test_a_pytorch_script_gets_tensorflow_hidden():
 
 
 def run_rank(tmp_path, code: str, *args: str, **env: str):
+    tmp_path.mkdir(parents=True, exist_ok=True)
     (tmp_path / "s.py").write_text(code)
     environ = {**os.environ, "RANK": "1", "TRAINFLOW_WORK_DIR": str(tmp_path), **env}
     return subprocess.run(
@@ -74,3 +78,30 @@ def test_a_pytorch_script_cannot_import_tensorflow(tmp_path):
     done = run_rank(tmp_path, code, TRAINFLOW_FRAMEWORK="pytorch")
     assert done.returncode == 1 and done.stdout.startswith("[rank 1] None\n")
     assert "ModuleNotFoundError: import of tensorflow halted; None in sys.modules" in done.stdout
+
+
+def scripts_version(folder, files: dict[str, str]):
+    """A scripts version as the upload step writes it: the files, their digests, then .complete."""
+    folder.mkdir(parents=True)
+    for rel, text in files.items():
+        (folder / rel).write_text(text)
+    hashes = {rel: sha256_file(folder / rel) for rel in files}
+    (folder / HASHES).write_text(json.dumps(hashes))
+    (folder / COMPLETE).write_text(version_of(hashes))
+    return folder
+
+
+def test_where_the_nodes_make_the_run_folders_the_first_rank_makes_them_once_an_attempt(tmp_path):
+    code = "import os\nopen('mine.txt', 'a').write('x')\nprint(sorted(os.listdir('..')))\n"
+    version, out = scripts_version(tmp_path / "mounted", {"s.py": code}), tmp_path / "results"
+    env = {"TRAINFLOW_PREPARE_FROM": str(version), "TRAINFLOW_WORK_DIR": str(out / "work"), "TRAINFLOW_RUN_ID": "r1"}
+    first = run_rank(out / "work", code, TRAINFLOW_ATTEMPT="1", **env)  # run_rank's own copy is replaced whole
+    assert first.returncode == 0, first.stdout
+    assert first.stdout == "[rank 1] ['.trainflow-prepared', 'checkpoints', 'logs', 'outputs', 'work']\n"
+    assert run_rank(out / "work", code, TRAINFLOW_ATTEMPT="2", **env).returncode == 0  # copied again: mine.txt stays
+    assert (out / "work" / "mine.txt").read_text() == "xx" and (out / "work" / "s.py").read_text() == code
+    (version / "s.py").write_text("print('planted')\n")
+    refused = run_rank(out / "work", code, TRAINFLOW_ATTEMPT="3", **env)
+    assert refused.returncode == 2 and "planted" not in refused.stdout
+    assert f"scripts version {version} cannot be run: s.py was changed; delete" in refused.stdout
+    assert '"cause":"usage"' in refused.stdout  # the run's input: never retried

@@ -20,7 +20,12 @@ from infra.compute.azureml.cluster import AzureMLPool
 from infra.compute.azureml.specs import compute_spec, nfs_mount
 from infra.data import manifest as mf
 from infra.engines.contract import SYNTHETIC
-from infra.engines.launchers import LaunchError
+from infra.engines.launchers import LaunchError, RankRefused
+from infra.engines.program import RUNTIME
+from infra.engines.script import ScriptProgram
+from infra.engines.script_files import script_files
+from infra.storage.fileshare import LocalFolderShare
+from tasks.upload_scripts import upload_scripts
 from tests.fakes.azureml import Workspace
 from tests.fakes.paths import REPO
 from trainer.image_files import find_bad_images
@@ -298,3 +303,70 @@ def test_a_keras_run_is_an_mpi_job_in_the_tensorflow_image(tmp_path):
     metrics = json.loads((pool.run.out / "metrics.json").read_text())
     assert (metrics["framework"], metrics["status"]) == ("keras", "complete")
     assert (pool.run.out / "model.keras").is_file()  # downloaded from the job's output
+
+
+def script_run(tmp_path: Path, source: Path, args: list[str], launcher: str = "torchrun", nodes: int = 2):
+    """A user's script as an Azure ML run: its folder uploaded as a scripts version to the file datastore, the run's
+    pool (the image's node-side code being this checkout's containers/) and its program."""
+    ws = Workspace(tmp_path / "azure")
+    _, folder, _ = upload_scripts(LocalFolderShare(ws.datastore("trainflow_files")), script_files(source))
+    values = {
+        "workdir": tmp_path / "work",
+        "script": {"source": str(source), "entry": "train.py", "args": args},
+        "training": {"launcher": launcher, "workers": nodes},
+        "pool": {"nodes": nodes, "slots_per_node": 1, "vm_size": "Standard_NC24ads_A100_v4", "max_nodes": nodes},
+    }
+    cfg = load_config(AZURE, values, environ={})
+    run = RunPaths("run1", Path(SYNTHETIC), Path(folder), tmp_path / "out", "")
+    image = "registry.example/trainflow-gpu@sha256:" + "0" * 64
+    pool = AzureMLPool(cfg.pool, run, image, cfg.image, runtime=RUNTIME, _client=ws.client())
+    pool.create()
+    return ws, pool, ScriptProgram(cfg.script, cfg.training, "run1")
+
+
+def test_a_torchrun_script_runs_on_two_nodes_in_its_working_folder_and_its_files_come_back(tmp_path):
+    source = REPO / "containers" / "examples" / "pytorch-segmentation"
+    args = ["--epochs", "1", "--steps", "2", "--checkpoint-dir", "${{checkpoints}}", "--log-dir", "${{logs}}/tb"]
+    ws, pool, program = script_run(tmp_path, source, [*args, "--output", "${{output}}"])
+    seen: list[str] = []
+    run_job(fast(pool.job(program, 0)), pool.run.out / "logs", seen.append, 0)
+    [submitted] = [run.job for run in ws.jobs.values()]
+    assert submitted.distribution.type == "pytorch" and submitted.resources.instance_count == 2
+    assert "${{" not in "".join(submitted.environment_variables.values())  # never resolved there: in the command
+    assert submitted.command.startswith("env TRAINFLOW_OUTPUT_DIR=${{outputs.results}}/outputs ")
+    out = pool.run.out  # what the nodes made and the script wrote, downloaded from the job's output
+    assert (out / "work" / "train.py").read_bytes() == (source / "train.py").read_bytes()
+    assert (out / "outputs" / "model.pt").is_file() and list((out / "checkpoints").iterdir())
+    assert any(line.startswith("[rank 0] epoch 1 loss=") for line in seen)  # rank 0's log, streamed
+    summary = program.outcome(out)
+    assert summary["world_size"] == 2 and summary["from"]["train/iou"] == "tensorboard"  # read back
+
+
+def test_a_horovod_script_is_an_mpi_job_and_a_failing_one_is_named_and_not_retried(tmp_path):
+    source = tmp_path / "mine"
+    source.mkdir()
+    (source / "train.py").write_text(
+        "import argparse, sys\n"
+        "import horovod.torch as hvd\n"
+        "parser = argparse.ArgumentParser()\n"
+        "parser.add_argument('--fail', action='store_true')\n"
+        "args = parser.parse_args()\n"
+        "hvd.init()\n"
+        "print(f'hello from {hvd.rank()} of {hvd.size()}', flush=True)\n"
+        "if args.fail:\n"
+        "    raise RuntimeError('the loss went NaN')\n"
+    )
+    ws, pool, program = script_run(tmp_path, source, [], "horovodrun", nodes=1)
+    seen: list[str] = []
+    run_job(fast(pool.job(program, 0)), pool.run.out / "logs", seen.append, 0)
+    assert "[rank 0] hello from 0 of 1" in seen
+    [submitted] = [run.job for run in ws.jobs.values()]
+    assert submitted.distribution.type == "mpi" and " python " in f" {submitted.command}"
+    ws, pool, program = script_run(tmp_path / "failing", source, ["--fail"], "horovodrun", nodes=1)
+    job = fast(pool.job(program, 0))
+    with pytest.raises(LaunchError, match=r"rank 0 failed: RuntimeError: the loss went NaN; its last lines") as err:
+        run_job(job, pool.run.out / "logs", lambda line: None, 0)
+    assert err.value.permanent and [a["ended"] for a in job.attempts()] == ["Failed"]  # one attempt: not retried
+    ws, pool, program = script_run(tmp_path / "usage", source, ["--epochs", "3"], "horovodrun", nodes=1)
+    with pytest.raises(RankRefused, match=r"unrecognized arguments: --epochs 3"):
+        run_job(fast(pool.job(program, 0)), pool.run.out / "logs", lambda line: None, 0)

@@ -308,3 +308,22 @@ def test_a_runs_scripts_are_the_folder_upload_scripts_returned(tmp_path):
     assert run.scripts == Path("scripts/0123abcd") and run.out == tmp_path / "runs" / "run-1"
     sync = AzureMLPool(cfg.pool, run, DIGEST, cfg.image).sync_job().spec
     assert sync.inputs["scripts"].path == "azureml://datastores/trainflow_files/paths/scripts/0123abcd/"
+
+
+def test_a_scripts_job_resolves_its_folders_in_the_command_and_the_sdk_loads_it(tmp_path):
+    script = {
+        "source": str(REPO / "containers" / "examples" / "pytorch-segmentation"),
+        "entry": "train.py",
+        "args": ["--output", "${{output}}", "--note", "two words", "--format", "checkpoint-{epoch}.pt"],
+        "env": {"WANDB_MODE": "offline", "RUN_LOGS": "${{logs}}"},
+    }
+    specs = rendered(tmp_path, script=script, training={"launcher": "torchrun", "workers": 16})
+    job = loaded_job(specs["job"], tmp_path)  # the SDK's own loader accepts the job az ml job create would send
+    ranks = "/opt/trainflow/scriptrun/rank.py train.py --output ${{outputs.results}}/outputs --note 'two words' "
+    assert job.distribution.type == "pytorch" and ranks + "--format 'checkpoint-{epoch}.pt'" in job.command
+    # Azure ML resolves ${{...}} in the command only: the variables naming the job's folders are set there
+    assert job.command.startswith("env RUN_LOGS=${{outputs.results}}/logs TRAINFLOW_OUTPUT_DIR=${{outputs.results}}/")
+    assert "TRAINFLOW_PREPARE_FROM=${{inputs.scripts}} " in job.command
+    variables = job.environment_variables
+    assert variables["WANDB_MODE"] == "offline" and variables["TRAINFLOW_RUN_ID"] == "<run id>"
+    assert variables["OMP_NUM_THREADS"] == "1" and not any("${{" in value for value in variables.values())
