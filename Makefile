@@ -20,11 +20,9 @@ PIP := $(BIN)/pip install -q
 # uv (pinned in the lock, installed by pip) installs the layers from the lock: faster than pip alone, measured by
 # `trainflow bench install` (docs/benchmarks/). INSTALLER=pip installs them with pip alone.
 INSTALLER ?= uv
-# uv compiles the venv's modules to bytecode as pip does (it does not by default): every command, worker and test
-# imports Prefect, torch or TensorFlow, and where PYTHONDONTWRITEBYTECODE is set nothing compiled would be kept.
-# --system-certs: uv trusts the machine's certificate store, as pip does (by default it reads only its own roots, and a
-# network whose proxy's CA is in the system store, as corporate ones are, refuses it: "invalid peer certificate").
-INSTALL := $(if $(filter uv,$(INSTALLER)),$(BIN)/uv pip install -q --system-certs --compile-bytecode --python $(BIN)/python,$(PIP))
+# containers/build/install.sh runs uv as pip would (the system's certificate store, bytecode compiled: every command,
+# worker and test imports Prefect, torch or TensorFlow), and pip where uv cannot connect, saying so.
+INSTALL := INSTALLER=$(INSTALLER) containers/build/install.sh $(BIN)
 
 # The venv in layers, each a stamp file in it, each installed when a target needs it (README: Install):
 #   base        PyTorch, torchvision, Prefect, the Azure SDKs, MLflow: all the local default runs (make demo)
