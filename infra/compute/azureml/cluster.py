@@ -132,7 +132,8 @@ class AzureMLPool:
 
     def sync_job(self) -> "AzureMLJob":
         """The job that syncs Blob to the NFS file server on one node of the cluster (one GPU-node's worth of time)."""
-        return AzureMLJob(self, lambda n: sync_spec(self.pool, self.run, self.image, n), gpus=self.pool.slots_per_node)
+        spec = lambda n: sync_spec(self.pool, self.run, self.image, n, self.runtime)  # noqa: E731
+        return AzureMLJob(self, spec, gpus=self.pool.slots_per_node)
 
     def synced_folder(self) -> str:
         """Where the nodes read the data set the sync job wrote: the NFS file server's current version."""

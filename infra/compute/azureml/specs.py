@@ -126,13 +126,15 @@ def nfs_mount(cfg: AzureMLPoolConfig, options: str) -> str:
     return f"flock /tmp/trainflow-nfs.lock sh -c '{mount}' && "
 
 
-def fetch_command(source: str, export: str, dataset: str) -> str:
-    """Shell that brings `export` to the data set staged in `source` (trainer/staged/fetch.py; ranks of a node wait
-    for the first one's fetch)."""
-    return f"python {SCRIPTS_INPUT}/trainer/staged/fetch.py --source {source} --export {export} --dataset {dataset} && "
+def fetch_command(runtime: str, source: str, export: str, dataset: str) -> str:
+    """Shell that brings `export` to the data set staged in `source` (trainer/staged/fetch.py of the image's node-side
+    code at `runtime`, which a user's scripts version does not hold; ranks of a node wait for the first one's
+    fetch)."""
+    fetch = f"{runtime}/trainer/staged/fetch.py"
+    return f"python {fetch} --source {source} --export {export} --dataset {dataset} && "
 
 
-def data_input(cfg: AzureMLPoolConfig, run: RunPaths) -> tuple[str, dict, str]:
+def data_input(cfg: AzureMLPoolConfig, run: RunPaths, runtime: str = IMAGE_RUNTIME) -> tuple[str, dict, str]:
     """(shell prefix, inputs, --data path): the NFS file server mounted once per node, or the staged shards from
     the Blob datastore unpacked to each node's local disk."""
     from azure.ai.ml import Input
@@ -146,7 +148,7 @@ def data_input(cfg: AzureMLPoolConfig, run: RunPaths) -> tuple[str, dict, str]:
         type="uri_folder", path=datastore_path(cfg.blob_datastore, dataset_prefix(dataset)), mode=cfg.blob_mode
     )
     return (
-        fetch_command(SHARDS_INPUT, cfg.local_disk, dataset),
+        fetch_command(runtime, SHARDS_INPUT, cfg.local_disk, dataset),
         {"shards": shards},
         f"{cfg.local_disk}/datasets/{dataset}/current",
     )
@@ -176,7 +178,7 @@ def job_spec(
     (a script's from its checkpoint folder and working folder)."""
     from azure.ai.ml import MpiDistribution, Output, PyTorchDistribution, command
 
-    prefix, inputs, data = data_input(pool, run)
+    prefix, inputs, data = data_input(pool, run, runtime)
     at, program = node_paths(pool, data, runtime), program.at_attempt(attempt)
     distribution = (
         MpiDistribution(process_count_per_instance=pool.slots_per_node)
@@ -213,7 +215,7 @@ def results_path(cfg: AzureMLPoolConfig, run_id: str) -> str:
     return datastore_path(cfg.blob_datastore, f"runs/{run_id}")
 
 
-def sync_spec(cfg: AzureMLPoolConfig, run: RunPaths, image: str, attempt: int = 1):
+def sync_spec(cfg: AzureMLPoolConfig, run: RunPaths, image: str, attempt: int = 1, runtime: str = IMAGE_RUNTIME):
     """The job that syncs the staged data set from the Blob datastore to the NFS file server, on one node of the
     cluster (inside the VNet, where the file server is), so the flow itself may run anywhere."""
     from azure.ai.ml import Input, command
@@ -221,7 +223,7 @@ def sync_spec(cfg: AzureMLPoolConfig, run: RunPaths, image: str, attempt: int = 
     shards = Input(
         type="uri_folder", path=datastore_path(cfg.blob_datastore, dataset_prefix(run.dataset)), mode="ro_mount"
     )
-    fetch = fetch_command(SHARDS_INPUT, NFS_MOUNT, run.dataset).removesuffix(" && ")
+    fetch = fetch_command(runtime, SHARDS_INPUT, NFS_MOUNT, run.dataset).removesuffix(" && ")
     return command(
         name=attempt_name(run.run_id, attempt, "sync"),
         display_name=f"trainflow {run.run_id} sync {attempt}",
@@ -230,7 +232,7 @@ def sync_spec(cfg: AzureMLPoolConfig, run: RunPaths, image: str, attempt: int = 
         environment=environment_spec(image),
         compute=cfg.compute,
         instance_count=1,
-        inputs={"scripts": scripts_input(cfg, run), "shards": shards},
+        inputs={"shards": shards},
         tags={"trainflow.run": run.run_id, "trainflow.step": "sync"},
     )
 

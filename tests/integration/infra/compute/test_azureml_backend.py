@@ -75,9 +75,8 @@ def azure_run(
         environ={},
     )
     run = RunPaths("run1", Path(data), Path("scripts/v1"), tmp_path / "out", "digits" if data != SYNTHETIC else "")
-    pool = AzureMLPool(
-        cfg.pool, run, "registry.example/trainflow-gpu@sha256:" + "0" * 64, cfg.image, _client=ws.client()
-    )
+    image = "registry.example/trainflow-gpu@sha256:" + "0" * 64
+    pool = AzureMLPool(cfg.pool, run, image, cfg.image, runtime=RUNTIME, _client=ws.client())  # the image's code: ours
     return ws, pool, cfg
 
 

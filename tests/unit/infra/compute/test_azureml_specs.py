@@ -89,7 +89,7 @@ def test_the_blob_data_path_fetches_the_staged_shards_to_the_local_disk(tmp_path
     assert (
         fetch
         == (
-            "python ${{inputs.scripts}}/trainer/staged/fetch.py --source ${{inputs.shards}} --export /tmp/trainflow "
+            "python /opt/trainflow/trainer/staged/fetch.py --source ${{inputs.shards}} --export /tmp/trainflow "
             "--dataset imagenet"
         )
         and "mount" not in job.command
@@ -103,9 +103,10 @@ def test_the_sync_runs_as_a_job_on_the_cluster_that_mounts_the_file_server_read_
     sync = loaded_job(rendered(tmp_path)["sync job"], tmp_path)
     assert sync.compute == "trainflow-a100" and sync.resources.instance_count == 1
     assert "mount -t nfs -o rw," in sync.command and sync.name == "trainflow-<run id>-sync-1"
-    assert sync.command.endswith(
-        "trainer/staged/fetch.py --source ${{inputs.shards}} --export /mnt/fileserver --dataset imagenet"
+    assert sync.command.endswith(  # the image's node-side code: a user's scripts version does not hold it
+        "/opt/trainflow/trainer/staged/fetch.py --source ${{inputs.shards}} --export /mnt/fileserver --dataset imagenet"
     )
+    assert set(sync.inputs) == {"shards"}
 
 
 def test_the_job_runs_the_scripts_version_and_image_the_earlier_steps_made(tmp_path):
@@ -304,10 +305,10 @@ def test_new_attempts_stop_at_the_gpu_hour_budget_and_lost_work_counts_from_the_
 
 def test_a_runs_scripts_are_the_folder_upload_scripts_returned(tmp_path):
     cfg = load_config(AZURE, {"workdir": tmp_path}, environ={})
-    run = run_paths(cfg, "run-1", "scripts/0123abcd", Path("/x"))  # as the flow, the dry run and the sync job make it
+    run = run_paths(cfg, "run-1", "scripts/0123abcd", Path("/x"))  # as the flow and the dry run make it
     assert run.scripts == Path("scripts/0123abcd") and run.out == tmp_path / "runs" / "run-1"
-    sync = AzureMLPool(cfg.pool, run, DIGEST, cfg.image).sync_job().spec
-    assert sync.inputs["scripts"].path == "azureml://datastores/trainflow_files/paths/scripts/0123abcd/"
+    job = AzureMLPool(cfg.pool, run, DIGEST, cfg.image).job(cfg.training, 0).spec._to_job()
+    assert job.inputs["scripts"].path == "azureml://datastores/trainflow_files/paths/scripts/0123abcd/"
 
 
 def test_a_scripts_job_resolves_its_folders_in_the_command_and_the_sdk_loads_it(tmp_path):
