@@ -19,7 +19,7 @@ from infra.engines import ENGINES, TrainingConfig
 from infra.engines.contract import Metrics, TrainingSettings
 from infra.engines.launchers import LaunchError
 from infra.engines.pytorch import PyTorchTraining
-from trainer.cores import usable_cores
+from nodelib.cores import usable_cores
 from trainer.metrics import installed_versions, library_versions
 
 RESTARTS = "fast+restarts"  # bench loader's run of the fast loader on the JPEGs rewritten with restart markers

@@ -71,7 +71,7 @@ from benchmarks.gpu_plan import (
     write_photo_set,
     write_shrunk_copy,
 )
-from trainer.cores import usable_cores
+from nodelib.cores import usable_cores
 
 BUDGET_S = 480  # 8 minutes, all told: the steps and every run at its worst (a device session is 15)
 MARGIN_S = 15  # kept back from the budget: starting Python and torch, the last JSON, the runs' processes ending

@@ -53,8 +53,8 @@ from benchmarks.gpu_plan import (
 from benchmarks.loader import restart_marked_copy, training_split
 from flows.config import ConfigError, FlowConfig
 from infra.compute.process import train_here
+from nodelib.cores import usable_cores
 from trainer import jpeg_crop
-from trainer.cores import usable_cores
 from trainer.dali import INSTALL
 from trainer.options import LOADERS
 

@@ -30,8 +30,8 @@ import torchvision
 from infra.data.photos import make_photo_folders, photo_plan, write_photo
 from infra.data.restart_markers import ALREADY, REWRITTEN, Outcome, rewrite_files
 from infra.data.shrink import mirror_files
+from nodelib.cores import usable_cores
 from trainer import gpu_decode, jpeg_crop
-from trainer.cores import usable_cores
 from trainer.data import LOADERS, train_transform
 from trainer.options import build_parser
 

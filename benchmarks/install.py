@@ -16,7 +16,7 @@ from typing import Any
 from benchmarks.common import bench_progress, shown, spread, write_json
 from flows.config import FlowConfig
 from infra.core.errors import BadInput
-from trainer.cores import usable_cores
+from nodelib.cores import usable_cores
 
 REPO = Path(__file__).resolve().parents[1]
 TOOLS = ("pip", "uv")  # pip: the baseline, what a user does without the Makefile's choice

@@ -40,10 +40,10 @@ from infra.core.jsonfiles import write_json as keep_json
 from infra.data.restart_markers import add_restart_markers
 from infra.data.sample_data import write_photo_sized, written_whole
 from infra.data.shrink import check_max_side, shrunk_copy
+from nodelib.cores import usable_cores
+from nodelib.errors import UsageError
+from nodelib.layout import Split, index_folder
 from trainer import data
-from trainer.cores import usable_cores
-from trainer.errors import UsageError
-from trainer.layout import Split, index_folder
 
 BASELINE = "pil"
 PARTS = ("decode", "augment", "collate")

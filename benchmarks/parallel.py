@@ -26,7 +26,7 @@ from flows.config import FlowConfig
 from infra.compute.process import train_here
 from infra.engines.contract import Metrics
 from infra.engines.pytorch import PyTorchTraining
-from trainer.cores import usable_cores
+from nodelib.cores import usable_cores
 
 # Small enough for 2 CPU cores; the config file's training section overrides any of these.
 PARALLEL_BENCH_DEFAULTS = dict(

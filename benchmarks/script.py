@@ -36,7 +36,7 @@ from flows.config import FlowConfig
 from infra.core.jsonfiles import read_json
 from infra.engines.contract import PACKAGE
 from infra.engines.launchers import LaunchError, local_command
-from trainer.cores import usable_cores
+from nodelib.cores import usable_cores
 
 TRAINFLOW = str(Path(sys.executable).with_name("trainflow"))
 EXAMPLE = PACKAGE.parent / "examples" / "horovod-synthetic"

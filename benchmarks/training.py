@@ -33,7 +33,7 @@ from infra.compute.process import train_here
 from infra.engines import TrainingConfig
 from infra.engines.contract import TrainingSettings, read_metrics, trainer_argv
 from infra.engines.launchers import LaunchError
-from trainer.cores import usable_cores
+from nodelib.cores import usable_cores
 
 # Small enough for 2 CPU cores; any of these can be set in the config file's training section.
 TRAIN_BENCH_DEFAULTS = dict(

@@ -15,7 +15,7 @@ import typer
 from cli.common import WorkdirOpt, configure, err, friendly_errors, say
 from cli.runs import print_rows
 from infra.core.errors import BadInput
-from trainer.errors import UsageError
+from nodelib.errors import UsageError
 
 if TYPE_CHECKING:
     from trainer.predictions import Classifier, Prediction

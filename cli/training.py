@@ -35,7 +35,7 @@ from infra.engines import ENGINES
 from infra.engines.contract import METRICS, SYNTHETIC, Metrics, metrics_from
 from infra.runs.ledger import check_budget
 from infra.runs.workdir import command_line
-from trainer.cores import usable_cores
+from nodelib.cores import usable_cores
 from trainer.model_files import IMAGENET, KERAS, arch_named_by, framework_of
 
 FrameworkOpt = Annotated[

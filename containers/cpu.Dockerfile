@@ -38,6 +38,7 @@ RUN apt-get update && apt-get install -y --no-install-recommends openssh-server 
 COPY --from=horovod /tmp/wheels/ /tmp/wheels/
 RUN pip install --no-index --find-links /tmp/wheels -r /opt/trainflow/requirements/image.txt /tmp/wheels/horovod-*/horovod-*.whl \
  && rm -rf /tmp/wheels && horovodrun --check-build
+COPY nodelib/ /opt/trainflow/nodelib/
 COPY trainer/ /opt/trainflow/trainer/
 # The rank shim a user's own script runs under (its lines prefixed with the rank); the scripts come mounted.
 COPY scriptrun/ /opt/trainflow/scriptrun/

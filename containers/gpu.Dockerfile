@@ -42,6 +42,7 @@ RUN NCCL=$(python -c 'import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])')
     /tmp/build/horovod-wheel.sh python /tmp/wheels \
  && pip install /tmp/wheels/horovod-*/horovod-*.whl && rm -rf /tmp/wheels \
  && horovodrun --check-build
+COPY nodelib/ /opt/trainflow/nodelib/
 COPY trainer/ /opt/trainflow/trainer/
 # The rank shim a user's own script runs under (its lines prefixed with the rank); the scripts come mounted.
 COPY scriptrun/ /opt/trainflow/scriptrun/

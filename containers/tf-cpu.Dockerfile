@@ -38,6 +38,7 @@ RUN apt-get update && apt-get install -y --no-install-recommends openssh-server 
  && rm -rf /var/lib/apt/lists/* && mkdir -p /run/sshd
 COPY --from=venv /opt/venv/ /opt/venv/
 RUN horovodrun --check-build
+COPY nodelib/ /opt/trainflow/nodelib/
 COPY trainer/ /opt/trainflow/trainer/
 # The rank shim a user's own script runs under (its lines prefixed with the rank); the scripts come mounted.
 COPY scriptrun/ /opt/trainflow/scriptrun/

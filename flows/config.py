@@ -34,8 +34,8 @@ from infra.runs.lineage import check_weights, weights_file
 from infra.runs.tracking import TrackingConfig
 from infra.storage.config import StorageConfig
 from infra.storage.fileshare import FileShareConfig
-from trainer.errors import UsageError
-from trainer.layout import FILES_LAYOUT, IMAGENET_LAYOUT
+from nodelib.errors import UsageError
+from nodelib.layout import FILES_LAYOUT, IMAGENET_LAYOUT
 from trainer.model_files import IMAGENET
 
 ENV_PREFIX = "TRAINFLOW_"

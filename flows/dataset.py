@@ -9,8 +9,8 @@ from flows.config import LOCAL_DATA_FREE, ConfigError, FlowConfig
 from infra.core.jsonfiles import read_json, write_json
 from infra.data.manifest import check_names, relative_paths
 from infra.data.sample_data import write_digits
-from trainer.errors import UsageError
-from trainer.layout import IMAGENET_LAYOUT
+from nodelib.errors import UsageError
+from nodelib.layout import IMAGENET_LAYOUT
 
 
 def with_data(cfg: FlowConfig, training: bool = False) -> FlowConfig:

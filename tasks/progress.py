@@ -1,4 +1,4 @@
-"""Live progress of the training step in the Prefect UI, from the trainer's `Progress` events (trainer/records.py,
+"""Live progress of the training step in the Prefect UI, from the trainer's `Progress` events (nodelib/records.py,
 every training.log_every steps, on every backend: they are lines of the job's stream): a progress artifact that
 moves as steps pass, described by a markdown line with the step, the images/s and the ETA. For a user's script, the
 line holds the latest value of each metric read from its lines as they come."""
@@ -12,7 +12,7 @@ from uuid import UUID
 
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
-from trainer.records import Event, Progress
+from nodelib.records import Event, Progress
 
 KEY = "training-progress"
 

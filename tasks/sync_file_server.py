@@ -3,7 +3,7 @@
 Files whose path and SHA-256 are unchanged since the current version are hard-linked from it; only
 the shards that hold missing or changed files are downloaded; each extracted file is checked
 against the manifest; the new version appears (as `current`) only once whole. The decision and the
-versions are trainer/staged/'s, which the sync job on an Azure ML cluster runs too. A disk too small for the
+versions are nodelib/staged/'s, which the sync job on an Azure ML cluster runs too. A disk too small for the
 files to extract is refused before the first (fill_version); one that fills meanwhile ends the step in one line.
 """
 
@@ -26,10 +26,10 @@ from infra.storage.config import StorageConfig
 from infra.storage.errors import StorageError
 from infra.storage.fileserver import FileServer
 from infra.storage.transfers import Transfer, step_plan, transfer_progress
+from nodelib.errors import UntrustedInput
+from nodelib.staged.manifest import Manifest
+from nodelib.staged.versions import SyncPlan, decide_sync, fill_version
 from tasks.retry import unless_permanent
-from trainer.errors import UntrustedInput
-from trainer.staged.manifest import Manifest
-from trainer.staged.versions import SyncPlan, decide_sync, fill_version
 
 
 @contextmanager
@@ -66,7 +66,7 @@ def sync_row(plan: SyncPlan, name: str) -> dict:
 
 def sync_to_file_server(store: BlobStore, server: FileServer, name: str, workdir: Path) -> tuple[Transfer, Path]:
     """Make server's `current` version of `name` equal the manifest in Blob; a manifest or shard that breaks the
-    format's rules (trainer/staged/rules.py) is bad input, never retried, and leaves no version behind."""
+    format's rules (nodelib/staged/rules.py) is bad input, never retried, and leaves no version behind."""
     try:
         return synced(store, server, name, workdir)
     except UntrustedInput as exc:
@@ -147,7 +147,7 @@ class SyncingPool(Pool, Protocol):
 )
 def sync_on_pool_task(pool: Pool, name: str, timeout_s: float) -> dict:
     """Prefect step, where only the pool reaches the file server (an NFS share inside a VNet): the pool's own
-    sync job (trainer/staged/fetch.py on one node) brings it to the staged version while the flow waits."""
+    sync job (nodelib/staged/fetch.py on one node) brings it to the staged version while the flow waits."""
     pool = cast(SyncingPool, pool)  # the step runs only where the backend syncs on its pool (nothing here names one)
     pool.create()
     pool.wait_until_ready()

@@ -23,12 +23,12 @@ from infra.storage.blobstore import BlobStore, open_store
 from infra.storage.config import StorageConfig
 from infra.storage.errors import StorageError
 from infra.storage.transfers import Transfer, in_parallel, step_plan, transfer_progress
+from nodelib.errors import UsageError
+from nodelib.image_files import bad_image_lines, bad_images_error, find_bad_images, write_bad_list
+from nodelib.layout import IMAGENET_LAYOUT
+from nodelib.staged.manifest import Manifest
+from nodelib.staged.names import FORMAT
 from tasks.retry import unless_permanent
-from trainer.errors import UsageError
-from trainer.image_files import bad_image_lines, bad_images_error, find_bad_images, write_bad_list
-from trainer.layout import IMAGENET_LAYOUT
-from trainer.staged.manifest import Manifest
-from trainer.staged.names import FORMAT
 
 
 def cache_path(workdir: Path, name: str) -> Path:

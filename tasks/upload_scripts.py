@@ -12,11 +12,11 @@ from pathlib import Path
 from prefect import task
 
 from infra.core.errors import BadInput
-from infra.engines.contract import PACKAGE
+from infra.engines.contract import NODELIB, PACKAGE
 from infra.storage.fileshare import FileShare, FileShareConfig, open_share
 from infra.storage.transfers import Transfer, step_plan, transfer_progress
+from nodelib.scripts import COMPLETE, HASHES, scripts_version, sha256_file
 from tasks.retry import unless_permanent
-from trainer.scripts import COMPLETE, HASHES, scripts_version, sha256_file
 
 LATEST = "scripts/LATEST"
 SOURCES = (".py", ".c")  # the training package's files that travel with a scripts version
@@ -24,9 +24,14 @@ SOURCES = (".py", ".c")  # the training package's files that travel with a scrip
 
 def package_files(extra_files: list[Path]) -> dict[str, Path]:
     """Relative path on the share -> local file: the training package (its Python and the C of the fast loader's
-    partial decoding, which each node compiles once per version) plus the extra files."""
-    package = PACKAGE
-    files = {f"trainer/{p.relative_to(package)}": p for p in sorted(package.rglob("*")) if p.suffix in SOURCES}
+    partial decoding, which each node compiles once per version) and the node-side library it runs on, plus the
+    extra files."""
+    files = {
+        f"{package.name}/{p.relative_to(package)}": p
+        for package in (PACKAGE, NODELIB)
+        for p in sorted(package.rglob("*"))
+        if p.suffix in SOURCES
+    }
     for extra in extra_files:
         if not extra.is_file():
             raise BadInput(f"fileshare.extra_files names {extra}, which is not a file")

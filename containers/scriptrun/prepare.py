@@ -15,8 +15,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # trainer/scripts.py, beside this package
-from trainer.scripts import HASHES, expected_version, version_files, version_problem
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # nodelib/scripts.py, beside this package
+from nodelib.scripts import HASHES, expected_version, version_files, version_problem
 
 WORK, OUTPUTS, CHECKPOINTS, LOGS = "work", "outputs", "checkpoints", "logs"  # the run folder's parts for a script
 FOLDERS = {"output": OUTPUTS, "checkpoints": CHECKPOINTS, "logs": LOGS}  # placeholder -> its part
@@ -40,7 +40,7 @@ def make_folders(version: Path, out: Path) -> None:
 
 def prepare_once(version: Path, out: Path, key: str) -> str | None:
     """Make the run's folders under `out` unless a rank did for `key` (the run and its attempt: PREPARED says which
-    did last); what keeps the version from being run (trainer/scripts.py), or None. The other ranks of the node wait
+    did last); what keeps the version from being run (nodelib/scripts.py), or None. The other ranks of the node wait
     on a node-wide lock. Nodes of one job each copy the same bytes, so it does not matter which writes a file last."""
     expected = expected_version(version)
     if expected is None:

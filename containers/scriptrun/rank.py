@@ -8,7 +8,7 @@ TRAINFLOW_WORK_DIR names, and prints each of its lines, stdout and stderr alike,
 the launcher's variables (RANK, HOROVOD_RANK, OMPI_COMM_WORLD_RANK, PMI_RANK). A carriage return ends a line too, so a
 progress bar becomes lines. SIGTERM, SIGINT and SIGHUP go on to the script, which may save before it exits.
 
-When the script fails, one event line (trainer/records.py's Failure) says how, for the orchestrator: an argparse usage
+When the script fails, one event line (nodelib/records.py's Failure) says how, for the orchestrator: an argparse usage
 error or a SyntaxError (exit status 2) is the script's input ("usage": never retried); any other failure is the
 script's own ("script": not retried) unless its exit status is one that TRAINFLOW_RETRY_EXIT_CODES lists ("fault":
 retried). A script killed by a signal dies here by the same signal, so the launcher reports it as such.
@@ -28,8 +28,8 @@ from collections import deque
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # trainer/ and scriptrun/ (this package's parent)
+from nodelib.records import Failure, event_line, rank_prefix
 from scriptrun.prepare import prepare_once
-from trainer.records import Failure, event_line, rank_prefix
 
 RANK_VARIABLES = ("RANK", "HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)

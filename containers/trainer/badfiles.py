@@ -12,9 +12,9 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from trainer.image_files import SHOWN, bad_image_lines, bad_images_error, find_bad_images, write_bad_list
-from trainer.layout import Split, without
-from trainer.verified import VERIFIED, Verified, read_record, read_verified, write_record
+from nodelib.image_files import SHOWN, bad_image_lines, bad_images_error, find_bad_images, write_bad_list
+from nodelib.layout import Split, without
+from nodelib.verified import VERIFIED, Verified, read_record, read_verified, write_record
 
 BAD_LIST = "bad-files.tsv"  # in OUT: every image that cannot be decoded, `path<TAB>reason`, paths relative to DATA
 CHECKED = "images-checked.json"  # in OUT: the preflight's decode of DATA, which the workers read instead of decoding

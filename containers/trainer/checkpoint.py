@@ -8,7 +8,7 @@ single-device model's checkpoint.
 torch is imported only by the functions that write or read torch files: the TensorFlow trainers (trainer/tf) use
 write_atomic and save_json in an image without torch.
 
-A disk too full for a file ends the run in one line (trainer/errors.py's DiskFull) before the write starts where
+A disk too full for a file ends the run in one line (nodelib/errors.py's DiskFull) before the write starts where
 the size is known (a checkpoint's tensors), else when the disk fills; either way the temporary file goes and the
 files written before stay whole, so the next run resumes from the newest checkpoint."""
 
@@ -17,7 +17,7 @@ import os
 import re
 from pathlib import Path
 
-from trainer.errors import check_free, writing
+from nodelib.errors import check_free, writing
 
 CHECKPOINT = re.compile(r"step-(\d{9})\.pt$")
 FIX = "free space there, or pass an --out on a bigger disk; a re-run resumes from the newest checkpoint"

@@ -1,4 +1,4 @@
-"""What every framework's trainer prints and how it exits (the contract of trainer/records.py): each line starts
+"""What every framework's trainer prints and how it exits (the contract of nodelib/records.py): each line starts
 with `[rank N]`; the events the orchestrator reads (progress, checkpoints, failures) are lines of their own beside
 the log for people; bad input is one `ERROR error: MESSAGE` line (and its `Failure` event) and exit status 2, a
 fault one such line and exit status 1, anything unexpected a traceback and exit status 1. Torch-free: the
@@ -11,9 +11,9 @@ import sys
 from argparse import Namespace
 from collections.abc import Callable
 
+from nodelib.errors import DiskFull, UsageError
+from nodelib.records import EpochRow, Event, Failure, Progress, event_line, rank_prefix
 from trainer import tracking
-from trainer.errors import DiskFull, UsageError
-from trainer.records import EpochRow, Event, Failure, Progress, event_line, rank_prefix
 from trainer.tracking import Tracker
 
 log = logging.getLogger("trainer")

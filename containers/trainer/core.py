@@ -9,7 +9,7 @@ save and load its model, and its collectives. This module owns the rest, once:
   step, the images of the epoch already trained on, the history, the wall time) and a run of another model or class
   list refused;
 - the preflight (`check_only`: the options, the output folder, the data, the checkpoints already in OUT, one step);
-- the results: the parameter-sync check, each rank's memory, the model file and metrics.json (trainer/records.py's
+- the results: the parameter-sync check, each rank's memory, the model file and metrics.json (nodelib/records.py's
   `Metrics`), and the events the orchestrator reads (`Progress`, `Checkpointed`).
 
 Keras's fit drives its own steps: its callbacks (trainer/tf/fit.py) call `after_step` and `end_epoch`.
@@ -23,11 +23,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
+from nodelib.errors import UsageError
+from nodelib.layout import SYNTHETIC, index_folder
+from nodelib.records import SCHEMA, Checkpointed, EpochRow, Metrics, Progress
 from trainer import badfiles, checkpoint, console, tracking
-from trainer.errors import UsageError
-from trainer.layout import SYNTHETIC, index_folder
 from trainer.options import check_batch_fits, check_output_folder, decay_epochs
-from trainer.records import SCHEMA, Checkpointed, EpochRow, Metrics, Progress
 from trainer.schedule import Schedule, lr_factor
 from trainer.throughput import Throughput, digest_chunks
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from trainer.errors import UsageError
+from nodelib.errors import UsageError
 from trainer.recipe import RATIO, val_resize
 
 INSTALL = "pip install 'trainflow[dali]' (nvidia-dali-cuda130)"

@@ -29,6 +29,15 @@ from torchvision.io import ImageReadMode, decode_jpeg, read_file
 from torchvision.transforms import v2
 from torchvision.transforms.functional import pil_to_tensor
 
+from nodelib.image_files import (  # the data API: the decoding, used here or by train.py and the tests
+    load_rgb,
+    opened,
+    verify_images,  # noqa: F401 - part of the data API
+)
+from nodelib.layout import (  # the data API: the layout's names, used here or by train.py and the tests
+    Split,
+    index_folder,  # noqa: F401 - part of the data API
+)
 from trainer import dali, gpu_decode, jpeg_crop
 from trainer.badfiles import (  # noqa: F401 - the bad-file rules, torch-free (every trainer's), part of the data API
     BAD_LIST,
@@ -43,15 +52,6 @@ from trainer.badfiles import (  # noqa: F401 - the bad-file rules, torch-free (e
     still_here,
 )
 from trainer.batch_resize import centre_region, crop_region
-from trainer.image_files import (  # the data API: the decoding, used here or by train.py and the tests
-    load_rgb,
-    opened,
-    verify_images,  # noqa: F401 - part of the data API
-)
-from trainer.layout import (  # the data API: the layout's names, used here or by train.py and the tests
-    Split,
-    index_folder,  # noqa: F401 - part of the data API
-)
 from trainer.options import LOADERS, check_batch_fits  # noqa: F401 - the loaders the data API builds, its rule
 from trainer.recipe import MEAN, RATIO, STD, val_resize
 

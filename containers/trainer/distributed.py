@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from trainer.errors import UsageError
+from nodelib.errors import UsageError
 
 
 class Backend:

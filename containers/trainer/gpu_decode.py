@@ -29,8 +29,8 @@ from torch.utils.data import DataLoader, get_worker_info
 from torchvision.io import ImageReadMode, decode_jpeg, encode_jpeg
 from torchvision.transforms import v2
 
+from nodelib.errors import UsageError, first_line
 from trainer.batch_resize import Box, Region, crop_region, resize_batch
-from trainer.errors import UsageError, first_line
 from trainer.jpeg_crop import header_shape
 
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainer.errors import UsageError
-from trainer.scripts import sha256_file
+from nodelib.errors import UsageError
+from nodelib.scripts import sha256_file
 
 PYTORCH, KERAS = "pytorch", "keras"
 ABOUT = "trainflow.json"  # in a Keras run's model.keras: its architecture and class names, which Keras's files lack

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 import torchvision
 
-from trainer.errors import UsageError
+from nodelib.errors import UsageError
 from trainer.model_files import (
     IMAGENET,
     KERAS,

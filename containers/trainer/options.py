@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin, get_type_hints
 
-from trainer.cores import usable_cores
-from trainer.errors import UsageError
-from trainer.folders import cannot_write_in, nearest_existing
+from nodelib.cores import usable_cores
+from nodelib.errors import UsageError
+from nodelib.folders import cannot_write_in, nearest_existing
 from trainer.tracking import check_trackers
 
 # The classifiers of the pinned torchvision (torchvision.models.list_models(module=torchvision.models)), listed here

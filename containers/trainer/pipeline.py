@@ -27,7 +27,7 @@ import torch.distributed as dist
 import torchvision
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-from trainer.errors import UsageError
+from nodelib.errors import UsageError
 from trainer.models import forget, materialise
 from trainer.options import check_layout  # noqa: F401 - part of the split API (tests, train.py)
 

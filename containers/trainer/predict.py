@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from nodelib.errors import UsageError
+from nodelib.image_files import load_rgb
 from trainer.data import val_transform
 from trainer.distributed import pick_device
-from trainer.errors import UsageError
-from trainer.image_files import load_rgb
 from trainer.model_files import TorchWeights
 from trainer.models import build_model, read_torch
 

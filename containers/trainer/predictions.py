@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from trainer.cores import usable_cores
-from trainer.errors import UsageError
-from trainer.image_files import BadImage, bad_image_lines
-from trainer.layout import IMAGE_SUFFIXES, entry_kind, special_name
+from nodelib.cores import usable_cores
+from nodelib.errors import UsageError
+from nodelib.image_files import BadImage, bad_image_lines
+from nodelib.layout import IMAGE_SUFFIXES, entry_kind, special_name
 
 BATCH = 64  # images classified at once: the model's memory for them stays small on any device
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from trainer.errors import UsageError
+from nodelib.errors import UsageError
 
 DTYPES = {  # torch's storage types and their numpy types (bfloat16 has none: such a file is refused)
     "FloatStorage": np.float32,

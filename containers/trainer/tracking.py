@@ -12,7 +12,7 @@ import importlib.util
 import time
 from pathlib import Path
 
-from trainer.errors import UsageError
+from nodelib.errors import UsageError
 
 EXPERIMENT = "trainflow"  # where a run the engine makes itself is filed
 MLFLOW_PIN = "mlflow-skinny==3.17.2"  # what the images install (containers/requirements/image.txt)

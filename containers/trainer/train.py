@@ -35,16 +35,16 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: the `trainer` package importable, its scripts version checked
     sys.pycache_prefix = sys.pycache_prefix or os.path.expanduser("~/.cache/trainflow/pycache")  # never a share's
     sys.path.insert(0, scripts := str(Path(__file__).resolve().parents[1]))
-    from trainer.scripts import exit_unless_intact
+    from nodelib.scripts import exit_unless_intact
 
     exit_unless_intact(Path(scripts))  # before any other module of the package is imported
 
 import torch
 
+from nodelib.errors import UsageError
+from nodelib.layout import SYNTHETIC
 from trainer import badfiles, checkpoint, console, core, data, gpu_decode, tracking
 from trainer.distributed import Backend, leave_process_group, make_backend, pick_device
-from trainer.errors import UsageError
-from trainer.layout import SYNTHETIC
 from trainer.memory import resident_mb
 from trainer.models import build_model, build_on_meta, check_model_name, start_from
 from trainer.options import build_parser, check_args, check_layout, check_output_folder, cores_per_process

@@ -9,7 +9,7 @@ from types import ModuleType
 
 from flows.config import FlowConfig
 from infra.compute import RunPaths
-from trainer.staged.manifest import Manifest
+from nodelib.staged.manifest import Manifest
 
 
 @dataclass

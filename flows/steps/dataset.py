@@ -11,8 +11,8 @@ from infra.data import manifest as mf
 from infra.data.shrink import out_of_date, stale_files
 from infra.storage.fileserver import FileServer
 from infra.storage.transfers import Transfer, step_plan
+from nodelib.staged.manifest import Manifest
 from tasks.upload_dataset import decide_upload, scan_dataset, shrink_task, synced_state, upload_dataset_task
-from trainer.staged.manifest import Manifest
 
 STEP = "upload-dataset"
 NOTHING = "data: synthetic, nothing to stage"  # the upload's and the sync's summary for synthetic data

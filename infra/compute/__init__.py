@@ -11,7 +11,7 @@ settings), registered below: the class in `registered`, the section in `PoolConf
 make its cloud resources are in azure/.
 
 May import: infra.storage, infra.images, infra.engines, infra.data, infra.services, infra.core, and the trainer's
-contract modules (trainer.staged).
+contract modules (nodelib.staged).
 """
 
 from typing import Annotated, Any

@@ -28,7 +28,7 @@ from infra.engines.launchers import LaunchError, route_output
 from infra.engines.program import Program
 from infra.images.registry import ImageConfig
 from infra.storage.fileshare import FileShareConfig, local_root
-from trainer.records import Event
+from nodelib.records import Event
 
 
 class PoolError(TrainflowError):

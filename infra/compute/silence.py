@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from infra.engines.launchers import LaunchError
-from trainer.records import line_rank
+from nodelib.records import line_rank
 
 # Horovod's stall inspector (horovod/common/stall_inspector.cc) logs "One or more tensors were submitted to be reduced,
 # gathered or broadcasted by subset of ranks and are waiting for remainder of ranks for more than 60 seconds. ...",

@@ -1,7 +1,7 @@
 """Disk space on the orchestrator's side: a full disk is a fault (exit 1, no retry) told in one line that names the
 path, the bytes needed and the bytes free there; where the need is known before a step starts, it is checked first.
 
-The translation of ENOSPC, EDQUOT and SQLite's "database or disk is full" is the trainer's (trainer/errors.py,
+The translation of ENOSPC, EDQUOT and SQLite's "database or disk is full" is the trainer's (nodelib/errors.py,
 which the nodes run too); every writer here wraps its write in `writing(path, ...)`, and the CLI's last net
 (cli/common.py) words one that reaches it unnamed with `unnamed_full_disk`.
 """
@@ -12,8 +12,8 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import NamedTuple
 
-from trainer import errors
-from trainer.errors import DiskFull, check_free, disk_full, free_bytes, is_disk_full, size_text
+from nodelib import errors
+from nodelib.errors import DiskFull, check_free, disk_full, free_bytes, is_disk_full, size_text
 
 __all__ = ["DiskFull", "check_free", "disk_full", "free_bytes", "is_disk_full", "size_text", "writing"]
 
@@ -26,7 +26,7 @@ PREFECT_GROWTH = 1_000_000  # what one more command's runs, logs and events add 
 def writing(
     path: Path, need: int | None = None, partial: Path | None = None, fix: str = WORKDIR_FIX
 ) -> AbstractContextManager[None]:
-    """trainer/errors.py's `writing` (a full disk met in the block as one line naming `path`), the workdir's fix."""
+    """nodelib/errors.py's `writing` (a full disk met in the block as one line naming `path`), the workdir's fix."""
     return errors.writing(path, need, partial, fix)
 
 

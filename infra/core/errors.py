@@ -2,8 +2,8 @@
 
 - Retry: a step is retried unless its error is `permanent` (the same attempt would meet it again: bad
   input, refused credentials, a full disk, a job past its time limit). Other errors are transient. A full disk
-  is recognised in one place (trainer/errors.py `is_disk_full`; a writer names it as `DiskFull`).
-- The trainer's `UsageError` (trainer/errors.py), `UntrustedInput` included (what came back from storage breaks
+  is recognised in one place (nodelib/errors.py `is_disk_full`; a writer names it as `DiskFull`).
+- The trainer's `UsageError` (nodelib/errors.py), `UntrustedInput` included (what came back from storage breaks
   its format's rules), is bad input wherever the orchestrator meets it: the upload step's skip decision, the sync,
   the dry run, `runs`, `predict`; permanent, and exit 2, as `BadInput` is.
 - Exit code: `BadInput` (the user must change a setting, an option or the data) exits 2; every other
@@ -15,8 +15,8 @@ Each system's errors derive from these (StorageError, ImageError, PoolError, ...
 
 from azure.core.exceptions import AzureError
 
-from trainer.errors import UsageError, is_disk_full
-from trainer.errors import first_line as first_line  # the orchestrator's too: re-exported (mypy's explicit form)
+from nodelib.errors import UsageError, is_disk_full
+from nodelib.errors import first_line as first_line  # the orchestrator's too: re-exported (mypy's explicit form)
 
 
 class TrainflowError(Exception):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from trainer.layout import IMAGE_SUFFIXES
+from nodelib.layout import IMAGE_SUFFIXES
 
 SAMPLED = 32  # images whose headers are read: enough for a median, few enough to take milliseconds
 

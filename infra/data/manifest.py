@@ -5,7 +5,7 @@ manifest lists every file (relative path, size, SHA-256, shard) and is written l
 complete exactly when it exists. A file goes to the shard picked by a hash of its path, so changing
 one file changes (and re-uploads) only its shard; a shard's id is a hash of the paths and contents it
 holds, so an unchanged shard keeps its name and is never sent twice. The manifest's format, the file
-server's versions and the checked extraction live in trainer/staged/, which the nodes run too.
+server's versions and the checked extraction live in nodelib/staged/, which the nodes run too.
 
 Nothing here holds the data set's file list in memory (ImageNet has 1.33 million files): a scan writes one
 row per file to a SQLite index (`Index`), a batch at a time, taking each unchanged file's SHA-256 and image
@@ -32,18 +32,18 @@ from pathlib import Path
 
 from infra.core.diskspace import Need, check_needs, existing, writing
 from infra.core.errors import BadInput, TrainflowError
-from trainer.errors import UsageError
-from trainer.image_files import on_all_cores
-from trainer.layout import IMAGENET_LAYOUT, check_name, layout_files
-from trainer.scripts import sha256_file
-from trainer.staged.manifest import (  # those marked F401 are re-exported: the orchestrator's manifest names are here
+from nodelib.errors import UsageError
+from nodelib.image_files import on_all_cores
+from nodelib.layout import IMAGENET_LAYOUT, check_name, layout_files
+from nodelib.scripts import sha256_file
+from nodelib.staged.manifest import (  # those marked F401 are re-exported: the orchestrator's manifest names are here
     ROWS_PER_BATCH,
     Manifest,  # noqa: F401 - re-exported: the format the orchestrator's steps use
     batched,
     insert_batches,
     manifest_lines,
 )
-from trainer.staged.names import (  # the format's names, re-exported (F401) for the orchestrator's steps
+from nodelib.staged.names import (  # the format's names, re-exported (F401) for the orchestrator's steps
     FORMAT,  # noqa: F401 - re-exported: the format the orchestrator's steps use
     FileEntry,
     check_dataset_name,  # noqa: F401 - re-exported: the format the orchestrator's steps use
@@ -51,7 +51,7 @@ from trainer.staged.names import (  # the format's names, re-exported (F401) for
     manifest_blob,  # noqa: F401 - re-exported: the format the orchestrator's steps use
     shard_blob,  # noqa: F401 - re-exported: the format the orchestrator's steps use
 )
-from trainer.staged.versions import (  # re-exported (F401): the checked extraction the orchestrator's sync runs
+from nodelib.staged.versions import (  # re-exported (F401): the checked extraction the orchestrator's sync runs
     extract_members,  # noqa: F401 - re-exported: the format the orchestrator's steps use
     sizes_match,  # noqa: F401 - re-exported: the format the orchestrator's steps use
 )
@@ -65,7 +65,7 @@ SCHEMA = (
 
 def relative_paths(data_dir: Path, layout: str = IMAGENET_LAYOUT) -> Iterator[str]:
     """Every file of the data set in its `layout`, relative to data_dir, as the trainer lists them (its rules, its
-    errors): the ImageNet layout's images one class folder at a time, or every file (trainer/layout.py)."""
+    errors): the ImageNet layout's images one class folder at a time, or every file (nodelib/layout.py)."""
     prefix = str(data_dir).rstrip("/") + "/"
     try:
         for path in layout_files(data_dir, layout):
@@ -75,7 +75,7 @@ def relative_paths(data_dir: Path, layout: str = IMAGENET_LAYOUT) -> Iterator[st
 
 
 def check_names(paths: Iterable[str]) -> None:
-    """Refuse names that cannot be staged: by the trainer's rule for a name (trainer/layout.py: valid UTF-8, no
+    """Refuse names that cannot be staged: by the trainer's rule for a name (nodelib/layout.py: valid UTF-8, no
     control character), or two that differ only in case (they would collide on a case-insensitive file system).
     `paths` are streamed, each folder's files together (as the listing yields them)."""
 
@@ -196,7 +196,7 @@ class Index:
                 )
             )
         rows, fresh = [], []
-        for rel in paths:  # names checked by the listing (trainer/layout.py)
+        for rel in paths:  # names checked by the listing (nodelib/layout.py)
             st = os.stat(os.path.join(root, rel))
             hit = cached.get(rel)
             if hit and hit[0] == st.st_size and hit[1] == st.st_mtime_ns:

@@ -24,10 +24,10 @@ from typing import NamedTuple
 
 from PIL import Image
 
+from nodelib.cores import usable_cores
+from nodelib.errors import UsageError
+from nodelib.layout import class_names, split_folders, split_images
 from trainer import jpeg_crop
-from trainer.cores import usable_cores
-from trainer.errors import UsageError
-from trainer.layout import class_names, split_folders, split_images
 
 TEMPORARY = ".restarts-tmp"  # the suffix of a file being written; one left by a killed run is removed by the next
 CHUNK = 64  # files per unit of work handed to a writer process

@@ -33,7 +33,7 @@ from typing import NamedTuple
 
 from PIL import Image
 
-from trainer.cores import usable_cores
+from nodelib.cores import usable_cores
 
 QUALITY = 90
 MIN_SIDE = 32  # the smallest --max-side (the digits set's side): a smaller one is a typo, not a training choice

@@ -5,14 +5,14 @@
   trainer's defaults, choices, help and checks.
 - Its command line: `python <scripts>/<ENTRY> --data D --out O <options>` (`trainer_argv`), and its preflight:
   the same with `--check` in one process, before any worker (`preflight`).
-- Its output, one format for every framework, declared once in trainer/records.py (which both sides import), so
+- Its output, one format for every framework, declared once in nodelib/records.py (which both sides import), so
   that progress, tracking, the ledger and the reports never ask which framework trained: every line starts with
   `[rank N]`; events beside the log for people (`Progress` every training.log_every steps, which tasks/progress.py
   shows live; `Checkpointed`, what a resubmitting backend counts lost work from; `Failure`, an input error's one
   line); rank 0 writes metrics.json (records.Metrics) and the model (`MODEL_FILE`).
 
-Of the trainer package, the orchestrator imports only its contract modules (trainer.errors, trainer.layout and
-its image_files, verified and folders, trainer.scripts, trainer.staged, trainer.tracking, trainer.jpeg_crop) and,
+Of the trainer package, the orchestrator imports only its contract modules (nodelib.errors, nodelib.layout and
+its image_files, verified and folders, nodelib.scripts, nodelib.staged, trainer.tracking, trainer.jpeg_crop) and,
 in each engine module, that framework's options; the trainer never imports the orchestrator (both are
 import-linter contracts in pyproject.toml).
 """
@@ -27,11 +27,12 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 from infra.core.errors import BadInput
 from infra.engines.gpus import auto_count
 from infra.engines.program import NodePaths
-from trainer.layout import SYNTHETIC
-from trainer.records import SCHEMA, Failure, Metrics, read_event
+from nodelib.layout import SYNTHETIC
+from nodelib.records import SCHEMA, Failure, Metrics, read_event
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "containers" / "trainer"  # the training package: every framework's trainer, uploaded as one
+NODELIB = REPO / "containers" / "nodelib"  # the node-side library it runs on, uploaded with it
 METRICS = TypeAdapter(Metrics)  # metrics.json: the trainer's declaration, validated here by pydantic
 
 __all__ = [

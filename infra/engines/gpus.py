@@ -9,7 +9,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from trainer.cores import usable_cores
+from nodelib.cores import usable_cores
 
 AUTO = "auto"
 DRIVER_GPUS = Path("/proc/driver/nvidia/gpus")

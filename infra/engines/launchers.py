@@ -13,7 +13,7 @@ from pathlib import Path
 
 from infra.core.errors import TrainflowError
 from infra.services.supervise import ended as how_it_ended
-from trainer.records import Event, Failure, line_rank, read_event
+from nodelib.records import Event, Failure, line_rank, read_event
 
 # How the launchers report a worker that ended. torchrun's failure summary: a "rank : N (local_rank: M)" line, then
 # "exitcode : -9 (pid: P)" (negative: the signal that killed it), the first to fail after "Root Cause". horovodrun:
@@ -35,7 +35,7 @@ class RankRefused(LaunchError):
     exit_code = 2
 
 
-# The causes of a user's script's Failure (trainer/records.py, said by scriptrun/rank.py) that another attempt would
+# The causes of a user's script's Failure (nodelib/records.py, said by scriptrun/rank.py) that another attempt would
 # meet again: its usage error is the run's input (exit 2), an exception its own (exit 1); neither is retried
 # (rank.py says "fault" for an exit status the user listed as worth a retry). The trainer's own causes keep their
 # rule: retried once (its preflight refuses bad input before any worker).
@@ -107,7 +107,7 @@ def route_output(
     on_event: Callable[[Event], None] = lambda event: None,
 ) -> int:
     """Write each rank's lines to log_dir/rank<N>.log and all lines to launcher.log, pass the ranks' log lines for
-    people to `echo` and their events (trainer/records.py) to `on_event`, then wait for the exit status; raise
+    people to `echo` and their events (nodelib/records.py) to `on_event`, then wait for the exit status; raise
     LaunchError naming the failing rank, with its error or last lines."""
     log_dir.mkdir(parents=True, exist_ok=True)
     logs: dict[int, list[str]] = {}

@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import model_validator
 
 from infra.engines.contract import TrainingSettings
-from trainer.errors import UsageError
+from nodelib.errors import UsageError
 from trainer.options import Help, check_batch_fits
 
 FLAG = re.compile(r"--([a-z][a-z-]*)")

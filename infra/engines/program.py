@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from trainer.cores import usable_cores
+from nodelib.cores import usable_cores
 
 # trainflow's node-side code (trainer/, scriptrun/) where the ranks run on this machine: this checkout's containers/
 RUNTIME = str(Path(__file__).resolve().parents[2] / "containers")

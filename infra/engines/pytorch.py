@@ -9,7 +9,7 @@ from argparse import Namespace
 from typing import ClassVar, Literal
 
 from infra.engines.options import ParsedSettings
-from trainer.errors import UsageError
+from nodelib.errors import UsageError
 from trainer.options import TORCHVISION_MODELS, PyTorchOptions, check_args, check_layout, check_model_in
 
 

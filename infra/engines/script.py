@@ -29,9 +29,9 @@ from infra.engines.program import RUNTIME, NodePaths
 from infra.engines.script_files import check_size, script_files
 from infra.engines.script_metrics import json_metrics, read_metrics_of, regex_metrics
 from infra.engines.script_requirements import check_requirements, requirements_env, requirements_of, unmet
+from nodelib.records import rank_prefix
+from nodelib.scripts import version_problem
 from scriptrun.prepare import FOLDERS, LOGS, OUTPUTS, WORK, make_folders
-from trainer.records import rank_prefix
-from trainer.scripts import version_problem
 
 SHIM = "scriptrun/rank.py"  # what each rank runs, under trainflow's node-side code: the script, its lines prefixed
 RANK_SHIM = Path(RUNTIME) / SHIM  # where it is on this machine

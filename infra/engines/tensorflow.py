@@ -10,7 +10,7 @@ from argparse import Namespace
 from typing import ClassVar, Literal
 
 from infra.engines.options import ParsedSettings
-from trainer.errors import UsageError
+from nodelib.errors import UsageError
 from trainer.tf.options import TensorFlowOptions, check_args
 
 

@@ -36,12 +36,12 @@ SDISTS = {"image.txt": (HOROVOD,)}  # built in the image: Horovod, by build/horo
 
 def source_files(dockerfile: str) -> dict[str, Path]:
     """Context path -> source file: the Dockerfile (its name in containers/, e.g. "tf-cpu.Dockerfile"), the training
-    package, the rank shim, build/ and requirements/."""
+    package, the node-side library, the rank shim, build/ and requirements/."""
     if not (CONTAINERS / dockerfile).is_file():
         known = ", ".join(sorted(p.name for p in CONTAINERS.glob("*.Dockerfile")))
         raise ImageError(f"there is no containers/{dockerfile} (the Dockerfiles: {known})", permanent=True)
     files = {"Dockerfile": CONTAINERS / dockerfile}
-    for folder in ("trainer", "scriptrun", "build", "requirements"):
+    for folder in ("trainer", "nodelib", "scriptrun", "build", "requirements"):
         for path in sorted((CONTAINERS / folder).rglob("*")):
             if path.is_file() and not any(part in str(path) for part in IGNORED):
                 files[str(path.relative_to(CONTAINERS))] = path

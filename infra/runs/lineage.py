@@ -23,8 +23,8 @@ from infra.engines.script import SUMMARY
 from infra.runs.attempts import ATTEMPTS, brief, read_attempts
 from infra.runs.ledger import LEDGER, ledger_summary
 from infra.runs.record import RECORD, RunSettings, fingerprint, standing
+from nodelib.staged.names import MANIFEST  # a file server version's copy of its manifest
 from trainer.model_files import IMAGENET, KERAS, MODEL_FILES, PYTORCH, framework_of
-from trainer.staged.names import MANIFEST  # a file server version's copy of its manifest
 
 RECEIPT, CONFIG, GUIDE = "receipt.json", "config.json", "README.md"
 MODEL = "the trained model (rank 0's parameters after the last step)"  # the framework names its file

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from infra.core.errors import BadInput
 from infra.core.redact import redact
-from trainer.folders import cannot_write_in, nearest_existing
+from nodelib.folders import cannot_write_in, nearest_existing
 
 LOCK_FILE = "trainflow.lock"
 _held: set[Path] = set()  # workdirs this process holds: the flow, run in the command's process, takes them again

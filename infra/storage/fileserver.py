@@ -2,7 +2,7 @@
 
 Locally the export is a folder under the workdir that the local workers read; on Azure it is the NFS
 share the pool mounts (written by the sync job on the cluster, see infra/compute/azureml/). The
-layout and the version logic are the nodes' too, so they live in trainer/staged/; this module adds
+layout and the version logic are the nodes' too, so they live in nodelib/staged/; this module adds
 the orchestrator's errors:
 
     <export>/datasets/<name>/v-<version>/   one complete copy (train/, val/, .manifest.jsonl, .verified.json)
@@ -15,8 +15,8 @@ from pathlib import Path
 
 from infra.core.diskspace import DiskFull, disk_full, is_disk_full
 from infra.core.errors import TrainflowError
-from trainer.staged import versions
-from trainer.staged.manifest import Manifest
+from nodelib.staged import versions
+from nodelib.staged.manifest import Manifest
 
 
 class FileServerError(TrainflowError):

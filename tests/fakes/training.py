@@ -5,7 +5,7 @@ import re
 from pathlib import Path
 
 from infra.compute.process import train_here
-from trainer.records import Progress, read_event
+from nodelib.records import Progress, read_event
 
 
 def digests(log_dir):

@@ -1,5 +1,5 @@
 """The house's own measures: modules of the orchestrator's infrastructure and of the trainer small enough to have
-one reason to change, and an orchestrator that reads the trainer's typed records (trainer/records.py), never its log
+one reason to change, and an orchestrator that reads the trainer's typed records (nodelib/records.py), never its log
 lines for people."""
 
 import ast
@@ -50,7 +50,7 @@ def reading_trainer_lines(paths: list[Path]) -> list[tuple[str, str]]:
 
 def test_nothing_outside_the_trainer_reads_its_lines_with_a_regular_expression():
     found = reading_trainer_lines([path for folder in ORCHESTRATOR for path in sorted((REPO / folder).rglob("*.py"))])
-    assert not found, f"read the trainer's events (trainer/records.py) instead: {found}"
+    assert not found, f"read the trainer's events (nodelib/records.py) instead: {found}"
 
 
 def test_the_check_finds_a_pattern_over_trainer_lines(tmp_path):

@@ -38,8 +38,9 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from trainer import badfiles, image_files, layout
-from trainer.layout import SYNTHETIC, Split
+from nodelib import image_files, layout
+from nodelib.layout import SYNTHETIC, Split
+from trainer import badfiles
 from trainer.options import check_batch_fits
 from trainer.recipe import MEAN, RATIO, STD, SYNTHETIC_STEPS, val_resize
 

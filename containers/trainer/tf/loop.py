@@ -27,7 +27,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: `trainer` importable and checked, and trainer.tf imported first
     sys.pycache_prefix = sys.pycache_prefix or os.path.expanduser("~/.cache/trainflow/pycache")  # never a share's
     sys.path.insert(0, scripts := str(Path(__file__).resolve().parents[2]))
-    from trainer.scripts import exit_unless_intact
+    from nodelib.scripts import exit_unless_intact
 
     exit_unless_intact(Path(scripts))  # before any other module of the package is imported
     import trainer.tf  # noqa: F401 - tf.keras is tf_keras (TF_USE_LEGACY_KERAS) before Horovod's modules read it

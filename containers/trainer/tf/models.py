@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import tf_keras as keras
 
-from trainer.errors import UsageError
+from nodelib.errors import UsageError
 from trainer.model_files import (
     IMAGENET,
     KERAS,

@@ -8,7 +8,7 @@ declaration.
 import argparse
 from typing import Annotated, Literal
 
-from trainer.errors import UsageError
+from nodelib.errors import UsageError
 from trainer.options import CommonOptions, Help, Workers, add_options, check_common_args
 
 # The models of tf/models.py (torchvision's ResNets, built in Keras), named here so that the orchestrator checks

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from trainer.errors import UsageError
+from nodelib.errors import UsageError
 from trainer.tf.data import bad_image, val_image
 from trainer.tf.models import read_keras_model
 

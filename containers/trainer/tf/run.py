@@ -2,7 +2,7 @@
 model and optimizer, one step, validation, checkpoints (tf/checkpoints.py), the model file and the collectives. The
 loop (loop.py) and Keras's fit (fit.py) use the same adapter and the same policies.
 
-The output is every trainer's (trainer/records.py) and rank 0 writes metrics.json with the same fields. The choices
+The output is every trainer's (nodelib/records.py) and rank 0 writes metrics.json with the same fields. The choices
 that make the two frameworks train alike:
 
 - SGD as torch.optim.SGD computes it (`TorchSGD`): v = momentum * v + (g + weight_decay * w); w -= lr * v. Weight
@@ -34,8 +34,8 @@ import numpy as np
 import tensorflow as tf
 import tf_keras as keras
 
+from nodelib.errors import UsageError
 from trainer import checkpoint, console, core, model_files, tracking
-from trainer.errors import UsageError
 from trainer.memory import peak_resident_mb, resident_mb
 from trainer.options import check_output_folder, cores_per_process
 from trainer.tf import checkpoints, data, models

@@ -16,13 +16,13 @@ from typing import Any, Protocol
 from infra.compute.azureml.settings import AzureMLPoolConfig
 from infra.core.errors import first_line
 from infra.engines.launchers import LaunchError
-from trainer.records import Checkpointed, Failure, Progress, read_event
+from nodelib.records import Checkpointed, Failure, Progress, read_event
 
 # Azure ML job statuses that end a job, and the exit status each maps to.
 FINAL = {"Completed": 0, "Failed": 1, "Canceled": 1, "NotResponding": 1}
 ERROR_MESSAGE = re.compile(r'"message":\s*"((?:[^"\\]|\\.)*)"')  # in the error JSON that jobs.stream raises
 PREEMPTED = re.compile(r"pre-?empt", re.IGNORECASE)  # "PreemptionError: Nodes of this job got pre-empted"
-# The failures of a rank that another attempt would meet again (trainer/records.py's causes), in words: the run ends
+# The failures of a rank that another attempt would meet again (nodelib/records.py's causes), in words: the run ends
 # with the attempt. A script's are told by the rank's own line (the launchers' describe_failure), the rest here.
 REFUSED = {
     "input": "the trainer refused its input",

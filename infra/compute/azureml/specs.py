@@ -12,7 +12,7 @@ from infra.engines.contract import SYNTHETIC
 from infra.engines.launchers import torchrun_options
 from infra.engines.program import IMAGE_RUNTIME, NodePaths, Program
 from infra.images.registry import ImageConfig
-from trainer.staged.names import dataset_prefix
+from nodelib.staged.names import dataset_prefix
 
 NFS_MOUNT = "/mnt/fileserver"
 SCRIPTS_INPUT, SHARDS_INPUT, RESULTS_OUTPUT = "${{inputs.scripts}}", "${{inputs.shards}}", "${{outputs.results}}"
@@ -127,10 +127,10 @@ def nfs_mount(cfg: AzureMLPoolConfig, options: str) -> str:
 
 
 def fetch_command(runtime: str, source: str, export: str, dataset: str) -> str:
-    """Shell that brings `export` to the data set staged in `source` (trainer/staged/fetch.py of the image's node-side
+    """Shell that brings `export` to the data set staged in `source` (nodelib/staged/fetch.py of the image's node-side
     code at `runtime`, which a user's scripts version does not hold; ranks of a node wait for the first one's
     fetch)."""
-    fetch = f"{runtime}/trainer/staged/fetch.py"
+    fetch = f"{runtime}/nodelib/staged/fetch.py"
     return f"python {fetch} --source {source} --export {export} --dataset {dataset} && "
 
 

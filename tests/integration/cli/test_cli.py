@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 
 from cli import app
 from infra.engines.gpus import visible_gpus
+from nodelib.cores import usable_cores
 from tests.fakes.bad_inputs import images, with_file
-from trainer.cores import usable_cores
 
 pytestmark = pytest.mark.integration  # the command as a user runs it
 

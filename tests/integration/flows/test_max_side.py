@@ -14,9 +14,9 @@ import pytest
 from PIL import Image
 
 from infra.services.azurite import ACCOUNT
+from nodelib.staged.names import MANIFEST
 from tests.integration.cli.test_stage_cli import TRAINFLOW, sas_token
 from tests.integration.infra import test_disk_space
-from trainer.staged.names import MANIFEST
 
 pytestmark = pytest.mark.integration
 TRAINING = (

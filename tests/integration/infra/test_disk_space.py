@@ -1,6 +1,6 @@
 """A full disk, for real, on small tmpfs mounts: every writer ends in one line naming the path, the bytes it needed
 and the bytes free, removes its partial file and keeps the previous complete one; staging whose need is known is
-refused before anything starts (infra/core/diskspace.py, trainer/errors.py)."""
+refused before anything starts (infra/core/diskspace.py, nodelib/errors.py)."""
 
 import json
 import subprocess
@@ -211,7 +211,7 @@ def staged_folder(data: Path, dest: Path) -> Path:
 
 
 def test_the_node_side_fetch_to_a_full_disk_is_refused_in_one_line_and_leaves_no_version(tmpfs, tmp_path):
-    """trainer/staged/fetch.py on a node, its export too small. Before: "error: cannot write to EXPORT: it is full", no
+    """nodelib/staged/fetch.py on a node, its export too small. Before: "error: cannot write to EXPORT: it is full", no
     bytes, and only once the disk had filled."""
     for i in range(40):
         write_image(tmp_path / "data" / "train" / "ab"[i % 2] / f"{i}.png")

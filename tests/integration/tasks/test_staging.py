@@ -25,12 +25,12 @@ from infra.storage.blobstore import BlobStore
 from infra.storage.config import StorageConfig
 from infra.storage.errors import StorageError
 from infra.storage.fileserver import FileServer, FileServerError
+from nodelib.records import Failure, read_event
 from tasks.sync_file_server import sync_to_file_server
 from tasks.upload_dataset import upload_dataset
 from tests.fakes.faultproxy import FaultProxy
 from tests.fakes.image_files import write_image
 from tests.fakes.paths import REPO
-from trainer.records import Failure, read_event
 
 pytestmark = pytest.mark.integration
 
@@ -364,7 +364,7 @@ def test_a_shard_member_that_is_a_link_is_refused_at_once_and_leaves_no_version(
 
 
 def test_the_node_side_fetch_refuses_a_tampered_manifest_with_one_line_and_exit_2(staged, tmp_path):
-    """What the Azure ML sync job runs (trainer/staged/fetch.py on a node), on a folder standing in for the datastore
+    """What the Azure ML sync job runs (nodelib/staged/fetch.py on a node), on a folder standing in for the datastore
     mount of datasets/pets/."""
     store, cfg, data, work = staged
     upload_dataset(store, cfg, data, "pets", work)
@@ -374,7 +374,7 @@ def test_the_node_side_fetch_refuses_a_tampered_manifest_with_one_line_and_exit_
         (source / name.removeprefix("datasets/pets/")).parent.mkdir(parents=True, exist_ok=True)
         store.download_to(name, source / name.removeprefix("datasets/pets/"))
     export = tmp_path / "nfs"
-    script = REPO / "containers" / "trainer" / "staged" / "fetch.py"
+    script = REPO / "containers" / "nodelib" / "staged" / "fetch.py"
     args = [sys.executable, str(script), "--source", str(source), "--export", str(export), "--dataset", "pets"]
     done = subprocess.run(args, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done.stderr

@@ -14,10 +14,10 @@ from infra.data.sample_data import write_imagenet_shaped
 from infra.engines.contract import PACKAGE
 from infra.engines.launchers import local_command
 from infra.engines.pytorch import PyTorchTraining
+from nodelib.verified import write_verified
 from tests.fakes.bad_inputs import images
 from tests.fakes.image_files import write_image, write_png_header
 from tests.fakes.training import train_locally
-from trainer.verified import write_verified
 
 pytestmark = pytest.mark.integration
 TRAINFLOW = str(Path(sys.executable).parent / "trainflow")

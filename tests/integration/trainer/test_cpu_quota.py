@@ -11,7 +11,7 @@ import pytest
 
 from infra.data.sample_data import write_digits
 from infra.engines.contract import PACKAGE
-from trainer.cores import cpu_folders
+from nodelib.cores import cpu_folders
 
 pytestmark = pytest.mark.integration
 
@@ -42,7 +42,7 @@ def run_in(group: Path, *argv: str) -> subprocess.CompletedProcess:
 
 
 def test_a_process_in_a_one_core_group_counts_one_core(one_core_group):
-    code = "from trainer.cores import cpu_quota, usable_cores; print(cpu_quota(), usable_cores())"
+    code = "from nodelib.cores import cpu_quota, usable_cores; print(cpu_quota(), usable_cores())"
     done = run_in(one_core_group, sys.executable, "-c", code)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["1.0", "1"]

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torchvision
 
-from trainer.errors import UsageError
+from nodelib.errors import UsageError
 from trainer.models import build_model, start_from
 from trainer.train import main as engine_main
 

@@ -18,9 +18,9 @@ from infra.engines.contract import PACKAGE, trainer_argv
 from infra.engines.launchers import local_command
 from infra.engines.pytorch import PyTorchTraining
 from infra.engines.tensorflow import KerasTraining, TensorFlowTraining
+from nodelib.records import Failure, read_event
 from tests.fakes.bad_inputs import images
 from tests.fakes.training import digests, progress_events, train_locally
-from trainer.records import Failure, read_event
 from trainer.tf.checkpoints import write_npz
 
 # Its module fixtures (PyTorch's demo run, the uninterrupted runs) train once: one group of the suite's workers.
@@ -311,7 +311,7 @@ def test_weights_the_tensorflow_trainers_cannot_start_from_are_one_line_each(uni
     keras_file = uninterrupted["keras"] / "model.keras"
     cases = [(str(pt), "resnet18"), ("imagenet", "resnet18"), (str(keras_file), "resnet34")]
     check = (
-        f"import sys; sys.path.insert(0, {str(PACKAGE.parent)!r}); from trainer.errors import UsageError; "
+        f"import sys; sys.path.insert(0, {str(PACKAGE.parent)!r}); from nodelib.errors import UsageError; "
         "from trainer.tf.models import build_model, start_from\n"
         f"for source, arch in {cases!r}:\n"
         "    try: start_from(build_model(arch, 2, 16, 0), source, arch, ['a', 'b'])\n"

@@ -18,10 +18,10 @@ from infra.data.sample_data import write_digits
 from infra.engines.contract import trainer_argv
 from infra.engines.launchers import LaunchError, local_command, route_output
 from infra.engines.pytorch import PyTorchTraining
+from nodelib.cores import usable_cores
 from tests.fakes.training import digests, train_locally
 from trainer import jpeg_crop
 from trainer.checkpoint import load_checkpoint
-from trainer.cores import usable_cores
 from trainer.models import build_model
 from trainer.train import main as engine_main
 

@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 
 from cli import app, reference
 from flows.config import FlowConfig, one_of_sections
+from nodelib import image_files
 from tests.fakes.bad_inputs import CASES, ERRORS_PAGE, page_table
-from trainer import image_files
 from trainer import options as torch_options
 from trainer.tf import options as tf_options
 

@@ -7,8 +7,8 @@ import signal
 import subprocess
 import sys
 
+from nodelib.cores import usable_cores
 from tests.fakes.paths import BIN
-from trainer.cores import usable_cores
 
 HOLD = (
     "import sys, time; from pathlib import Path; from infra.runs.workdir import workdir_lock\n"

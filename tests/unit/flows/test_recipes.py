@@ -11,9 +11,9 @@ from flows.config import DIGITS_TRAINING, load_config
 from flows.recipes import DIGITS, PHOTO, PHOTO_SIDE, Picked, Sample, choose_recipe, load_with_recipe
 from infra.engines.gpus import visible_gpus
 from infra.engines.tensorflow import KerasTraining
+from nodelib.cores import usable_cores
 from tests.fakes.image_files import write_png_header
 from tests.fakes.paths import REPO
-from trainer.cores import usable_cores
 
 OVERRIDE = "a config file (--config) or a model named (training.model) overrides it"
 

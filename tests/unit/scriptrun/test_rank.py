@@ -5,10 +5,10 @@ import os
 import subprocess
 import sys
 
+from nodelib.scripts import COMPLETE, HASHES, sha256_file
+from nodelib.scripts import scripts_version as version_of
 from scriptrun import rank
 from scriptrun.rank import child_env, failure, rank_of, retried_codes, split_lines
-from trainer.scripts import COMPLETE, HASHES, sha256_file
-from trainer.scripts import scripts_version as version_of
 
 
 def test_the_rank_comes_from_whichever_launcher_started_it():

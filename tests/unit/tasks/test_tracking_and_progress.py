@@ -13,10 +13,10 @@ from flows.report import data_wait_lines, tracking_lines
 from infra.engines.contract import PACKAGE
 from infra.engines.pytorch import PyTorchTraining
 from infra.runs.tracking import TrackingConfig, client, engine_uri, flat, run_page, start_run, store_uri
+from nodelib.records import Checkpointed, Failure, Progress, read_event
 from tasks.progress import eta_seconds, eta_text, progress_markdown, read_step
 from tasks.track_run import ended_if_unfinished, tracked_training
 from trainer.metrics import Throughput, wait_share
-from trainer.records import Checkpointed, Failure, Progress, read_event
 from trainer.tracking import epoch_metrics
 
 EVENT = Progress(epoch=2, step=30, step_in_epoch=10, steps_per_epoch=20, loss=0.4123, lr=0.05, images_per_sec=123.4)

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from nodelib import image_files, verified
+from nodelib.errors import UsageError
 from tests.fakes.image_files import write_image, write_png_header
-from trainer import data, image_files, verified
-from trainer.errors import UsageError
+from trainer import data
 
 
 def corrupt_files(folder: Path) -> dict[str, str]:

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.cores import capped, cpu_folders, cpu_quota, read_quota, unescape
+from nodelib.cores import capped, cpu_folders, cpu_quota, read_quota, unescape
 
 V1 = "4:memory:/a\n3:cpu,cpuacct:/docker/abc\n0::/\n"
 V1_MOUNTS = """\

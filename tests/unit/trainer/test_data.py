@@ -8,9 +8,10 @@ import torch
 from PIL import Image
 from torch.utils.data import default_collate
 
+from nodelib import image_files, layout
+from nodelib.errors import UsageError
 from tests.fakes.image_files import write_image, write_png_header
-from trainer import data, image_files, layout
-from trainer.errors import UsageError
+from trainer import data
 
 
 def test_index_folder_reads_every_awkward_but_valid_image(image_tree):

@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from infra.data.photos import photo
+from nodelib.cores import usable_cores
+from nodelib.errors import UsageError
 from tests.fakes.image_files import write_image
 from tests.fakes.paths import REPO
 from trainer import data, gpu_decode, jpeg_crop, train
-from trainer.cores import usable_cores
-from trainer.errors import UsageError
 from trainer.options import build_parser, check_args
 
 # Whole decode then crop (here) against the fast loader's partial decode of the crop (jpeg_crop): libjpeg-turbo's
@@ -345,7 +345,7 @@ def test_auto_loader_workers_share_the_cores_among_the_local_processes_and_say_s
 ON_CUDA = """
 import torch
 from trainer import gpu_decode, train
-from trainer.errors import UsageError
+from nodelib.errors import UsageError
 try:
     gpu_decode.check_device(torch.device("cuda"))
 except UsageError as exc:

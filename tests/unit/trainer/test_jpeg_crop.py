@@ -10,9 +10,9 @@ from PIL import Image
 from torchvision import transforms
 from torchvision.io import ImageReadMode, decode_jpeg, read_file
 
+from nodelib.errors import UsageError
 from tests.fakes.image_files import write_image
 from trainer import data, jpeg_crop
-from trainer.errors import UsageError
 
 
 def photo(path, width=203, height=117, mode="RGB", **save) -> bytes:

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from infra.compute.base import first_missing, remove_if_empty
+from nodelib.errors import UsageError
 from tests.fakes.image_files import write_image
 from trainer import metrics
 from trainer.distributed import detect_backend
-from trainer.errors import UsageError
 from trainer.models import build_model, check_model_name
 from trainer.options import build_parser, check_args, check_output_folder
 from trainer.train import main as engine_main

@@ -5,7 +5,7 @@ import torchvision
 
 from benchmarks.parallel import planned_runs
 from infra.engines.pytorch import PyTorchTraining
-from trainer.errors import UsageError
+from nodelib.errors import UsageError
 from trainer.pipeline import Split, blocks_of, check_layout, parameter_costs, partition, theoretical_bubble
 
 

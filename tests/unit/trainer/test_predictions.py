@@ -6,9 +6,9 @@ import os
 import numpy as np
 import pytest
 
+from nodelib.errors import UsageError
+from nodelib.image_files import load_rgb
 from tests.fakes.image_files import write_image
-from trainer.errors import UsageError
-from trainer.image_files import load_rgb
 from trainer.predictions import BATCH, classify, image_paths, top
 
 

@@ -1,5 +1,5 @@
 """What comes back from storage is input: a staged manifest's rows, a shard's members and a scripts version are
-checked before anything is written or run (trainer/staged/, trainer/scripts.py)."""
+checked before anything is written or run (nodelib/staged/, nodelib/scripts.py)."""
 
 import hashlib
 import io
@@ -10,10 +10,10 @@ import tarfile
 
 import pytest
 
-from trainer.errors import UntrustedInput, UsageError
-from trainer.scripts import COMPLETE, HASHES, expected_version, scripts_version, version_problem
-from trainer.staged import names, rules, versions
-from trainer.staged.manifest import Manifest
+from nodelib.errors import UntrustedInput, UsageError
+from nodelib.scripts import COMPLETE, HASHES, expected_version, scripts_version, version_problem
+from nodelib.staged import names, rules, versions
+from nodelib.staged.manifest import Manifest
 
 GOOD = "train/cat/img 1.png"
 SHA = "ab" * 32

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torchvision
 
-from trainer.errors import UsageError
+from nodelib.errors import UsageError
 from trainer.model_files import IMAGENET_URLS
 from trainer.tf.options import MODEL_NAMES
 from trainer.torch_files import read_torch_file

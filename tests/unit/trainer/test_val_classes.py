@@ -3,9 +3,9 @@ walk and the trainer's index alike), naming the folders, a near miss in case, an
 
 import pytest
 
+from nodelib import layout
+from nodelib.errors import UsageError
 from tests.fakes.image_files import write_image
-from trainer import layout
-from trainer.errors import UsageError
 
 
 def folder(root, train: str, val: list[str]):

@@ -25,11 +25,11 @@ from infra.engines.program import RUNTIME
 from infra.engines.script import ScriptProgram
 from infra.engines.script_files import script_files
 from infra.storage.fileshare import LocalFolderShare
+from nodelib.image_files import find_bad_images
+from nodelib.records import Progress, read_event
 from tasks.upload_scripts import upload_scripts
 from tests.fakes.azureml import Workspace
 from tests.fakes.paths import REPO
-from trainer.image_files import find_bad_images
-from trainer.records import Progress, read_event
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 AZURE = REPO / "flows" / "configs" / "azure.yaml"
@@ -57,7 +57,8 @@ def azure_run(
 ) -> tuple[Workspace, AzureMLPool, object]:
     """A workspace stand-in, the scripts version in its file datastore, and the run's pool bound to it."""
     ws = Workspace(tmp_path / "azure")
-    shutil.copytree(REPO / "containers" / "trainer", ws.datastore("trainflow_files") / "scripts/v1/trainer")
+    for package in ("trainer", "nodelib"):  # the training package and the node-side library it runs on
+        shutil.copytree(REPO / "containers" / package, ws.datastore("trainflow_files") / f"scripts/v1/{package}")
     cfg = load_config(
         AZURE,
         {
@@ -249,7 +250,7 @@ def test_the_node_side_fetch_runs_once_per_node_and_the_others_wait(tmp_path, di
     stage_to(source, digits, "digits")
     command = [
         sys.executable,
-        str(REPO / "containers/trainer/staged/fetch.py"),
+        str(REPO / "containers/nodelib/staged/fetch.py"),
         "--source",
         str(source / mf.dataset_prefix("digits")),
         "--export",

@@ -19,9 +19,9 @@ from infra.compute.azureml.attempts import Attempt, AzureMLJob, printed_lines, w
 from infra.compute.azureml.cluster import AzureMLPool
 from infra.compute.azureml.settings import AzureMLPoolConfig, check_complete, infiniband, nccl_environment
 from infra.compute.azureml.specs import NFS_MOUNT
+from nodelib.records import Checkpointed, Failure, Progress, event_line
 from tasks.train_on_pool import run_paths
 from tests.fakes.paths import REPO
-from trainer.records import Checkpointed, Failure, Progress, event_line
 
 AZURE = REPO / "flows" / "configs" / "azure.yaml"
 PREEMPTION_ERROR = (
@@ -89,7 +89,7 @@ def test_the_blob_data_path_fetches_the_staged_shards_to_the_local_disk(tmp_path
     assert (
         fetch
         == (
-            "python /opt/trainflow/trainer/staged/fetch.py --source ${{inputs.shards}} --export /tmp/trainflow "
+            "python /opt/trainflow/nodelib/staged/fetch.py --source ${{inputs.shards}} --export /tmp/trainflow "
             "--dataset imagenet"
         )
         and "mount" not in job.command
@@ -104,7 +104,7 @@ def test_the_sync_runs_as_a_job_on_the_cluster_that_mounts_the_file_server_read_
     assert sync.compute == "trainflow-a100" and sync.resources.instance_count == 1
     assert "mount -t nfs -o rw," in sync.command and sync.name == "trainflow-<run id>-sync-1"
     assert sync.command.endswith(  # the image's node-side code: a user's scripts version does not hold it
-        "/opt/trainflow/trainer/staged/fetch.py --source ${{inputs.shards}} --export /mnt/fileserver --dataset imagenet"
+        "/opt/trainflow/nodelib/staged/fetch.py --source ${{inputs.shards}} --export /mnt/fileserver --dataset imagenet"
     )
     assert set(sync.inputs) == {"shards"}
 

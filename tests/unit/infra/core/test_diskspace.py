@@ -1,4 +1,4 @@
-"""A full disk, recognised and worded in one place (trainer/errors.py, infra/core/diskspace.py), is a fault: exit 1,
+"""A full disk, recognised and worded in one place (nodelib/errors.py, infra/core/diskspace.py), is a fault: exit 1,
 no retry, one line, also where no writer named it (the CLI's last net)."""
 
 import errno

@@ -6,7 +6,7 @@ import typer
 
 from cli.common import friendly_errors
 from infra.core.errors import BadInput, TrainflowError, exit_code, is_permanent
-from trainer.errors import UntrustedInput, UsageError
+from nodelib.errors import UntrustedInput, UsageError
 
 
 @pytest.mark.parametrize("error", [UsageError("bad"), UntrustedInput("staged data set 'd' cannot be used: ...")])

@@ -14,7 +14,7 @@ from cli import app
 from infra.core.errors import BadInput
 from infra.data import sample_data
 from infra.data.sample_data import ImagenetShape, write_imagenet_shaped
-from trainer.layout import index_folder
+from nodelib.layout import index_folder
 
 SHAPE = (3, 5, 2)  # classes, per class, val per class: 21 files
 

@@ -6,9 +6,9 @@ import pytest
 
 from infra.core.errors import BadInput
 from infra.data import manifest as mf
+from nodelib.errors import UntrustedInput, UsageError
+from nodelib.layout import check_name
 from tests.fakes.image_files import write_image
-from trainer.errors import UntrustedInput, UsageError
-from trainer.layout import check_name
 
 
 def no_check(paths: list[str]) -> list:

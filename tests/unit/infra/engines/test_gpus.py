@@ -5,8 +5,8 @@ import pytest
 
 import infra.engines.gpus as gpus
 from flows.config import ConfigError, load_config
+from nodelib.cores import usable_cores
 from tests.fakes.paths import REPO
-from trainer.cores import usable_cores
 
 
 def driver(tmp_path, count: int):

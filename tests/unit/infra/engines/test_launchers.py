@@ -9,8 +9,8 @@ from infra.engines.contract import check_command, trainer_argv
 from infra.engines.launchers import LaunchError, local_command, route_output
 from infra.engines.program import NodePaths
 from infra.engines.pytorch import PyTorchTraining
+from nodelib.records import Failure, event_line
 from trainer.options import build_parser
-from trainer.records import Failure, event_line
 
 NODE_PATHS = NodePaths("/scripts/v1", "/data", "/results", "/opt/trainflow", nodes=2, checked=False)
 

@@ -13,11 +13,12 @@ import torch
 from PIL import Image
 from torch.utils.data.distributed import DistributedSampler
 
+from nodelib import image_files, layout
+from nodelib.errors import UsageError
 from tests.fakes.image_files import write_image
 from tests.unit.trainer.test_bad_files import corrupt_files, two_classes
-from trainer import badfiles, image_files, layout
+from trainer import badfiles
 from trainer import data as torch_data
-from trainer.errors import UsageError
 from trainer.tf import data
 
 

@@ -8,7 +8,7 @@ import tf_keras as keras
 import torch
 import torchvision
 
-from trainer.errors import UsageError
+from nodelib.errors import UsageError
 from trainer.tf import models
 
 

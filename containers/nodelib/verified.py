@@ -9,8 +9,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainer.errors import UsageError
-from trainer.image_files import one_line
+from nodelib.errors import UsageError
+from nodelib.image_files import one_line
 
 VERIFIED = ".verified.json"  # in a data folder's root: the check of its data version (hidden from the index)
 

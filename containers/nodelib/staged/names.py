@@ -3,7 +3,7 @@
 import re
 from dataclasses import dataclass
 
-from trainer.errors import UsageError
+from nodelib.errors import UsageError
 
 FORMAT = 2
 MANIFEST = ".manifest.jsonl"  # a complete version's copy of its manifest, on the file server

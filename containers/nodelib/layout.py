@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainer.errors import UsageError
+from nodelib.errors import UsageError
 
 SYNTHETIC = "synthetic"  # --data synthetic: batches generated on the device, no files (every framework's trainer)
 # The layouts of a data set: the ImageNet layout above (trainflow's trainer reads it), or any files under the folder (a

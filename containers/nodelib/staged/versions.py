@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from trainer.errors import UntrustedInput, check_free, writing
-from trainer.staged.manifest import Manifest, insert_batches
-from trainer.staged.names import MANIFEST, MANIFEST_FILE, FileEntry
-from trainer.staged.rules import RESTAGE
-from trainer.verified import write_verified
+from nodelib.errors import UntrustedInput, check_free, writing
+from nodelib.staged.manifest import Manifest, insert_batches
+from nodelib.staged.names import MANIFEST, MANIFEST_FILE, FileEntry
+from nodelib.staged.rules import RESTAGE
+from nodelib.verified import write_verified
 
 FILESERVER_FIX = "free space there, or export the file server from a bigger disk (fileserver_export, or --workdir)"
 

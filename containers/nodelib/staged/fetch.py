@@ -1,6 +1,6 @@
 """The node-side fetch: bring a file server to a staged data set version (what the Azure ML sync job runs).
 
-    python trainer/staged/fetch.py --source <datastore mount of datasets/imagenet/> --export /mnt/fileserver \\
+    python nodelib/staged/fetch.py --source <datastore mount of datasets/imagenet/> --export /mnt/fileserver \\
         --dataset imagenet
 
 brings `<export>/datasets/imagenet/current` to the staged version: unchanged files are hard-linked from
@@ -20,15 +20,15 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script on a node: `trainer` importable, its scripts version checked
     sys.pycache_prefix = sys.pycache_prefix or os.path.expanduser("~/.cache/trainflow/pycache")  # never a share's
     sys.path.insert(0, scripts := str(Path(__file__).resolve().parents[2]))
-    from trainer.scripts import exit_unless_intact
+    from nodelib.scripts import exit_unless_intact
 
     exit_unless_intact(Path(scripts))  # before any other module of the package is imported
 
-from trainer.errors import DiskFull, UntrustedInput, UsageError, writing
-from trainer.records import Failure, event_line
-from trainer.staged.manifest import Manifest
-from trainer.staged.names import MANIFEST_FILE, FileEntry, check_dataset_name, shard_blob, shard_file
-from trainer.staged.versions import FILESERVER_FIX, FileServer, decide_sync, extract_members, fill_version
+from nodelib.errors import DiskFull, UntrustedInput, UsageError, writing
+from nodelib.records import Failure, event_line
+from nodelib.staged.manifest import Manifest
+from nodelib.staged.names import MANIFEST_FILE, FileEntry, check_dataset_name, shard_blob, shard_file
+from nodelib.staged.versions import FILESERVER_FIX, FileServer, decide_sync, extract_members, fill_version
 
 
 @contextmanager
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def stop(failure: Failure) -> int:
-    """The error line for people and its event (trainer/records.py: what the Azure ML attempt reads); the exit
+    """The error line for people and its event (nodelib/records.py: what the Azure ML attempt reads); the exit
     status: 2 for bad input, 1 for a fault."""
     print(f"error: {failure.message}", file=sys.stderr)
     print(event_line(failure), file=sys.stderr, flush=True)

@@ -8,9 +8,9 @@ import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from trainer.errors import writing
-from trainer.staged.names import FORMAT, FileEntry
-from trainer.staged.rules import checked_rows, header_layout, header_problem, parsed, untrusted
+from nodelib.errors import writing
+from nodelib.staged.names import FORMAT, FileEntry
+from nodelib.staged.rules import checked_rows, header_layout, header_problem, parsed, untrusted
 
 ROWS_PER_BATCH = 10_000  # rows moved between the manifest file and its index at a time
 

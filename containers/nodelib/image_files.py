@@ -17,8 +17,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
-from trainer.cores import usable_cores
-from trainer.errors import UsageError, first_line
+from nodelib.cores import usable_cores
+from nodelib.errors import UsageError, first_line
 
 T = TypeVar("T")
 R = TypeVar("R")

@@ -2,7 +2,7 @@
 
 The rules are those of staging's own output (infra/data/manifest.py writes it): a path is relative, "/"-separated,
 normalised and, in the ImageNet layout (the header's `layout`: none, or "files" for a user's script), under
-train/<class>/ or val/<class>/, as trainer/layout.py lists a data folder; a size is a count; a
+train/<class>/ or val/<class>/, as nodelib/layout.py lists a data folder; a size is a count; a
 digest a SHA-256; a version or shard id a hexadecimal hash. Python's tarfile data filter (PEP 706) refuses the same
 absolute paths, `..` and drive letters."""
 
@@ -10,11 +10,11 @@ import json
 import re
 from collections.abc import Iterable, Iterator
 
-from trainer.errors import UntrustedInput, UsageError
-from trainer.layout import IMAGENET_LAYOUT, LAYOUTS, check_name
-from trainer.staged.names import MANIFEST_FILE, manifest_blob
+from nodelib.errors import UntrustedInput, UsageError
+from nodelib.layout import IMAGENET_LAYOUT, LAYOUTS, check_name
+from nodelib.staged.names import MANIFEST_FILE, manifest_blob
 
-SPLITS = ("train", "val")  # the folders a staged path starts with (trainer/layout.py's layout)
+SPLITS = ("train", "val")  # the folders a staged path starts with (nodelib/layout.py's layout)
 HEX_ID = re.compile(r"[0-9a-f]{16,64}")  # a version or shard id: a hash of what it holds (infra/data/manifest.py)
 SHA256 = re.compile(r"[0-9a-f]{64}")
 NAME_MAX = 255  # the bytes of one file or folder name that Linux's file systems take (ext4, xfs, NFS: NAME_MAX)
@@ -104,7 +104,7 @@ def row_problem(row: object, layout: str = IMAGENET_LAYOUT) -> str | None:
 def path_problem(path: object, layout: str = IMAGENET_LAYOUT) -> str | None:
     """What keeps a staged path from being written inside a version folder, or None. A path is relative,
     "/"-separated and normalised, free of NUL, backslashes and drive letters, and names a visible file: in the
-    ImageNet layout under train/<class>/ or val/<class>/, as staging lists them (trainer/layout.py)."""
+    ImageNet layout under train/<class>/ or val/<class>/, as staging lists them (nodelib/layout.py)."""
     if not isinstance(path, str) or not path:
         return "is not a file name"
     if "\0" in path or "\\" in path or DRIVE.match(path):
