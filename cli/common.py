@@ -100,12 +100,13 @@ def configure(
     recipe: bool = True,
     max_side: int | None = None,
     tell_recipe: bool = False,
+    reads_only: bool = False,
     **sections: dict,
 ) -> FlowConfig:
     """The validated config (file, environment, then these command-line overrides) with its workdir absolute and
     usable and, with `recipe`, what it leaves out filled in by the recipe that fits its data (flows/recipes.py: the
     digits set's when no data is named); `tell_recipe` prints which and why first. Every command reads its config
-    here."""
+    here; `reads_only`: the command only reads the workdir (a read-only one will do)."""
     overrides = {"data": data, "workdir": workdir, "max_side": max_side, "training": training or {}, **sections}
     if recipe:
         cfg, picked = load_with_recipe(config, overrides)
@@ -115,7 +116,7 @@ def configure(
             say(warning)
     else:
         cfg = load_config(config, overrides)
-    return cfg.model_copy(update={"workdir": check_workdir(cfg.workdir).resolve()})
+    return cfg.model_copy(update={"workdir": check_workdir(cfg.workdir, writes=not reads_only).resolve()})
 
 
 def pool_for_workers(config: Path | None, workers: str | None) -> dict:

@@ -118,7 +118,7 @@ def model_path(given: str, workdir: Path | None) -> Path:
     from infra.runs.lineage import model_file
     from trainer.model_files import check_model_file
 
-    runs = configure(None, None, workdir, recipe=False).workdir / "runs"
+    runs = configure(None, None, workdir, recipe=False, reads_only=True).workdir / "runs"
     fix = "pass a model file (a run's model.pt or model.keras) or a run id (`trainflow runs` lists them)"
     path = Path(model_file(given, runs, OPTION, fix))
     check_model_file(path, OPTION)

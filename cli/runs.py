@@ -26,7 +26,7 @@ def runs(
         return
     from infra.runs.lineage import damage_line, list_runs
 
-    root = configure(None, None, workdir).workdir / "runs"
+    root = configure(None, None, workdir, reads_only=True).workdir / "runs"
     rows = list_runs(root)
     if as_json:
         print(json.dumps(rows, indent=2))
@@ -100,7 +100,7 @@ def runs_diff(
     """What differed between two runs: their receipts, configs, metrics and ledgers, field by field."""
     from infra.runs.lineage import diff_runs, find_run
 
-    root = configure(None, None, workdir).workdir / "runs"
+    root = configure(None, None, workdir, reads_only=True).workdir / "runs"
     first, second = find_run(root, a), find_run(root, b)
     rows = diff_runs(first, second)
     if not rows:

@@ -245,7 +245,9 @@ def run(
         )
     sections = {"pool": pool_for_workers(config, workers), **({"script": section} if section else {})}
     recipe = not section  # a script brings its own settings: no recipe of trainflow's trainer fills them
-    cfg = configure(config, data, workdir, overrides, recipe, max_side, tell_recipe=recipe, **sections)
+    cfg = configure(
+        config, data, workdir, overrides, recipe, max_side, tell_recipe=recipe, reads_only=dry_run, **sections
+    )
     run_flow(cfg, dry_run)
 
 

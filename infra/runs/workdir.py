@@ -30,14 +30,15 @@ class WorkdirError(BadInput):
     """A workdir that cannot be used, or that another command holds."""
 
 
-def check_workdir(path: Path) -> Path:
-    """`path` made absolute; refused unless it is, or could be made, a folder this user can write. Creates nothing
-    (a dry run leaves no trace)."""
+def check_workdir(path: Path, writes: bool = True) -> Path:
+    """`path` made absolute; refused unless it is, or could be made, a folder this user can write (`writes`: the
+    command writes there; one that only reads it, such as `runs` or a dry run, needs a folder or nothing). Creates
+    nothing (a dry run leaves no trace)."""
     path = path.expanduser().absolute()
     nearest = nearest_existing(path)
     if not nearest.is_dir():
         raise WorkdirError(f"workdir {path}: {nearest} is a file, not a folder; pass --workdir DIR (a folder)")
-    if why := cannot_write_in(nearest):
+    if writes and (why := cannot_write_in(nearest)):
         raise WorkdirError(
             f"workdir {path}: cannot write in {nearest} ({why}); pass --workdir DIR that you can write to"
         )
