@@ -19,7 +19,8 @@ def on_read_only(workdir: Path, *args: str) -> subprocess.CompletedProcess:
     command = shlex.join([TRAINFLOW, *args, "--workdir", str(workdir)])
     mount = f"mount --bind {workdir} {workdir} && mount -o remount,ro,bind {workdir}"
     env = {**os.environ, "PREFECT_API_URL": ""}
-    return subprocess.run(["unshare", "-m", "sh", "-c", f"{mount} && {command}"], capture_output=True, text=True, env=env)
+    argv = ["unshare", "-m", "sh", "-c", f"{mount} && {command}"]
+    return subprocess.run(argv, capture_output=True, text=True, env=env)
 
 
 def test_the_commands_that_only_read_a_read_only_workdir_work_and_one_that_writes_is_refused(tmp_path):
