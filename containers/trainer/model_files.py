@@ -154,7 +154,7 @@ def check_cached(path: Path) -> Path:
 
 def imagenet_file(arch: str) -> Path:
     """torchvision's ImageNet weights file of `arch` in torch's cache, downloaded there once (as torch.hub does:
-    checked against the SHA-256 prefix its name carries) where it is not there yet."""
+    checked against the SHA-256 prefix its name carries) where it is not there yet, and checked so where it is."""
     import os
     import urllib.request
 
@@ -162,8 +162,8 @@ def imagenet_file(arch: str) -> Path:
         raise UsageError(f"--init-from imagenet: torchvision has no ImageNet weights for {arch}")
     url = IMAGENET_URLS[arch]
     cached = torch_cache() / Path(url).name
-    if cached.is_file():  # as torch.hub does, unchecked (the PyTorch trainer checks it: models.imagenet_weights)
-        return cached
+    if cached.is_file():  # torch.hub would load it unchecked
+        return check_cached(cached)
     partial = cached.with_name(f".{cached.name}.{os.getpid()}.partial")
     try:
         cached.parent.mkdir(parents=True, exist_ok=True)

@@ -69,9 +69,11 @@ def test_the_tensorflow_trainers_imagenet_files_are_torchvisions_defaults():
         assert url == torchvision.models.get_model_weights(name).DEFAULT.url, name
 
 
-def test_a_cached_imagenet_file_cut_short_or_another_is_refused_naming_it_and_the_fix(tmp_path, monkeypatch):
-    """torch.hub checks only what it downloads: a file placed where the download would go is checked by the PyTorch
+@pytest.mark.parametrize("trainer", ["pytorch", "tensorflow and keras"])
+def test_a_cached_imagenet_file_cut_short_or_another_is_refused_naming_it_and_the_fix(tmp_path, monkeypatch, trainer):
+    """torch.hub checks only what it downloads: a file placed where the download would go is checked by every
     trainer against the SHA-256 prefix of its name (no network is used)."""
+    from trainer.model_files import imagenet_file
     from trainer.models import imagenet_weights
 
     monkeypatch.setenv("TORCH_HOME", str(tmp_path))
@@ -79,7 +81,7 @@ def test_a_cached_imagenet_file_cut_short_or_another_is_refused_naming_it_and_th
     cached.parent.mkdir(parents=True)
     cached.write_bytes(b"PK\x03\x04 the first bytes of a download cut short")
     with pytest.raises(UsageError) as caught:
-        imagenet_weights("resnet18")
+        (imagenet_weights if trainer == "pytorch" else imagenet_file)("resnet18")
     message = str(caught.value)
     assert message.startswith(f"--init-from imagenet: {cached} is not torchvision's file of that name (its SHA-256")
     assert "its name says f37072fd): it is cut short or another file; delete it" in message
