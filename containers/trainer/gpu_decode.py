@@ -347,7 +347,8 @@ class Prefetch:
 
     END = object()
 
-    def __init__(self, source: Iterator, ahead: int):
+    def __init__(self, source: Iterator, ahead: int, join_s: float = 5.0):
+        self.join_s = join_s
         self.ready: queue.Queue = queue.Queue(maxsize=max(1, ahead))
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self.fill, args=(source,), name="trainflow-decode", daemon=True)
@@ -358,7 +359,13 @@ class Prefetch:
 
     def __exit__(self, *exc) -> None:
         self.stopping.set()
-        self.thread.join()  # a stopped consumer's thread must not read on while the next epoch starts its loader
+        if threading.current_thread() is self.thread:  # its own epoch collected in it: it returns at its next put
+            return
+        # A stopped thread ends within one put's wait (0.1 s), so that it does not read on while the next epoch starts
+        # its loader. The wait is bounded: an epoch left unclosed ends here when the garbage collector takes it, in
+        # whatever thread it runs, perhaps one holding a lock the decode thread waits for (logging's, which PIL's
+        # debug lines take): waiting forever there deadlocked both (a hung test of the suite, 2026-12-07).
+        self.thread.join(self.join_s)
 
     def __iter__(self) -> Iterator:
         while (item := self.ready.get()) is not self.END:

@@ -261,6 +261,24 @@ def test_the_decode_thread_raises_in_the_consumer_and_stops_when_the_consumer_do
     assert not endless.thread.is_alive()
 
 
+def test_leaving_never_waits_forever_on_a_thread_that_waits_for_the_leaver():
+    """An unclosed epoch is left where the garbage collector takes it, perhaps in a thread holding a lock that the
+    decode thread waits for: the leaver waits for the thread a bounded time, and the thread stops once it can."""
+    held = threading.Lock()
+
+    def source():
+        yield 0
+        with held:  # the decode thread waits here while the consumer holds the lock
+            yield 1
+
+    prefetch = gpu_decode.Prefetch(source(), 1, join_s=0.2)
+    with held:
+        with prefetch as ready:
+            assert next(iter(ready)) == 0
+        assert prefetch.thread.is_alive()  # left without a deadlock: the thread still waits for the lock
+    prefetch.thread.join()  # the lock released, it takes its item, sees the stop and ends
+
+
 def test_a_consumer_that_leaves_an_epoch_early_stops_the_thread(tmp_path):
     root = photo_tree(tmp_path)
     train_split, _ = data.index_folder(root)
