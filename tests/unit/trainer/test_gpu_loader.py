@@ -191,6 +191,14 @@ def decode_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "trainflow-decode"]
 
 
+@pytest.fixture
+def new_decode_threads():
+    """The decode threads alive now that were not when the test began: another test's epoch left unclosed stops
+    when the garbage collector takes it, not at the test's end."""
+    before = set(decode_threads())
+    return lambda: set(decode_threads()) - before
+
+
 def cut_short(path: Path) -> bytes:
     photo(np.random.default_rng(5), (80, 60)).save(path, "JPEG", quality=90)
     return path.read_bytes()[:400]
@@ -201,7 +209,7 @@ def cut_short(path: Path) -> bytes:
     [b"", b"\xff\xd8\xff\xe0" + b"\0" * 40, b"\x89PNG\r\n\x1a\n" + b"\0" * 40, cut_short],
     ids=["empty", "jpeg-header-only", "png-header-only", "jpeg-cut-short"],
 )
-def test_a_bad_file_is_named_as_the_fast_loader_names_it(tmp_path, content):
+def test_a_bad_file_is_named_as_the_fast_loader_names_it(tmp_path, content, new_decode_threads):
     """What the header already gives away is decoded in the worker by the fast loader's path: the same message."""
     root = photo_tree(tmp_path, count=8)
     bad = root / "train" / "c0" / "bad.jpg"
@@ -212,10 +220,10 @@ def test_a_bad_file_is_named_as_the_fast_loader_names_it(tmp_path, content):
             batches(root, loader, 0, workers=1)
         said[loader] = str(caught.value).strip().splitlines()[-1]
     assert said["gpu"] == said["fast"]
-    assert not decode_threads()
+    assert not new_decode_threads()
 
 
-def test_a_jpeg_that_fails_only_when_decoded_is_named_and_the_thread_stops(tmp_path):
+def test_a_jpeg_that_fails_only_when_decoded_is_named_and_the_thread_stops(tmp_path, new_decode_threads):
     """The batch the device refuses is decoded one by one, then on the CPU, which names the file; the exception is
     raised in the training thread, and the decode thread is gone (no hang). (The fast loader decodes only a crop:
     it names such a file when the crop reaches the damage.)"""
@@ -224,7 +232,7 @@ def test_a_jpeg_that_fails_only_when_decoded_is_named_and_the_thread_stops(tmp_p
     assert data.decodable(bad.read_bytes())  # the header alone cannot tell: only decoding finds it
     with pytest.raises(UsageError, match=f"cannot decode image {re.escape(str(bad))} \\(.+\\); replace or remove"):
         batches(root, "gpu", 0, workers=1)
-    assert not decode_threads()
+    assert not new_decode_threads()
 
 
 def test_a_batch_the_decoder_refuses_is_decoded_one_by_one_and_on_the_cpu(tmp_path):
@@ -247,14 +255,14 @@ def test_a_batch_the_decoder_refuses_is_decoded_one_by_one_and_on_the_cpu(tmp_pa
         assert torch.equal(image, data.read_uint8(sample.path))
 
 
-def test_the_decode_thread_raises_in_the_consumer_and_stops_when_the_consumer_does():
+def test_the_decode_thread_raises_in_the_consumer_and_stops_when_the_consumer_does(new_decode_threads):
     def failing():
         yield 1
         raise ValueError("decoder broke")
 
     with pytest.raises(ValueError, match="decoder broke"), gpu_decode.Prefetch(failing(), 2) as ready:
         assert list(ready) == [1]
-    assert not decode_threads()
+    assert not new_decode_threads()
     endless = gpu_decode.Prefetch(iter(range(10**9)), 2)
     with endless as ready:
         assert next(iter(ready)) == 0  # a consumer that stops early (--steps-per-epoch): the thread stops too
@@ -279,18 +287,17 @@ def test_leaving_never_waits_forever_on_a_thread_that_waits_for_the_leaver():
     prefetch.thread.join()  # the lock released, it takes its item, sees the stop and ends
 
 
-def test_a_consumer_that_leaves_an_epoch_early_stops_the_thread(tmp_path):
+def test_a_consumer_that_leaves_an_epoch_early_stops_the_thread(tmp_path, new_decode_threads):
     root = photo_tree(tmp_path)
     train_split, _ = data.index_folder(root)
     dataset = data.image_files(train_split, data.train_transform(16, 0.25, True, "gpu"), "gpu")
     loader = data.make_loader(dataset, 2, data.ShardSampler(len(dataset), 0, 1), 1, False, True)
-    others = set(decode_threads())  # another test's epoch left unclosed stops when it is collected, not here
     for _ in range(2):  # persistent workers: a second epoch after the first was left early
         epoch = iter(loader)
         images, targets = next(epoch)
         assert images.shape == (2, 3, 16, 16) and len(targets) == 2
         epoch.close()
-        assert not set(decode_threads()) - others
+        assert not new_decode_threads()
     assert len(list(loader)) == len(loader) == 6
 
 
