@@ -12,17 +12,21 @@ import torch
 import torchvision
 
 from infra.engines.contract import PACKAGE
+from nodelib.scripts import sha256_file
 
 pytestmark = pytest.mark.integration
 
 # In one TensorFlow process (its import is the slow part), with torch unimportable as in the TensorFlow image: a
 # resnet18 loaded from model.pt (same classes: every layer, the classifier too) scores the images; imagenet loads
-# torchvision's file from torch's cache (the classifier new for 3 classes).
+# torchvision's file from torch's cache (the classifier new for 3 classes). No network here: the cached file is a
+# stand-in of torchvision's, and its URL names it by its own digest (the trainer checks the digest a name carries).
 CHECK = """
 import json, sys
 sys.modules["torch"] = sys.modules["torchvision"] = None
 sys.path.insert(0, sys.argv[1])
 import numpy as np
+from trainer import model_files
+model_files.IMAGENET_URLS["resnet18"] = "https://download.pytorch.org/models/" + sys.argv[4]
 from trainer.tf.models import build_model, start_from
 model = build_model("resnet18", 3, 32, 0)
 loaded = start_from(model, sys.argv[2], "resnet18", ["a", "b", "c"])
@@ -46,12 +50,22 @@ def test_a_pytorch_model_and_torchvision_s_imagenet_file_start_a_keras_resnet(tm
     )
     cache = tmp_path / "torch" / "hub" / "checkpoints"
     cache.mkdir(parents=True)
-    torch.save(torchvision.models.resnet18().state_dict(), cache / "resnet18-f37072fd.pth")  # as downloaded
+    stand_in = cache / "stand-in.pth"
+    torch.save(torchvision.models.resnet18().state_dict(), stand_in)  # as downloaded, named as torch.hub names it
+    cached = stand_in.rename(cache / f"resnet18-{sha256_file(stand_in)[:8]}.pth")
     images = np.random.default_rng(0).normal(size=(4, 3, 32, 32)).astype(np.float32)
     np.save(tmp_path / "images.npy", images)
 
     result = subprocess.run(
-        [sys.executable, "-c", CHECK, str(PACKAGE.parent), str(tmp_path / "model.pt"), str(tmp_path / "images.npy")],
+        [
+            sys.executable,
+            "-c",
+            CHECK,
+            str(PACKAGE.parent),
+            str(tmp_path / "model.pt"),
+            str(tmp_path / "images.npy"),
+            cached.name,
+        ],  # fmt: skip
         capture_output=True,
         text=True,
         timeout=300,
@@ -63,6 +77,6 @@ def test_a_pytorch_model_and_torchvision_s_imagenet_file_start_a_keras_resnet(tm
     with torch.no_grad():
         expected = model.eval()(torch.from_numpy(images)).numpy()
     assert np.allclose(out["logits"], expected, atol=1e-4), np.abs(np.array(out["logits"]) - expected).max()
-    assert out["imagenet"]["source"] == "imagenet (resnet18-f37072fd.pth)"
+    assert out["imagenet"]["source"] == f"imagenet ({cached.name})"
     assert out["imagenet"]["new"] == ["fc/kernel:0", "fc/bias:0"]
     assert out["imagenet"]["loaded"] == out["imagenet"]["tensors"] - 2 == 100
