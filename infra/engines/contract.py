@@ -113,6 +113,11 @@ class TrainingSettings(BaseModel):
         """What the run executes: the trainer and its model."""
         return {"entry": self.ENTRY, "model": getattr(self, "model", "")}
 
+    @property
+    def secret_variables(self) -> set[str]:
+        """None: the trainer's ranks get no variables of the user's."""
+        return set()
+
     def outcome(self, out: Path) -> dict[str, Any]:
         """What the finished trainer gave back: its metrics.json."""
         return read_metrics(out).to_json()

@@ -78,6 +78,12 @@ class Program(Protocol):
         """What it runs, in a few fields."""
         ...
 
+    @property
+    def secret_variables(self) -> set[str]:
+        """The variables of `environment` whose values are the user's own (a token, say): a dry run shows their
+        names, never their values."""
+        ...
+
     def outcome(self, out: Path) -> dict[str, Any]:
         """What the finished run gave back, read from its results folder `out`: the summary the report, the ledger,
         the receipt and MLflow read."""

@@ -237,6 +237,11 @@ class ScriptProgram:
             own |= {"MLFLOW_TRACKING_URI": self.tracked["engine_uri"], "MLFLOW_RUN_ID": self.tracked["run_id"]}
         return own
 
+    @property
+    def secret_variables(self) -> set[str]:
+        """The user's own variables (`env`, `--env`): their values are never shown."""
+        return set(self.script.env)
+
     def preflight(self, here: NodePaths) -> None:
         """Before a launch on this machine: the run's folders prepared, and what this environment lacks of the
         script's requirements installed (once)."""

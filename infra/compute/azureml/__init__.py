@@ -23,6 +23,7 @@ from infra.compute.azureml.specs import (
     environment_spec,
     registry_connection_spec,
     results_path,
+    values_hidden,
     yaml_text,
 )
 from infra.compute.base import Billing, RunConfig, RunPaths, SyncWhere
@@ -82,7 +83,7 @@ class AzureMLBackend:
         }
         if self.sync_where(settings) == "pool" and not run.synthetic:
             specs["sync job"] = yaml_text(pool.sync_job().spec)
-        specs["job"] = yaml_text(pool.job(program, cfg.job.timeout_s).spec)
+        specs["job"] = yaml_text(values_hidden(pool.job(program, cfg.job.timeout_s).spec, program.secret_variables))
         specs["later attempts"] = later_attempts(settings, run.run_id)
         if settings.registry_access == "connection":  # the password is read at run time, never shown
             placeholder = f"<the value of ${cfg.image.password_env}>"

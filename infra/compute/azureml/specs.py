@@ -237,6 +237,21 @@ def sync_spec(cfg: AzureMLPoolConfig, run: RunPaths, image: str, attempt: int = 
     )
 
 
+HIDDEN = "<hidden: the value of script.env>"
+
+
+def values_hidden(job, names: set[str]):
+    """The command job as the dry run shows it: the values of the variables `names` (the user's own) hidden, in its
+    environment_variables and in its command (shell_word's form), what is sent is the job itself."""
+    env = dict(job.environment_variables or {})
+    for name in names & set(env):
+        env[name] = HIDDEN
+    job.environment_variables = env
+    for name in names:
+        job.command = re.sub(rf"(?<![\w]){re.escape(name)}=(\S+)", f"{name}={shlex.quote(HIDDEN)}", job.command)
+    return job
+
+
 def yaml_text(entity) -> str:
     """The YAML that `az ml ... create --file` takes for an entity (a command builder becomes its job)."""
     import io
