@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import nodelib
 from infra.core.diskspace import DiskFull, check_prefect_space
 from infra.core.jsonfiles import write_json
 from infra.data import manifest as mf
@@ -216,7 +217,7 @@ def test_the_node_side_fetch_to_a_full_disk_is_refused_in_one_line_and_leaves_no
     for i in range(40):
         write_image(tmp_path / "data" / "train" / "ab"[i % 2] / f"{i}.png")
     source, export = staged_folder(tmp_path / "data", tmp_path / "staged"), tmpfs("128k")
-    script = Path(checkpoint.__file__).parent / "staged" / "fetch.py"
+    script = Path(nodelib.__file__).parent / "staged" / "fetch.py"
     result = subprocess.run(
         [sys.executable, str(script), "--source", str(source), "--export", str(export), "--dataset", "d"],
         capture_output=True,
