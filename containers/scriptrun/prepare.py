@@ -6,16 +6,14 @@ infra/engines/script.py). On Azure ML the results folder is the job's output, wh
 the first rank of each node makes them (`prepare_once`, called by rank.py when TRAINFLOW_PREPARE_FROM names the
 scripts version), under a node-wide lock that the node's other ranks wait on, once per attempt (PREPARED).
 
-The standard library only, with the trainer's scripts check beside it: it runs on the nodes.
+The standard library only, with nodelib's scripts check: it runs on the nodes (rank.py puts nodelib on the path).
 """
 
 import fcntl
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # nodelib/scripts.py, beside this package
 from nodelib.scripts import HASHES, expected_version, version_files, version_problem
 
 WORK, OUTPUTS, CHECKPOINTS, LOGS = "work", "outputs", "checkpoints", "logs"  # the run folder's parts for a script

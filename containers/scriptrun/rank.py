@@ -27,7 +27,7 @@ import sys
 from collections import deque
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # trainer/ and scriptrun/ (this package's parent)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # nodelib/ and scriptrun/ (this package's parent)
 from nodelib.records import Failure, event_line, rank_prefix
 from scriptrun.prepare import prepare_once
 

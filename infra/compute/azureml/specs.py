@@ -87,11 +87,17 @@ def node_paths(pool: AzureMLPoolConfig, data: str, runtime: str = IMAGE_RUNTIME)
     return NodePaths(SCRIPTS_INPUT, data, RESULTS_OUTPUT, runtime, nodes, checked=False, cores=None, prepared=False)
 
 
-def launch_command(program: Program, pool: AzureMLPoolConfig, at: NodePaths) -> str:
+def split_environment(env: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """(the variables whose values name the job's inputs or outputs, the rest): Azure ML resolves ${{...}} in the
+    command only, never in environment_variables (concept-expressions; microsoft/physical-ai-toolchain#855), so the
+    first are set in the command (launch_command), the rest in environment_variables (job_spec)."""
+    named = {name: value for name, value in env.items() if EXPRESSION.search(value)}
+    return named, {name: value for name, value in env.items() if name not in named}
+
+
+def launch_command(program: Program, pool: AzureMLPoolConfig, at: NodePaths, resolved: dict[str, str]) -> str:
     """The command each node runs: the program's ranks under MPI (Horovod) or under torchrun (one per node), with
-    the variables whose values name the job's inputs or outputs: Azure ML resolves ${{...}} in the command only,
-    never in environment_variables (concept-expressions; microsoft/physical-ai-toolchain#855), so they are set here."""
-    resolved = {name: value for name, value in program.environment(at).items() if "${{" in value}
+    the variables `resolved` (those naming the job's inputs or outputs: split_environment) set first."""
     env = f"env {' '.join(f'{name}={shell_word(value)}' for name, value in resolved.items())} " if resolved else ""
     ranks = " ".join(map(shell_word, program.rank_argv(at)))
     if program.launcher == "horovodrun":  # Azure ML's mpirun starts gpus_per_node of these per node
@@ -106,13 +112,6 @@ def shell_word(text: str) -> str:
     arguments reach it as given, as on every pool); Azure ML's expressions need no quotes, being replaced first."""
     bare = EXPRESSION.sub("x", text)
     return text if shlex.quote(bare) == bare else shlex.quote(text)
-
-
-def job_environment(program: Program, pool: AzureMLPoolConfig, at: NodePaths) -> dict[str, str]:
-    """The job's environment_variables: the pool's NCCL settings, then the program's variables that name none of the
-    job's inputs or outputs (those are set in the command: launch_command)."""
-    own = {name: value for name, value in program.environment(at).items() if "${{" not in value}
-    return {**nccl_environment(pool), **own}
 
 
 def nfs_mount(cfg: AzureMLPoolConfig, options: str) -> str:
@@ -180,6 +179,7 @@ def job_spec(
 
     prefix, inputs, data = data_input(pool, run, runtime)
     at, program = node_paths(pool, data, runtime), program.at_attempt(attempt)
+    in_command, in_job = split_environment(program.environment(at))
     distribution = (
         MpiDistribution(process_count_per_instance=pool.slots_per_node)
         if program.launcher == "horovodrun"
@@ -189,13 +189,13 @@ def job_spec(
         name=attempt_name(run.run_id, attempt),
         display_name=f"trainflow {run.run_id} attempt {attempt}",
         experiment_name=pool.experiment,
-        command=prefix + launch_command(program, pool, at),
+        command=prefix + launch_command(program, pool, at, in_command),
         environment=environment_spec(image),
         compute=pool.compute,
         instance_count=pool.nodes,
         distribution=distribution,
         shm_size=pool.shm_size,
-        environment_variables=job_environment(program, pool, at),
+        environment_variables={**nccl_environment(pool), **in_job},
         inputs={"scripts": scripts_input(pool, run), **inputs},
         outputs={"results": Output(type="uri_folder", path=results_path(pool, run.run_id), mode="rw_mount")},
         timeout=int(timeout_s) or None,
