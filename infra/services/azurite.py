@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from infra.services.supervise import ServiceError, free_port, port_open, running_service
+from infra.services.supervise import BOOKKEEPING_NICE, ServiceError, free_port, port_open, running_service
 
 REPO = Path(__file__).resolve().parents[2]
 ACCOUNT = "devstoreaccount1"
@@ -74,6 +74,7 @@ def running_azurite(data_dir: Path, startup_seconds: float = 30.0) -> Iterator[i
         AzuriteError,
         endpoint=f"127.0.0.1:{port}",
         advice=RERUN,
+        nice=BOOKKEEPING_NICE,
     ):
         yield port
 

@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from urllib.request import urlopen
 
-from infra.services.supervise import ServiceError, free_port, running_service
+from infra.services.supervise import BOOKKEEPING_NICE, ServiceError, free_port, running_service
 
 APP_FACTORY = "prefect.server.api.server:create_app"
 
@@ -66,5 +66,6 @@ def running_prefect_server(home: Path, startup_seconds: float = 120) -> Iterator
         env,
         advice="re-run the command: finished steps are skipped and training resumes from its last checkpoint",
         restarted=f"on the same database at {url}",  # the flow's client retries the API meanwhile
+        nice=BOOKKEEPING_NICE,
     ):
         yield url

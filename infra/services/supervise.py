@@ -32,6 +32,12 @@ TAIL_LINES = 5
 # How long a watcher waits, when its service ends, for the command's own interrupt: a SIGTERM sent to every process
 # reaches both at once, and the service may be seen to end first.
 STOPPING_GRACE = 1.0
+# The CPU priority, below trainflow's own, of the services that only keep the books while a training runs on this
+# machine (Prefect's server, Azurite). Their wake-ups, about 200 a second for Prefect's server while idle, each delay
+# a rank that a collective then waits on: on 2 cores a Horovod script ran at 0.75 of its by-hand speed beside them,
+# about its by-hand speed with them at nice 10 (docs/benchmarks/script-2026-12-07-priority.md). They still get the CPU
+# whenever the ranks wait.
+BOOKKEEPING_NICE = 10
 
 
 class ServiceError(TrainflowError):
@@ -58,10 +64,12 @@ def port_open(port: int, host: str = "127.0.0.1") -> bool:
         return s.connect_ex((host, port)) == 0
 
 
-def spawn(cmd: list[str], **popen) -> subprocess.Popen:
+def spawn(cmd: list[str], nice: int = 0, **popen) -> subprocess.Popen:
     """Start `cmd` on a leash in a session of its own: stopped with its group by `stop`, or by the leash when this
-    process ends without stopping it. `popen` are Popen's arguments for its output."""
-    return subprocess.Popen([sys.executable, str(LEASH), *cmd], stdin=subprocess.PIPE, start_new_session=True, **popen)
+    process ends without stopping it; `nice` steps below this process's CPU priority. `popen` are Popen's arguments
+    for its output."""
+    leash = [sys.executable, str(LEASH), *(["--nice", str(nice)] if nice else [])]
+    return subprocess.Popen([*leash, *cmd], stdin=subprocess.PIPE, start_new_session=True, **popen)
 
 
 def ended(status: int) -> str:
@@ -85,8 +93,10 @@ class Service:
     """A command run as a service: its output copied to `log` (and its last lines kept, so that they can be shown
     even when the log cannot be written, as on a full disk), watched until trainflow stops it."""
 
-    def __init__(self, cmd: list[str], log: Path, name: str, env: dict | None = None, echo: bool = False):
-        self.cmd, self.log, self.name, self.env, self.echo = cmd, log, name, env, echo
+    def __init__(
+        self, cmd: list[str], log: Path, name: str, env: dict | None = None, echo: bool = False, nice: int = 0
+    ):
+        self.cmd, self.log, self.name, self.env, self.echo, self.nice = cmd, log, name, env, echo, nice
         self.lines: deque[str] = deque(maxlen=TAIL_LINES)
         self.unwritten: OSError | None = None
         self.stopping = threading.Event()
@@ -97,7 +107,7 @@ class Service:
         """Spawn the command; a thread copies its output to the log (unbuffered: a full disk fails a write, which is
         noted, not the close)."""
         out = open(self.log, "ab", buffering=0)  # noqa: SIM115 - the copying thread closes it
-        self.proc = spawn(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=self.env)
+        self.proc = spawn(self.cmd, self.nice, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=self.env)
         self.copier = threading.Thread(target=self.copy_output, args=(self.proc.stdout, out), daemon=True)
         self.copier.start()
         self.pid = self.child()
@@ -178,12 +188,14 @@ def running_service(
     endpoint: str | None = None,
     advice: str = "re-run the command",
     restarted: str | None = None,
+    nice: int = 0,
 ) -> Iterator[Service]:
     """`cmd` as a service for the block, its output appended to `log`: yields once `ready()` holds, stops it after.
     If it exits before then, the user is told at once; with `restarted` (what the line adds, e.g. where it serves),
-    it is started again, else its `endpoint`'s calls fail with the fault, which ends in `advice`."""
+    it is started again, else its `endpoint`'s calls fail with the fault, which ends in `advice`. `nice`: how far
+    below trainflow's CPU priority it runs."""
     log.parent.mkdir(parents=True, exist_ok=True)
-    service = Service(cmd, log, name, env)
+    service = Service(cmd, log, name, env, nice=nice)
     try:
         wait_until(ready, service, seconds, error)
         if endpoint:

@@ -155,6 +155,7 @@ def test_prefects_server_killed_mid_training_is_restarted_on_its_database_and_th
     run = trainflow("run", "--config", str(tmp_path / "short.yaml"), "--data", "synthetic", "--workdir", str(workdir))
     server = run.service("prefect.server.api.server:create_app")
     run.until(lambda: run.first("checkpoint step 10 saved"), 240)
+    assert_bookkeeping_yields_to_training(run, server)
     killed = run.kill(server)
     code = run.finish(300)
     out = run.output()
@@ -164,6 +165,16 @@ def test_prefects_server_killed_mid_training_is_restarted_on_its_database_and_th
     assert code == 0 and "Traceback" not in out, out
     assert flow_run_states(workdir) == ["COMPLETED"]
     assert left_running(run.family) == []
+
+
+def assert_bookkeeping_yields_to_training(run: Command, server: psutil.Process) -> None:
+    """Prefect's server and Azurite run 10 steps below the command's CPU priority (supervise.py's BOOKKEEPING_NICE),
+    the training workers at the command's own."""
+    command = psutil.Process(run.proc.pid).nice()
+    family = psutil.Process(run.proc.pid).children(recursive=True)
+    workers = [p for p in family if any(word.endswith("trainer/train.py") for word in p.cmdline())]
+    assert workers and {p.nice() for p in workers} == {command}, [p.cmdline() for p in workers]
+    assert server.nice() == run.service("azurite").nice() == min(command + 10, 19)
 
 
 @pytest.fixture

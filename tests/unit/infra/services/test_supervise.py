@@ -42,3 +42,12 @@ def test_the_leash_passes_the_exit_status_and_a_kill_through(tmp_path):
     time.sleep(0.5)
     os.killpg(proc.pid, signal.SIGTERM)
     assert proc.wait(timeout=10) == -signal.SIGTERM
+
+
+def test_a_service_may_run_below_the_starters_cpu_priority_and_a_launcher_does_not():
+    said = [sys.executable, "-c", "import os; print(os.nice(0), flush=True)"]
+    mine = os.nice(0)
+    niced = spawn(said, nice=10, stdout=subprocess.PIPE, text=True)
+    plain = spawn(said, stdout=subprocess.PIPE, text=True)
+    said = [int(proc.stdout.readline()) for proc in (niced, plain)]  # read before stdin closes: the leash's end
+    assert said == [min(mine + 10, 19), mine] and niced.wait() == plain.wait() == 0
