@@ -1,6 +1,6 @@
 """Run a command on a leash: it dies with the process that started it, however that process ends.
 
-    python infra/services/leash.py [--nice N] CMD [ARGS...]   (stdin: a pipe whose other end the starting process holds)
+    python infra/services/leash.py CMD [ARGS...]     (stdin: a pipe whose other end the starting process holds)
 
 Services and launchers run in their own session, so that the terminal's Ctrl-C reaches trainflow alone
 and trainflow stops them in order. But a session of their own also lets them outlive trainflow when it is
@@ -8,8 +8,6 @@ killed outright (SIGKILL leaves no time for a `finally`). The leash closes that 
 own process group, and when its stdin reaches end-of-file (the kernel closes the pipe when the starting
 process dies, whatever kills it) it stops the whole group. It passes CMD's exit status through, and ignores
 SIGINT and SIGTERM itself, so that stopping the group stops CMD and the leash then exits with CMD's status.
-With --nice N, CMD runs N steps below the starting process's CPU priority (nice(2)), it and every thread and process
-it starts.
 Standard library only: it runs before anything is imported.
 """
 
@@ -37,25 +35,16 @@ def stop_group_when_released(group: int) -> None:
         threading.Event().wait(GRACE_SECONDS)
 
 
-def split_nice(argv: list[str]) -> tuple[int, list[str]]:
-    """The --nice N in front of the command (0 without it) and the command."""
-    if argv[:1] == ["--nice"] and len(argv) > 2 and argv[1].isdigit():
-        return int(argv[1]), argv[2:]
-    return 0, argv
-
-
 def main(argv: list[str]) -> int:
-    """Start the command with its arguments, watch stdin, and exit as the command did."""
+    """Start argv[0] with its arguments, watch stdin, and exit as the command did."""
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
-    nice, argv = split_nice(argv)
-
-    def in_child() -> None:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, signal.SIG_DFL)
-        os.nice(nice)
-
-    child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, restore_signals=True, preexec_fn=in_child)
+    child = subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        restore_signals=True,
+        preexec_fn=lambda: [signal.signal(s, signal.SIG_DFL) for s in (signal.SIGINT, signal.SIGTERM)],
+    )
     threading.Thread(target=stop_group_when_released, args=(os.getpgid(0),), daemon=True).start()
     code = child.wait()
     if code < 0:  # killed by a signal: end the same way, so the starting process sees what happened

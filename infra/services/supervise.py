@@ -35,8 +35,8 @@ STOPPING_GRACE = 1.0
 # The CPU priority, below trainflow's own, of the services that only keep the books while a training runs on this
 # machine (Prefect's server, Azurite). Their wake-ups, about 200 a second for Prefect's server while idle, each delay
 # a rank that a collective then waits on: on 2 cores a Horovod script ran at 0.75 of its by-hand speed beside them,
-# about its by-hand speed with them at nice 10 (docs/benchmarks/script-2026-12-07-priority.md). They still get the CPU
-# whenever the ranks wait.
+# 0.963 with them at nice 10 (docs/benchmarks/script-2026-12-07-priority.md). They still get the CPU whenever the
+# ranks wait. Lowered once ready: a start-up at full priority keeps within its time limit on a busy machine.
 BOOKKEEPING_NICE = 10
 
 
@@ -64,12 +64,10 @@ def port_open(port: int, host: str = "127.0.0.1") -> bool:
         return s.connect_ex((host, port)) == 0
 
 
-def spawn(cmd: list[str], nice: int = 0, **popen) -> subprocess.Popen:
+def spawn(cmd: list[str], **popen) -> subprocess.Popen:
     """Start `cmd` on a leash in a session of its own: stopped with its group by `stop`, or by the leash when this
-    process ends without stopping it; `nice` steps below this process's CPU priority. `popen` are Popen's arguments
-    for its output."""
-    leash = [sys.executable, str(LEASH), *(["--nice", str(nice)] if nice else [])]
-    return subprocess.Popen([*leash, *cmd], stdin=subprocess.PIPE, start_new_session=True, **popen)
+    process ends without stopping it. `popen` are Popen's arguments for its output."""
+    return subprocess.Popen([sys.executable, str(LEASH), *cmd], stdin=subprocess.PIPE, start_new_session=True, **popen)
 
 
 def ended(status: int) -> str:
@@ -107,11 +105,26 @@ class Service:
         """Spawn the command; a thread copies its output to the log (unbuffered: a full disk fails a write, which is
         noted, not the close)."""
         out = open(self.log, "ab", buffering=0)  # noqa: SIM115 - the copying thread closes it
-        self.proc = spawn(self.cmd, self.nice, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=self.env)
+        self.proc = spawn(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=self.env)
         self.copier = threading.Thread(target=self.copy_output, args=(self.proc.stdout, out), daemon=True)
         self.copier.start()
         self.pid = self.child()
         return self.proc
+
+    def yield_cpu(self) -> None:
+        """Every thread of the service `nice` steps below trainflow's CPU priority (nice(2)), however often it is
+        called; threads it starts later inherit it. Linux's /proc lists the threads; a thread that ended meanwhile, or
+        no /proc, is passed over."""
+        try:
+            threads = [int(tid) for tid in os.listdir(f"/proc/{self.pid}/task")] if self.nice else []
+        except OSError:
+            threads = []
+        lowered = min(19, os.nice(0) + self.nice)
+        for tid in threads:
+            try:
+                os.setpriority(os.PRIO_PROCESS, tid, max(lowered, os.getpriority(os.PRIO_PROCESS, tid)))
+            except OSError:
+                pass
 
     def copy_output(self, pipe: IO[bytes], out: IO[bytes]) -> None:
         """Append each line of output to the log and to the kept lines, until the service closes its output."""
@@ -198,6 +211,7 @@ def running_service(
     service = Service(cmd, log, name, env, nice=nice)
     try:
         wait_until(ready, service, seconds, error)
+        service.yield_cpu()
         if endpoint:
             ENDPOINTS[endpoint] = service
         on_death = restart(ready, seconds, restarted, advice) if restarted else give_up(advice)
@@ -242,6 +256,7 @@ def restart(ready: Callable[[], bool], seconds: float, where: str, advice: str) 
         try:
             service.start()
             wait_until(ready, service, seconds)
+            service.yield_cpu()
         except (OSError, ServiceError) as exc:
             if service.stopping.is_set():  # stopped by trainflow while it started again
                 return False

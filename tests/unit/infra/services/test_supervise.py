@@ -9,7 +9,7 @@ import time
 
 import psutil
 
-from infra.services.supervise import spawn
+from infra.services.supervise import running_service, spawn
 
 
 def test_a_leashed_service_dies_with_the_process_that_started_it_however_it_ends():
@@ -18,7 +18,7 @@ def test_a_leashed_service_dies_with_the_process_that_started_it_however_it_ends
             sys.executable,
             "-c",
             (
-                "import sys, time; from infra.services.supervise import spawn; p = spawn(['sleep', '300']); "
+                "import sys, time; from infra.services.supervise import running_service, spawn; p = spawn(['sleep', '300']); "
                 "print(p.pid, flush=True); time.sleep(300)"
             ),
         ],
@@ -44,10 +44,12 @@ def test_the_leash_passes_the_exit_status_and_a_kill_through(tmp_path):
     assert proc.wait(timeout=10) == -signal.SIGTERM
 
 
-def test_a_service_may_run_below_the_starters_cpu_priority_and_a_launcher_does_not():
-    said = [sys.executable, "-c", "import os; print(os.nice(0), flush=True)"]
-    mine = os.nice(0)
-    niced = spawn(said, nice=10, stdout=subprocess.PIPE, text=True)
-    plain = spawn(said, stdout=subprocess.PIPE, text=True)
-    said = [int(proc.stdout.readline()) for proc in (niced, plain)]  # read before stdin closes: the leash's end
-    assert said == [min(mine + 10, 19), mine] and niced.wait() == plain.wait() == 0
+
+def test_a_service_runs_below_the_starters_cpu_priority_once_ready_every_thread_of_it(tmp_path):
+    threads = "import threading, time; [threading.Thread(target=time.sleep, args=(60,)).start() for _ in range(3)]"
+    with running_service([sys.executable, "-c", threads], tmp_path / "log", lambda: True, "sleeper", 10, nice=10) as s:
+        while len(psutil.Process(s.pid).threads()) < 4:
+            time.sleep(0.05)
+        s.yield_cpu()  # the threads started after it was ready (here: after running_service lowered it)
+        tids = [t.id for t in psutil.Process(s.pid).threads()]
+        assert {os.getpriority(os.PRIO_PROCESS, tid) for tid in tids} == {min(os.nice(0) + 10, 19)}
