@@ -18,7 +18,7 @@ def test_a_leashed_service_dies_with_the_process_that_started_it_however_it_ends
             sys.executable,
             "-c",
             (
-                "import sys, time; from infra.services.supervise import running_service, spawn; p = spawn(['sleep', '300']); "
+                "import sys, time; from infra.services.supervise import spawn; p = spawn(['sleep', '300']); "
                 "print(p.pid, flush=True); time.sleep(300)"
             ),
         ],
