@@ -44,7 +44,6 @@ def test_the_leash_passes_the_exit_status_and_a_kill_through(tmp_path):
     assert proc.wait(timeout=10) == -signal.SIGTERM
 
 
-
 def test_a_service_runs_below_the_starters_cpu_priority_once_ready_every_thread_of_it(tmp_path):
     threads = "import threading, time; [threading.Thread(target=time.sleep, args=(60,)).start() for _ in range(3)]"
     with running_service([sys.executable, "-c", threads], tmp_path / "log", lambda: True, "sleeper", 10, nice=10) as s:
