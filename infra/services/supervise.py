@@ -115,10 +115,12 @@ class Service:
         """Every thread of the service `nice` steps below trainflow's CPU priority (nice(2)), however often it is
         called; threads it starts later inherit it. Linux's /proc lists the threads; a thread that ended meanwhile, or
         no /proc, is passed over."""
+        if not self.nice:
+            return
         try:
-            threads = [int(tid) for tid in os.listdir(f"/proc/{self.pid}/task")] if self.nice else []
+            threads = [int(tid) for tid in os.listdir(f"/proc/{self.pid}/task")]
         except OSError:
-            threads = []
+            return
         lowered = min(19, os.nice(0) + self.nice)
         for tid in threads:
             try:
@@ -178,12 +180,14 @@ def death_at(endpoint: str) -> ServiceDied | None:
 
 
 def wait_until(ready: Callable[[], bool], service: Service, seconds: float, error=ServiceError) -> None:
-    """Return once `ready()` holds; raise `error` if the process exits first or time runs out."""
+    """Return once `ready()` holds, the service lowered to its CPU priority; raise `error` if the process exits first
+    or time runs out."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if service.proc.poll() is not None:
             raise error(f"{service.name} {ended(service.proc.returncode)} at start-up; {service.tail()}")
         if ready():
+            service.yield_cpu()
             return
         time.sleep(0.1)
     raise error(f"{service.name} did not start within {seconds:.0f} s; {service.tail()}")
@@ -211,7 +215,6 @@ def running_service(
     service = Service(cmd, log, name, env, nice=nice)
     try:
         wait_until(ready, service, seconds, error)
-        service.yield_cpu()
         if endpoint:
             ENDPOINTS[endpoint] = service
         on_death = restart(ready, seconds, restarted, advice) if restarted else give_up(advice)
@@ -256,7 +259,6 @@ def restart(ready: Callable[[], bool], seconds: float, where: str, advice: str) 
         try:
             service.start()
             wait_until(ready, service, seconds)
-            service.yield_cpu()
         except (OSError, ServiceError) as exc:
             if service.stopping.is_set():  # stopped by trainflow while it started again
                 return False
